@@ -1,0 +1,642 @@
+//! Buffer types and buffers: device memory with bounds-checked access.
+//!
+//! A [`BufferType`] is owned by one device, named after it, and compared by identity (two
+//! devices never share one, so the allocator and scheduler never merge their memory). A
+//! [`Buffer`] owns its memory (or, for weights, an `Arc` of a read-only host mapping) and is
+//! shared by reference counting: graphs that bind tensors to it keep it alive while queued work
+//! may still touch it. Every byte access takes the buffer's lock, so blocking host access and
+//! queued device work on the same buffer serialize instead of racing.
+
+use std::alloc;
+use std::any::Any;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lamina_core::DType;
+use lamina_core::graph::{BufferMemory, Graph, TensorId};
+use lamina_core::tensor::Layout;
+
+use crate::device::DeviceKey;
+use crate::error::BackendError;
+
+/// Host memory that a buffer can wrap without copying (an mmapped file, a `Vec`).
+pub trait HostMemory: Send + Sync + fmt::Debug {
+    fn bytes(&self) -> &[u8];
+}
+
+impl HostMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// What a buffer holds, for the scheduler's placement rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferUsage {
+    Any = 0,
+    Weights = 1,
+    Compute = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BufferKind {
+    /// Allocated host memory.
+    Host,
+    /// Wraps read-only host memory; cannot allocate.
+    Mapped,
+}
+
+#[derive(Debug)]
+struct BufferTypeShared {
+    name: String,
+    device: DeviceKey,
+    device_name: String,
+    alignment: usize,
+    max_size: usize,
+    kind: BufferKind,
+}
+
+/// A kind of memory of one device. Equality is identity.
+#[derive(Clone, Debug)]
+pub struct BufferType(Arc<BufferTypeShared>);
+
+impl PartialEq for BufferType {
+    fn eq(&self, other: &BufferType) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for BufferType {}
+impl Hash for BufferType {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.0) as usize).hash(state);
+    }
+}
+
+/// Alignment of host buffers and of tensors inside them (cache line, AVX-512 friendly).
+pub const HOST_ALIGNMENT: usize = 64;
+
+impl BufferType {
+    /// Host memory of `device`, with `alignment` (a power of two).
+    pub fn new_host(
+        device: DeviceKey,
+        device_name: &str,
+        name: &str,
+        alignment: usize,
+    ) -> BufferType {
+        BufferType(Arc::new(BufferTypeShared {
+            name: name.to_owned(),
+            device,
+            device_name: device_name.to_owned(),
+            alignment: alignment.max(1).next_power_of_two(),
+            max_size: isize::MAX as usize,
+            kind: BufferKind::Host,
+        }))
+    }
+
+    /// The type of buffers that wrap read-only host memory for `device`.
+    pub fn new_mapped(device: DeviceKey, device_name: &str, name: &str) -> BufferType {
+        BufferType(Arc::new(BufferTypeShared {
+            name: name.to_owned(),
+            device,
+            device_name: device_name.to_owned(),
+            alignment: 1,
+            max_size: isize::MAX as usize,
+            kind: BufferKind::Mapped,
+        }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    pub fn device(&self) -> DeviceKey {
+        self.0.device
+    }
+    pub fn device_name(&self) -> &str {
+        &self.0.device_name
+    }
+    pub fn alignment(&self) -> usize {
+        self.0.alignment
+    }
+    pub fn max_size(&self) -> usize {
+        self.0.max_size
+    }
+    /// Whether the host can address this memory directly.
+    pub fn is_host(&self) -> bool {
+        true
+    }
+
+    /// Bytes a tensor of `layout` needs in this buffer type.
+    pub fn alloc_size(&self, layout: &Layout) -> usize {
+        layout.span_bytes()
+    }
+
+    /// Allocates a zero-filled buffer of `size` bytes (size 0 gives an empty buffer).
+    pub fn alloc_buffer(&self, size: usize) -> Result<Buffer, BackendError> {
+        let fail = || BackendError::AllocFailed {
+            buffer_type: self.name().to_owned(),
+            size,
+        };
+        if self.0.kind != BufferKind::Host || size > self.0.max_size {
+            return Err(fail());
+        }
+        let storage = if size == 0 {
+            Storage::Empty
+        } else {
+            let layout =
+                alloc::Layout::from_size_align(size, self.alignment()).map_err(|_| fail())?;
+            // SAFETY: `layout` has non-zero size.
+            let ptr = unsafe { alloc::alloc_zeroed(layout) };
+            Storage::Host {
+                ptr: NonNull::new(ptr).ok_or_else(fail)?,
+                layout,
+            }
+        };
+        Ok(Buffer::new(self.clone(), storage, size))
+    }
+
+    /// Wraps `memory` as a read-only buffer of this (mapped) type.
+    pub fn wrap_host_memory(&self, memory: Arc<dyn HostMemory>) -> Result<Buffer, BackendError> {
+        if self.0.kind != BufferKind::Mapped {
+            return Err(BackendError::Unsupported {
+                device: self.device_name().to_owned(),
+                what: format!("wrapping host memory in buffer type {}", self.name()),
+            });
+        }
+        let len = memory.bytes().len();
+        Ok(Buffer::new(self.clone(), Storage::Mapped { memory }, len))
+    }
+}
+
+enum Storage {
+    Empty,
+    Host {
+        ptr: NonNull<u8>,
+        layout: alloc::Layout,
+    },
+    Mapped {
+        memory: Arc<dyn HostMemory>,
+    },
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Storage::Host { ptr, layout } = self {
+            // SAFETY: allocated in `alloc_buffer` with exactly this layout, freed once.
+            unsafe { alloc::dealloc(ptr.as_ptr(), *layout) };
+        }
+    }
+}
+
+/// The shared state behind a [`Buffer`].
+pub struct BufferShared {
+    id: u64,
+    buffer_type: BufferType,
+    storage: Storage,
+    size: usize,
+    usage: AtomicU8,
+    /// Held by every access to the bytes (host copies, queued device work).
+    lock: Mutex<()>,
+}
+
+// SAFETY: the raw allocation is owned exclusively by this value and only reached through
+// `lock`, which serializes readers and writers across threads; mapped memory is `Send + Sync`
+// and never written.
+unsafe impl Send for BufferShared {}
+// SAFETY: see above.
+unsafe impl Sync for BufferShared {}
+
+impl fmt::Debug for BufferShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Buffer#{}({}, {} bytes)",
+            self.id,
+            self.buffer_type.name(),
+            self.size
+        )
+    }
+}
+
+impl BufferMemory for BufferShared {
+    fn memory_id(&self) -> u64 {
+        self.id
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Device memory. Cheap to clone (clones are the same buffer).
+#[derive(Clone, Debug)]
+pub struct Buffer(Arc<BufferShared>);
+
+impl PartialEq for Buffer {
+    fn eq(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for Buffer {}
+
+impl Buffer {
+    fn new(buffer_type: BufferType, storage: Storage, size: usize) -> Buffer {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Buffer(Arc::new(BufferShared {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            buffer_type,
+            storage,
+            size,
+            usage: AtomicU8::new(BufferUsage::Any as u8),
+            lock: Mutex::new(()),
+        }))
+    }
+
+    /// Process-unique id.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    pub fn size(&self) -> usize {
+        self.0.size
+    }
+    pub fn buffer_type(&self) -> &BufferType {
+        &self.0.buffer_type
+    }
+    pub fn device(&self) -> DeviceKey {
+        self.0.buffer_type.device()
+    }
+    /// `<buffer type>#<id>`, for messages.
+    pub fn name(&self) -> String {
+        format!("{}#{}", self.0.buffer_type.name(), self.0.id)
+    }
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.0.storage, Storage::Mapped { .. })
+    }
+    pub fn usage(&self) -> BufferUsage {
+        match self.0.usage.load(Ordering::Relaxed) {
+            1 => BufferUsage::Weights,
+            2 => BufferUsage::Compute,
+            _ => BufferUsage::Any,
+        }
+    }
+    pub fn set_usage(&self, usage: BufferUsage) {
+        self.0.usage.store(usage as u8, Ordering::Relaxed);
+    }
+
+    /// The largest power of two (up to 4096) that divides the memory's base address: tensors
+    /// at offset `o` are aligned to `a` when this and `o` are multiples of `a`. Wrapped host
+    /// memory can have any address, so devices must check this, not just offsets.
+    pub fn base_alignment(&self) -> usize {
+        let addr = match &self.0.storage {
+            Storage::Empty => return 4096,
+            Storage::Host { ptr, .. } => ptr.as_ptr() as usize,
+            Storage::Mapped { memory } => memory.bytes().as_ptr() as usize,
+        };
+        (1usize << addr.trailing_zeros().min(12)).min(4096)
+    }
+
+    /// This buffer as graph-binding memory.
+    pub fn memory(&self) -> Arc<dyn BufferMemory> {
+        self.0.clone()
+    }
+
+    /// The buffer behind graph-binding memory, if it is one of ours.
+    pub fn from_memory(memory: &Arc<dyn BufferMemory>) -> Option<Buffer> {
+        let any: Arc<dyn Any + Send + Sync> = memory.clone();
+        any.downcast::<BufferShared>().ok().map(Buffer)
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), BackendError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.0.size) {
+            return Err(BackendError::OutOfBounds {
+                buffer: self.name(),
+                offset,
+                len,
+                size: self.0.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Locks the buffer for direct access by a device implementation.
+    pub fn lock(&self) -> BufferGuard<'_> {
+        BufferGuard {
+            shared: &self.0,
+            _guard: self.0.lock.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// Blocking write of `data` at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.check(offset, data.len())?;
+        let g = self.lock();
+        let dst = g.bytes_mut(offset, data.len())?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Blocking read into `out` from `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.check(offset, out.len())?;
+        let g = self.lock();
+        out.copy_from_slice(g.bytes(offset, out.len())?);
+        Ok(())
+    }
+
+    /// Blocking fill of `len` bytes at `offset` with `value` (memset).
+    pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), BackendError> {
+        self.check(offset, len)?;
+        let g = self.lock();
+        g.bytes_mut(offset, len)?.fill(value);
+        Ok(())
+    }
+
+    /// Fills the whole buffer with `value`.
+    pub fn clear(&self, value: u8) -> Result<(), BackendError> {
+        self.fill(0, self.size(), value)
+    }
+
+    /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset`.
+    pub fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        self.check(dst_offset, len)?;
+        src.check(src_offset, len)?;
+        if self == src {
+            let g = self.lock();
+            let p = g.as_mut_ptr()?;
+            // SAFETY: both ranges are inside the buffer (checked), the lock is held, and
+            // `ptr::copy` allows overlap.
+            unsafe { std::ptr::copy(p.add(src_offset), p.add(dst_offset), len) };
+            return Ok(());
+        }
+        let pair = [self.clone(), src.clone()];
+        let guards = lock_buffers(&pair);
+        let (gd, gs) = if guards[0].id() == self.id() {
+            (&guards[0], &guards[1])
+        } else {
+            (&guards[1], &guards[0])
+        };
+        gd.bytes_mut(dst_offset, len)?
+            .copy_from_slice(gs.bytes(src_offset, len)?);
+        Ok(())
+    }
+}
+
+/// Locks several buffers in id order (the global lock order, so two threads locking
+/// overlapping sets cannot deadlock); duplicates are locked once.
+pub fn lock_buffers(buffers: &[Buffer]) -> Vec<BufferGuard<'_>> {
+    let mut order: Vec<&Buffer> = buffers.iter().collect();
+    order.sort_by_key(|b| b.id());
+    order.dedup_by_key(|b| b.id());
+    order.into_iter().map(|b| b.lock()).collect()
+}
+
+/// Exclusive access to a buffer's bytes while held.
+pub struct BufferGuard<'a> {
+    shared: &'a BufferShared,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl BufferGuard<'_> {
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+    pub fn len(&self) -> usize {
+        self.shared.size
+    }
+    pub fn is_empty(&self) -> bool {
+        self.shared.size == 0
+    }
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.shared.storage, Storage::Mapped { .. })
+    }
+
+    /// Base address of the memory. Valid while the guard is held; reads only.
+    pub fn as_ptr(&self) -> *const u8 {
+        match &self.shared.storage {
+            Storage::Empty => NonNull::<u8>::dangling().as_ptr(),
+            Storage::Host { ptr, .. } => ptr.as_ptr(),
+            Storage::Mapped { memory } => memory.bytes().as_ptr(),
+        }
+    }
+
+    /// Base address for writing; an error for read-only memory.
+    pub fn as_mut_ptr(&self) -> Result<*mut u8, BackendError> {
+        match &self.shared.storage {
+            Storage::Mapped { .. } => Err(BackendError::ReadOnly(format!(
+                "{}#{}",
+                self.shared.buffer_type.name(),
+                self.shared.id
+            ))),
+            Storage::Empty => Ok(NonNull::<u8>::dangling().as_ptr()),
+            Storage::Host { ptr, .. } => Ok(ptr.as_ptr()),
+        }
+    }
+
+    fn bytes(&self, offset: usize, len: usize) -> Result<&[u8], BackendError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(BackendError::OutOfBounds {
+                buffer: self.shared.buffer_type.name().to_owned(),
+                offset,
+                len,
+                size: self.len(),
+            });
+        }
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: in bounds (checked); the buffer lock is held for the slice's lifetime, so no
+        // other thread writes these bytes meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(self.as_ptr().add(offset), len) })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(&self, offset: usize, len: usize) -> Result<&mut [u8], BackendError> {
+        let p = self.as_mut_ptr()?;
+        self.bytes(offset, len)?;
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: in bounds and writable (checked); the lock is held, and this private helper
+        // never hands out two overlapping slices at once.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p.add(offset), len) })
+    }
+}
+
+/// A byte range of a buffer (usually a tensor's memory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferSlice {
+    pub buffer: Buffer,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl BufferSlice {
+    /// The range `[offset, offset + len)` of `buffer`; an error if it does not fit.
+    pub fn new(buffer: &Buffer, offset: usize, len: usize) -> Result<BufferSlice, BackendError> {
+        buffer.check(offset, len)?;
+        Ok(BufferSlice {
+            buffer: buffer.clone(),
+            offset,
+            len,
+        })
+    }
+
+    /// The whole buffer.
+    pub fn whole(buffer: &Buffer) -> BufferSlice {
+        BufferSlice {
+            buffer: buffer.clone(),
+            offset: 0,
+            len: buffer.size(),
+        }
+    }
+
+    /// The bytes of tensor `id` of `graph` (through its view source).
+    pub fn of_tensor(graph: &Graph, id: TensorId) -> Result<BufferSlice, BackendError> {
+        let t = graph.get(id)?;
+        let unbound = || BackendError::Unbound(format!("{id} '{}'", t.name));
+        let (memory, offset) = graph.resolve(id).ok_or_else(unbound)?;
+        let buffer = Buffer::from_memory(memory).ok_or_else(unbound)?;
+        BufferSlice::new(&buffer, offset, t.layout.span_bytes())
+    }
+
+    /// A sub-range of this slice.
+    pub fn sub(&self, offset: usize, len: usize) -> Result<BufferSlice, BackendError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(BackendError::OutOfBounds {
+                buffer: self.buffer.name(),
+                offset: self.offset.saturating_add(offset),
+                len,
+                size: self.offset + self.len,
+            });
+        }
+        Ok(BufferSlice {
+            buffer: self.buffer.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// Blocking write of exactly `len` bytes.
+    pub fn write(&self, data: &[u8]) -> Result<(), BackendError> {
+        if data.len() != self.len {
+            return Err(BackendError::SizeMismatch {
+                what: "write",
+                expected: self.len,
+                actual: data.len(),
+            });
+        }
+        self.buffer.write(self.offset, data)
+    }
+
+    /// Blocking read of the whole slice.
+    pub fn read(&self) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; self.len];
+        self.buffer.read(self.offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// Blocking copy from `src` (same length).
+    pub fn copy_from(&self, src: &BufferSlice) -> Result<(), BackendError> {
+        if src.len != self.len {
+            return Err(BackendError::SizeMismatch {
+                what: "copy",
+                expected: self.len,
+                actual: src.len,
+            });
+        }
+        self.buffer
+            .copy_from(self.offset, &src.buffer, src.offset, self.len)
+    }
+}
+
+/// Blocking write of `data` into tensor `id` at byte `offset` within the tensor.
+pub fn tensor_set(
+    graph: &Graph,
+    id: TensorId,
+    offset: usize,
+    data: &[u8],
+) -> Result<(), BackendError> {
+    BufferSlice::of_tensor(graph, id)?
+        .sub(offset, data.len())?
+        .write(data)
+}
+
+/// Blocking read of `out.len()` bytes of tensor `id` from byte `offset` within the tensor.
+pub fn tensor_get(
+    graph: &Graph,
+    id: TensorId,
+    offset: usize,
+    out: &mut [u8],
+) -> Result<(), BackendError> {
+    let s = BufferSlice::of_tensor(graph, id)?.sub(offset, out.len())?;
+    s.buffer.read(s.offset, out)
+}
+
+fn contiguous_of(graph: &Graph, id: TensorId, dtype: DType) -> Result<(), BackendError> {
+    let l = graph.get(id)?.layout;
+    if l.dtype != dtype || !l.is_contiguous() {
+        return Err(BackendError::Unsupported {
+            device: "host".into(),
+            what: format!(
+                "typed access to tensor {id} ({}, non-contiguous or not {dtype})",
+                l.dtype
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Blocking write of a whole contiguous f32 tensor.
+pub fn tensor_set_f32(graph: &Graph, id: TensorId, data: &[f32]) -> Result<(), BackendError> {
+    contiguous_of(graph, id, DType::F32)?;
+    check_len(graph, id, data.len() * 4)?;
+    tensor_set(graph, id, 0, &f32_to_bytes(data))
+}
+
+/// Blocking read of a whole contiguous f32 tensor.
+pub fn tensor_get_f32(graph: &Graph, id: TensorId) -> Result<Vec<f32>, BackendError> {
+    contiguous_of(graph, id, DType::F32)?;
+    Ok(bytes_to_f32(&BufferSlice::of_tensor(graph, id)?.read()?))
+}
+
+/// Blocking write of a whole contiguous i32 tensor.
+pub fn tensor_set_i32(graph: &Graph, id: TensorId, data: &[i32]) -> Result<(), BackendError> {
+    contiguous_of(graph, id, DType::I32)?;
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    check_len(graph, id, bytes.len())?;
+    tensor_set(graph, id, 0, &bytes)
+}
+
+fn check_len(graph: &Graph, id: TensorId, len: usize) -> Result<(), BackendError> {
+    let need = graph.get(id)?.layout.span_bytes();
+    if need != len {
+        return Err(BackendError::SizeMismatch {
+            what: "tensor data",
+            expected: need,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
+/// Little-endian bytes of `v`.
+pub fn f32_to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// f32 values of little-endian bytes (trailing partial value ignored).
+pub fn bytes_to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}

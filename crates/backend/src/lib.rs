@@ -1,0 +1,27 @@
+//! `lamina-backend` owns the device layer, in ggml-backend's image: a [`Registry`] of backends
+//! and their [`Device`]s; per device, [`BufferType`]s (compared by identity, named after the
+//! device), [`Buffer`]s with bounds-checked blocking access, one in-order [`Stream`] (graph
+//! compute, async set/get/copy, synchronize) and [`Event`]s (record, device-side wait, host
+//! synchronize); the generic async fallbacks; the [`CommandQueue`] that host-memory devices
+//! build their streams on; and the [`GraphAllocator`] that places a graph's intermediates.
+//! Concrete devices (the CPU in `lamina-cpu`) implement the traits; the scheduler will live here.
+
+pub mod alloc;
+pub mod buffer;
+pub mod device;
+pub mod error;
+pub mod event;
+pub mod queue;
+pub mod stream;
+
+pub use alloc::{AllocPlan, GraphAllocator, plan_graph};
+pub use buffer::{
+    Buffer, BufferGuard, BufferSlice, BufferType, BufferUsage, HOST_ALIGNMENT, HostMemory,
+    bytes_to_f32, f32_to_bytes, lock_buffers, tensor_get, tensor_get_f32, tensor_set,
+    tensor_set_f32, tensor_set_i32,
+};
+pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryInfo, Registry};
+pub use error::BackendError;
+pub use event::Event;
+pub use queue::{Command, CommandQueue};
+pub use stream::{PendingRead, Stream, StreamImpl, copy_async};

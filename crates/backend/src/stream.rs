@@ -1,0 +1,245 @@
+//! Streams: one in-order queue per device, with ggml-backend's ordering rules.
+//!
+//! Devices implement [`StreamImpl`]; callers use the [`Stream`] handle, which adds the generic
+//! parts: ownership and size checks, and the fallbacks for devices without an async path
+//! (synchronize the stream first, then do the blocking transfer, so the transfer can never
+//! overtake queued work).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex};
+
+use lamina_core::graph::Graph;
+
+use crate::buffer::{BufferSlice, bytes_to_f32};
+use crate::device::DeviceKey;
+use crate::error::BackendError;
+use crate::event::Event;
+
+/// The device side of a stream. `set_async`, `get_async`, `record` and `wait` are called only
+/// when [`StreamImpl::is_async`] / [`StreamImpl::supports_events`] say so, with slices already
+/// checked to belong to this device.
+pub trait StreamImpl: Send + Sync + Any {
+    fn device(&self) -> DeviceKey;
+    fn device_name(&self) -> &str;
+    /// Whether queued operations return before the work is done.
+    fn is_async(&self) -> bool;
+    fn supports_events(&self) -> bool;
+    /// Queues a graph; every tensor must be bound to memory this device accepts.
+    fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError>;
+    fn set_async(&self, dst: BufferSlice, data: Vec<u8>) -> Result<(), BackendError>;
+    fn get_async(&self, src: BufferSlice, into: PendingRead) -> Result<(), BackendError>;
+    /// Called on the *destination* stream. Queues `src → dst` after everything queued on
+    /// `src_stream` (and on this stream), such that later work here waits for it, without
+    /// blocking the host. Returns `Ok(false)` to decline (foreign stream types).
+    fn copy_async(
+        &self,
+        src_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+    ) -> Result<bool, BackendError>;
+    fn synchronize(&self) -> Result<(), BackendError>;
+    fn record(&self, event: &Event) -> Result<(), BackendError>;
+    fn wait(&self, event: &Event) -> Result<(), BackendError>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Result of an asynchronous read; ready once the stream has run the read.
+#[derive(Clone, Default)]
+pub struct PendingRead(Arc<(Mutex<Option<ReadResult>>, Condvar)>);
+
+type ReadResult = Result<Vec<u8>, BackendError>;
+
+impl fmt::Debug for PendingRead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PendingRead(ready: {})", self.is_ready())
+    }
+}
+
+impl PendingRead {
+    pub fn new() -> PendingRead {
+        PendingRead::default()
+    }
+
+    /// Device side: delivers the data.
+    pub fn complete(&self, result: Result<Vec<u8>, BackendError>) {
+        let mut slot = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(result);
+        drop(slot);
+        self.0.1.notify_all();
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Blocks until the data arrived and takes it.
+    pub fn wait(&self) -> Result<Vec<u8>, BackendError> {
+        let mut slot = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = slot.take() {
+                return r;
+            }
+            slot = self.0.1.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// [`PendingRead::wait`], as little-endian f32 values.
+    pub fn wait_f32(&self) -> Result<Vec<f32>, BackendError> {
+        self.wait().map(|b| bytes_to_f32(&b))
+    }
+}
+
+/// A device's execution stream. Cheap to clone (clones are the same queue).
+#[derive(Clone)]
+pub struct Stream(Arc<dyn StreamImpl>);
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({})", self.0.device_name())
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Stream {
+    pub fn new(implementation: Arc<dyn StreamImpl>) -> Stream {
+        Stream(implementation)
+    }
+
+    /// The device implementation (for downcasting by backends).
+    pub fn implementation(&self) -> &dyn StreamImpl {
+        &*self.0
+    }
+
+    pub fn device(&self) -> DeviceKey {
+        self.0.device()
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.0.device_name()
+    }
+
+    pub fn is_async(&self) -> bool {
+        self.0.is_async()
+    }
+
+    fn check_owned(&self, slice: &BufferSlice) -> Result<(), BackendError> {
+        if slice.buffer.device() != self.device() {
+            return Err(BackendError::ForeignBuffer {
+                buffer: slice.buffer.name(),
+                buffer_type: slice.buffer.buffer_type().name().to_owned(),
+                device: self.device_name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues `graph`; may return before it is computed.
+    pub fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
+        self.0.compute_async(graph)
+    }
+
+    /// Computes `graph` and waits for it.
+    pub fn compute(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
+        self.0.compute_async(graph)?;
+        self.0.synchronize()
+    }
+
+    /// Writes `data` into `dst` after all queued work. Without an async path: synchronize, then
+    /// write.
+    pub fn set_async(&self, dst: &BufferSlice, data: Vec<u8>) -> Result<(), BackendError> {
+        self.check_owned(dst)?;
+        if data.len() != dst.len {
+            return Err(BackendError::SizeMismatch {
+                what: "set_async",
+                expected: dst.len,
+                actual: data.len(),
+            });
+        }
+        if self.0.is_async() {
+            self.0.set_async(dst.clone(), data)
+        } else {
+            self.0.synchronize()?;
+            dst.write(&data)
+        }
+    }
+
+    /// Reads `src` after all queued work. Without an async path: synchronize, then read.
+    pub fn get_async(&self, src: &BufferSlice) -> Result<PendingRead, BackendError> {
+        self.check_owned(src)?;
+        let pending = PendingRead::new();
+        if self.0.is_async() {
+            self.0.get_async(src.clone(), pending.clone())?;
+        } else {
+            self.0.synchronize()?;
+            pending.complete(src.read());
+        }
+        Ok(pending)
+    }
+
+    /// Blocks until all queued work is done; reports the first error since the last call.
+    pub fn synchronize(&self) -> Result<(), BackendError> {
+        self.0.synchronize()
+    }
+
+    /// Queues a signal of `event` (which must belong to this stream's device).
+    pub fn record(&self, event: &Event) -> Result<(), BackendError> {
+        if event.device() != self.device() {
+            return Err(BackendError::ForeignEvent {
+                event_device: event.device_name().to_owned(),
+                stream_device: self.device_name().to_owned(),
+            });
+        }
+        self.require_events()?;
+        self.0.record(event)
+    }
+
+    /// Makes later work on this stream wait for the latest record of `event` (of any device);
+    /// the host does not block.
+    pub fn wait(&self, event: &Event) -> Result<(), BackendError> {
+        self.require_events()?;
+        self.0.wait(event)
+    }
+
+    fn require_events(&self) -> Result<(), BackendError> {
+        if !self.0.supports_events() {
+            return Err(BackendError::Unsupported {
+                device: self.device_name().to_owned(),
+                what: "events".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Copies `src` (memory of `src_stream`'s device) to `dst` (memory of `dst_stream`'s device),
+/// after all work queued on `src_stream`; later work on `dst_stream` sees the data. Dispatched
+/// through the destination stream; if it declines, both streams are synchronized and the copy
+/// is done blocking.
+pub fn copy_async(
+    src_stream: &Stream,
+    dst_stream: &Stream,
+    src: &BufferSlice,
+    dst: &BufferSlice,
+) -> Result<(), BackendError> {
+    src_stream.check_owned(src)?;
+    dst_stream.check_owned(dst)?;
+    if src.len != dst.len {
+        return Err(BackendError::SizeMismatch {
+            what: "copy_async",
+            expected: dst.len,
+            actual: src.len,
+        });
+    }
+    if dst_stream.0.copy_async(src_stream, src, dst)? {
+        return Ok(());
+    }
+    src_stream.synchronize()?;
+    dst_stream.synchronize()?;
+    dst.copy_from(src)
+}

@@ -1,0 +1,53 @@
+//! `lamina devices` (alias `--list-devices`): lists the compute devices with their type,
+//! description and memory, like llama.cpp's `--list-devices`.
+
+use anyhow::Context;
+use clap::Args;
+
+use lamina_backend::Registry;
+use lamina_cpu::{CpuConfig, parse_device_count, registry, registry_with};
+
+/// Arguments of `lamina devices`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct DevicesArgs {
+    /// Expose the CPU as N virtual devices CPU0…CPU{N-1} (default: $LAMINA_CPU_DEVICES or 1).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub cpu_devices: Option<usize>,
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    parse_device_count(s).map_err(|e| e.to_string())
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Prints every device of the registry.
+pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
+    let owned;
+    let reg: &Registry = match args.cpu_devices {
+        Some(n) => {
+            owned = registry_with(CpuConfig::from_env()?.with_devices(n))?;
+            &owned
+        }
+        None => registry().context("initializing devices")?,
+    };
+    super::emit(&format_devices(reg))?;
+    Ok(())
+}
+
+/// The device list as printed.
+pub fn format_devices(reg: &Registry) -> String {
+    let mut out = String::from("Available devices:\n");
+    for d in reg.devices() {
+        let m = d.memory();
+        out.push_str(&format!(
+            "  {}: {} ({}, {} MiB, {} MiB free)\n",
+            d.name(),
+            d.description(),
+            d.device_type(),
+            m.total / MIB,
+            m.free / MIB
+        ));
+    }
+    out
+}

@@ -1,0 +1,227 @@
+//! One module per subcommand, plus what they share.
+
+pub mod chat;
+pub mod devices;
+pub mod inspect;
+pub mod model_engine;
+pub mod perplexity;
+pub mod pull;
+pub mod run;
+pub mod serve;
+pub mod tokenize;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use lamina_gguf::pull::{self as hub, PullProgress};
+
+/// Draws a pull's progress on stderr.
+pub struct BarProgress {
+    bar: ProgressBar,
+}
+
+impl BarProgress {
+    pub fn new() -> BarProgress {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:40} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
+        );
+        BarProgress { bar }
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl PullProgress for BarProgress {
+    fn stage(&mut self, message: &str) {
+        self.bar.set_message(message.to_string());
+        self.bar.tick();
+    }
+
+    fn bytes(&mut self, done: u64, total: u64) {
+        self.bar.set_length(total);
+        self.bar.set_position(done);
+    }
+}
+
+/// `-m` takes a path or a known model name; a known model is pulled on first use.
+pub fn resolve_model(name_or_path: &str) -> anyhow::Result<PathBuf> {
+    let mut progress = BarProgress::new();
+    let path = hub::resolve_model(name_or_path, &mut progress);
+    progress.finish();
+    path.with_context(|| format!("cannot load model {name_or_path:?}"))
+}
+
+/// Writes `text` to stdout. A closed pipe (`lamina inspect … | head`) ends output quietly
+/// instead of panicking, as `print!` would.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => Ok(other?),
+    }
+}
+
+/// Model and context flags shared by the commands that run a model (llama.cpp's names).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Model: a GGUF path or a known model name (pulled on first use).
+    #[arg(short = 'm', long, default_value = hub::DEFAULT_MODEL)]
+    pub model: String,
+    /// Context size in tokens (0: the model's training context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Threads to compute with (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Largest micro-batch computed at once.
+    #[arg(
+        short = 'u',
+        long = "ubatch-size",
+        visible_alias = "ub",
+        default_value_t = 512
+    )]
+    pub ubatch_size: usize,
+    /// KV cache type: f16 or f32.
+    #[arg(long = "cache-type", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type: String,
+}
+
+/// Sampling flags (llama.cpp's names and defaults).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0 or less: greedy).
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
+    pub top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "typical", default_value_t = 1.0)]
+    pub typical: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over (-1: the context size).
+    #[arg(
+        long = "repeat-last-n",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
+    pub repeat_last_n: i32,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (-1: random).
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self, n_ctx: usize) -> lamina_sample::SamplingParams {
+        let mut p = lamina_sample::SamplingParams {
+            temp: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            typ_p: self.typical,
+            penalty_repeat: self.repeat_penalty,
+            penalty_last_n: self.repeat_last_n,
+            penalty_present: self.presence_penalty,
+            penalty_freq: self.frequency_penalty,
+            ..Default::default()
+        };
+        if let Ok(seed) = u32::try_from(self.seed) {
+            p.seed = seed;
+        }
+        p.with_n_ctx(n_ctx as u32)
+    }
+}
+
+/// A model with its tokenizer and a context, ready to generate.
+pub struct Loaded {
+    pub context: lamina_model::Context,
+    pub tokenizer: lamina_tokenizer::Tokenizer,
+}
+
+/// Resolves `-m`, loads the model onto the CPU and creates a context.
+pub fn load(args: &LoadArgs) -> anyhow::Result<Loaded> {
+    let kv_type = match lamina_core::DType::from_name(&args.cache_type) {
+        Some(t @ (lamina_core::DType::F16 | lamina_core::DType::F32)) => t,
+        _ => anyhow::bail!("--cache-type {:?}: use f16 or f32", args.cache_type),
+    };
+    let params = lamina_model::ContextParams {
+        n_ctx: args.ctx_size,
+        n_ubatch: args.ubatch_size,
+        kv_type,
+        n_seq_max: 1,
+    };
+    load_with(&args.model, args.threads, params)
+}
+
+/// Loads model `name_or_path` onto the CPU with `threads` threads and creates a context.
+pub fn load_with(
+    name_or_path: &str,
+    threads: Option<usize>,
+    params: lamina_model::ContextParams,
+) -> anyhow::Result<Loaded> {
+    use std::sync::Arc;
+    let path = resolve_model(name_or_path)?;
+    let mut config = lamina_cpu::CpuConfig::from_env()?;
+    if let Some(t) = threads {
+        anyhow::ensure!(t > 0, "-t must be at least 1");
+        config = config.with_threads(t);
+    }
+    let reg = lamina_cpu::CpuBackendReg::new(config)?;
+    let device: Arc<dyn lamina_backend::Device> = reg.cpu_devices()[0].clone();
+    let model = lamina_model::Model::load(&path, device)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let tokenizer = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
+        .with_context(|| format!("cannot load the vocabulary of {}", path.display()))?;
+    let context = lamina_model::Context::new(Arc::new(model), params)?;
+    Ok(Loaded { context, tokenizer })
+}
+
+/// Turns token pieces (bytes that may split a UTF-8 character) into printable text.
+#[derive(Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Adds `bytes`; returns the text that is complete so far.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // An incomplete character at the end waits for more bytes; an invalid one is
+            // replaced now.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => {
+                let text = String::from_utf8_lossy(&self.pending).into_owned();
+                self.pending.clear();
+                return text;
+            }
+        };
+        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        text
+    }
+
+    /// Whatever is left (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}

@@ -1,0 +1,89 @@
+//! `lamina serve`: the OpenAI-compatible HTTP server (crate `lamina-server`).
+//!
+//! `main.rs` resolves `-m`, builds the engine with `--ctx-size` cells for `--parallel`
+//! sequences, and calls [`run`]. llama-server spells `--parallel` as `-np`, which clap
+//! cannot express as a short flag: pass the raw arguments through
+//! [`normalize_llama_flags`] before parsing.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use lamina_server::{Engine, ServerConfig};
+
+/// Flags as llama-server has them (`-m` is the caller's).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// KV cache cells in all, shared evenly by the slots.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: u32,
+    /// Parallel slots (`-np`): requests decoded together in each batch.
+    #[arg(long = "parallel", default_value_t = 1)]
+    pub parallel: u32,
+    /// Require `Authorization: Bearer KEY` (all endpoints but `/` and `/health`).
+    #[arg(long = "api-key", env = "LAMINA_API_KEY")]
+    pub api_key: Option<String>,
+    /// Seconds one request may take, queueing included (0: no limit).
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long = "max-body-bytes", default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Most tokens per decode step.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: u32,
+    /// Requests that may wait for a free slot before the server answers 503.
+    #[arg(long = "queue-size", default_value_t = 64)]
+    pub queue_size: usize,
+}
+
+impl ServeArgs {
+    pub fn config(&self) -> ServerConfig {
+        ServerConfig {
+            host: self.host.clone(),
+            port: self.port,
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
+            max_body_bytes: self.max_body_bytes,
+            n_batch: self.batch_size.max(1),
+            queue_size: self.queue_size,
+        }
+    }
+}
+
+/// Rewrites llama.cpp's multi-letter short flags that clap cannot declare (`-np N`,
+/// `-np=N`) into their long forms.
+pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    args.into_iter()
+        .map(|a| match a.to_str() {
+            Some("-np") => OsString::from("--parallel"),
+            Some(s) if s.starts_with("-np=") => OsString::from(format!("--parallel={}", &s[4..])),
+            _ => a,
+        })
+        .collect()
+}
+
+/// Serves `engine` until Ctrl-C. The engine decides the slot count and context; the
+/// flags only say what was asked for, so a mismatch is reported, not fatal.
+pub fn run(args: &ServeArgs, engine: Box<dyn Engine>) -> anyhow::Result<()> {
+    if engine.n_seq_max() != args.parallel {
+        eprintln!(
+            "lamina serve: the engine has {} sequences, --parallel asked for {}",
+            engine.n_seq_max(),
+            args.parallel
+        );
+    }
+    eprintln!(
+        "lamina serve: model {}, {} slots of {} tokens",
+        engine.model_name(),
+        engine.n_seq_max(),
+        engine.n_ctx_seq()
+    );
+    lamina_server::serve_blocking(engine, args.config())?;
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The `lamina` program as a user runs it: real models (pulled on first use), real output.
+
+use std::process::{Command, Output};
+
+use lamina_gguf::pull::model_for_test;
+
+fn lamina(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lamina")).args(args).output().expect("run lamina")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_generates_llama_cpp_greedy_text() {
+    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let path = path.to_str().unwrap();
+    let o = lamina(&["run", "-m", path, "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // llama.cpp's greedy continuation of this prompt starts " Paris.\n\nThe United States".
+    assert!(stdout(&o).starts_with("The capital of France is Paris.\n\nThe United States"), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("prompt eval time") && err.contains("tokens per second"), "{err}");
+}
+
+#[test]
+fn run_refuses_a_prompt_longer_than_the_context() {
+    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let long = "word ".repeat(100);
+    let o = lamina(&["run", "-m", path.to_str().unwrap(), "-c", "32", "-p", &long, "-n", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("does not fit in the context of 32"), "{}", stderr(&o));
+}
+
+#[test]
+fn chat_answers_through_the_template() {
+    use std::io::Write;
+    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["chat", "-m", path.to_str().unwrap(), "--temp", "0", "-n", "12", "-t", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is 2+2?\n/exit\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // llama.cpp's greedy reply to this chat prompt (reference outputs) is "The answer is: 4" or
+    // similar; SmolLM2 answers 4 either way.
+    assert!(stdout(&o).contains('4'), "{}", stdout(&o));
+}
+
+#[test]
+fn tokenize_prints_llama_tokenize_ids() {
+    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let o = lamina(&["tokenize", "-m", path.to_str().unwrap(), "-p", "Hello world", "--ids"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "[19556, 905]");
+}
+
+#[test]
+fn inspect_and_devices() {
+    let Some(path) = model_for_test("gemma3-270m") else { return };
+    let o = lamina(&["inspect", path.to_str().unwrap(), "--no-tensors"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("gemma3.attention.sliding_window"), "{}", stdout(&o));
+
+    let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .arg("--list-devices")
+        .env("LAMINA_CPU_DEVICES", "3")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for name in ["CPU0:", "CPU1:", "CPU2:"] {
+        assert!(out.contains(name), "{out}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let o = lamina(&["run", "-m", "/nonexistent/model.gguf", "-p", "x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("neither a file nor a known model name"), "{}", stderr(&o));
+
+    let o = lamina(&["run", "-p", "x", "--no-such-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unexpected argument"), "{}", stderr(&o));
+
+    // A file that is not GGUF: a typed error, no panic.
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("bogus.gguf");
+    std::fs::write(&bogus, b"not a model at all").unwrap();
+    let o = lamina(&["run", "-m", bogus.to_str().unwrap(), "-p", "x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not a GGUF file"), "{}", stderr(&o));
+
+    // A vocab-only file has no weights: the missing tensor is named.
+    let vocab = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vocab/ggml-vocab-llama-bpe.gguf");
+    if std::path::Path::new(vocab).exists() {
+        let o = lamina(&["run", "-m", vocab, "-p", "x"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains("tensor \"token_embd.weight\" is missing"), "{}", stderr(&o));
+    }
+}

@@ -1,0 +1,1029 @@
+//! The graph IR: an arena of tensor nodes built the way ggml graphs are built, so that models can
+//! be ported from llama.cpp's graph builders line by line.
+//!
+//! A [`Graph`] owns its tensors; a [`TensorId`] addresses one. Tensors are created in topological
+//! order (every source exists before its consumer), so creation order is a valid execution order.
+//! The IR is backend-neutral: a tensor's memory is a [`Binding`] to some backend's buffer
+//! (through the [`BufferMemory`] trait), set either by the caller (weights, KV cache) or by a
+//! graph allocator (inputs and intermediates). Which device runs which node is kept outside the
+//! graph, by the scheduler.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::tensor::{Layout, MAX_DIMS, TensorError, TensorFlags};
+
+/// Index of a tensor in its [`Graph`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u32);
+
+impl TensorId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for TensorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Memory a tensor can be bound to. Implemented by the device layer's buffers; the IR only needs
+/// identity and size, and lets the backend recover its own type through [`BufferMemory::as_any`].
+pub trait BufferMemory: Any + Send + Sync + fmt::Debug {
+    /// Process-unique id of the buffer (never reused).
+    fn memory_id(&self) -> u64;
+    /// Size in bytes.
+    fn size(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Where a (non-view) tensor's bytes live.
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub memory: Arc<dyn BufferMemory>,
+    pub offset: usize,
+}
+
+/// Unary element-wise functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    Silu,
+    /// GELU, tanh approximation.
+    Gelu,
+}
+
+/// Gated linear units: `act(a) * b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluOp {
+    SwiGlu,
+    GeGlu,
+}
+
+/// Rotary embedding modes (ggml's `GGML_ROPE_TYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Rotate adjacent pairs `(x[2i], x[2i+1])`.
+    Normal,
+    /// Rotate halves `(x[i], x[i + n_dims/2])` (GPT-NeoX).
+    Neox,
+}
+
+/// Parameters of `rope_ext`, as in ggml.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Number of leading dimensions rotated (partial rotary when less than `ne[0]`).
+    pub n_dims: usize,
+    pub mode: RopeMode,
+    pub n_ctx_orig: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl RopeParams {
+    /// Plain RoPE (no YaRN) over `n_dims` dimensions.
+    pub fn new(n_dims: usize, mode: RopeMode, freq_base: f32) -> RopeParams {
+        RopeParams {
+            n_dims,
+            mode,
+            n_ctx_orig: 0,
+            freq_base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }
+    }
+}
+
+/// What computes a tensor. View-like ops (`View`, `Reshape`, `Permute`, `Transpose`) compute
+/// nothing: the tensor aliases its view source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// A leaf: weights, inputs, caches.
+    Leaf,
+    View,
+    Reshape,
+    Permute([usize; MAX_DIMS]),
+    Transpose,
+    GetRows,
+    MulMat,
+    Add,
+    Mul,
+    Scale {
+        scale: f32,
+        bias: f32,
+    },
+    RmsNorm {
+        eps: f32,
+    },
+    Norm {
+        eps: f32,
+    },
+    Rope(RopeParams),
+    SoftMax {
+        scale: f32,
+        max_bias: f32,
+    },
+    Unary(UnaryOp),
+    /// `src[1]` present: split form `act(a) * b`; absent: `a` holds both halves along dim 0.
+    Glu {
+        op: GluOp,
+        swapped: bool,
+    },
+    /// Writes rows of `src[0]` into the view source at row indices `src[1]`.
+    SetRows,
+    /// Copies (and converts) `src[0]` into the view source.
+    Cpy,
+    Cont,
+    Concat {
+        dim: usize,
+    },
+    ArgMax,
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Leaf => "NONE",
+            Op::View => "VIEW",
+            Op::Reshape => "RESHAPE",
+            Op::Permute(_) => "PERMUTE",
+            Op::Transpose => "TRANSPOSE",
+            Op::GetRows => "GET_ROWS",
+            Op::MulMat => "MUL_MAT",
+            Op::Add => "ADD",
+            Op::Mul => "MUL",
+            Op::Scale { .. } => "SCALE",
+            Op::RmsNorm { .. } => "RMS_NORM",
+            Op::Norm { .. } => "NORM",
+            Op::Rope(_) => "ROPE",
+            Op::SoftMax { .. } => "SOFT_MAX",
+            Op::Unary(UnaryOp::Silu) => "SILU",
+            Op::Unary(UnaryOp::Gelu) => "GELU",
+            Op::Glu {
+                op: GluOp::SwiGlu, ..
+            } => "SWIGLU",
+            Op::Glu {
+                op: GluOp::GeGlu, ..
+            } => "GEGLU",
+            Op::SetRows => "SET_ROWS",
+            Op::Cpy => "CPY",
+            Op::Cont => "CONT",
+            Op::Concat { .. } => "CONCAT",
+            Op::ArgMax => "ARGMAX",
+        }
+    }
+
+    /// Ops that only reinterpret their source's memory.
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose
+        )
+    }
+
+    /// Ops that do work on a device (not leaves, not views).
+    pub fn is_compute(&self) -> bool {
+        !matches!(self, Op::Leaf) && !self.is_view()
+    }
+}
+
+/// A node of the graph.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub layout: Layout,
+    pub op: Op,
+    pub src: [Option<TensorId>; 3],
+    /// The root tensor whose memory this one aliases (never itself a view), with a byte offset.
+    pub view_src: Option<TensorId>,
+    pub view_offset: usize,
+    pub flags: TensorFlags,
+    pub name: String,
+    /// Memory of a root tensor; views resolve through `view_src`.
+    pub binding: Option<Binding>,
+}
+
+impl Tensor {
+    pub fn dtype(&self) -> DType {
+        self.layout.dtype
+    }
+    pub fn ne(&self) -> [usize; MAX_DIMS] {
+        self.layout.ne
+    }
+    pub fn nb(&self) -> [usize; MAX_DIMS] {
+        self.layout.nb
+    }
+    pub fn sources(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.src.iter().flatten().copied()
+    }
+}
+
+/// Errors from building or binding a graph.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GraphError {
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error("{op}: unsupported type {dtype}")]
+    Type { op: &'static str, dtype: DType },
+    #[error("tensor {0} does not belong to this graph")]
+    UnknownTensor(TensorId),
+    #[error("tensor {0} is a view; bind its view source instead")]
+    BindView(TensorId),
+    #[error(
+        "binding of tensor {id} ({need} bytes at offset {offset}) exceeds its buffer of {size} bytes"
+    )]
+    BindOutOfBounds {
+        id: TensorId,
+        offset: usize,
+        need: usize,
+        size: usize,
+    },
+    #[error("graph too large")]
+    TooLarge,
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
+
+fn shape_err(op: &'static str, detail: impl Into<String>) -> GraphError {
+    GraphError::Shape {
+        op,
+        detail: detail.into(),
+    }
+}
+
+/// An arena of tensors in topological order.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    tensors: Vec<Tensor>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    pub fn with_capacity(n: usize) -> Graph {
+        Graph {
+            tensors: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Removes every tensor but keeps the allocation, so a graph rebuilt per batch does not
+    /// reallocate its arena.
+    pub fn clear(&mut self) {
+        self.tensors.clear();
+    }
+
+    /// The first tensor named `name`.
+    pub fn find(&self, name: &str) -> Option<TensorId> {
+        self.tensors
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| TensorId(i as u32))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = TensorId> + use<> {
+        (0..self.tensors.len() as u32).map(TensorId)
+    }
+
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The tensor `id`. Panics on a foreign id; use [`Graph::get`] for a checked lookup.
+    pub fn tensor(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id.index()]
+    }
+
+    pub fn get(&self, id: TensorId) -> Result<&Tensor, GraphError> {
+        self.tensors
+            .get(id.index())
+            .ok_or(GraphError::UnknownTensor(id))
+    }
+
+    pub fn layout(&self, id: TensorId) -> &Layout {
+        &self.tensors[id.index()].layout
+    }
+
+    /// The root tensor whose memory `id` uses (itself unless it is a view).
+    pub fn root(&self, id: TensorId) -> TensorId {
+        self.tensors[id.index()].view_src.unwrap_or(id)
+    }
+
+    /// The memory and byte offset of `id`, resolved through its view source.
+    pub fn resolve(&self, id: TensorId) -> Option<(&Arc<dyn BufferMemory>, usize)> {
+        let t = self.tensors.get(id.index())?;
+        match t.view_src {
+            Some(root) => {
+                let b = self.tensors[root.index()].binding.as_ref()?;
+                Some((&b.memory, b.offset + t.view_offset))
+            }
+            None => t.binding.as_ref().map(|b| (&b.memory, b.offset)),
+        }
+    }
+
+    fn push(&mut self, t: Tensor) -> Result<TensorId, GraphError> {
+        let id = u32::try_from(self.tensors.len()).map_err(|_| GraphError::TooLarge)?;
+        self.tensors.push(t);
+        Ok(TensorId(id))
+    }
+
+    fn check(&self, id: TensorId) -> Result<&Tensor, GraphError> {
+        self.get(id)
+    }
+
+    fn node(
+        &mut self,
+        layout: Layout,
+        op: Op,
+        src: [Option<TensorId>; 3],
+    ) -> Result<TensorId, GraphError> {
+        self.push(Tensor {
+            layout,
+            op,
+            src,
+            view_src: None,
+            view_offset: 0,
+            flags: TensorFlags::NONE,
+            name: String::new(),
+            binding: None,
+        })
+    }
+
+    fn view_node(
+        &mut self,
+        of: TensorId,
+        layout: Layout,
+        op: Op,
+        src: [Option<TensorId>; 3],
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let t = self.check(of)?;
+        let (root, base) = match t.view_src {
+            Some(r) => (r, t.view_offset),
+            None => (of, 0),
+        };
+        let root_span = self.tensors[root.index()].layout.span_bytes();
+        let off = base.checked_add(offset).ok_or(GraphError::TooLarge)?;
+        if off
+            .checked_add(layout.span_bytes())
+            .is_none_or(|end| end > root_span)
+        {
+            return Err(shape_err(
+                op.name(),
+                format!(
+                    "view of {} bytes at offset {off} exceeds its source of {root_span} bytes",
+                    layout.span_bytes()
+                ),
+            ));
+        }
+        self.push(Tensor {
+            layout,
+            op,
+            src,
+            view_src: Some(root),
+            view_offset: off,
+            flags: TensorFlags::NONE,
+            name: String::new(),
+            binding: None,
+        })
+    }
+
+    /// A new leaf tensor of shape `ne` (1 to 4 dims), densely packed.
+    pub fn new_tensor(&mut self, dtype: DType, ne: &[usize]) -> Result<TensorId, GraphError> {
+        let layout = Layout::contiguous(dtype, ne)?;
+        self.node(layout, Op::Leaf, [None; 3])
+    }
+
+    /// A new leaf flagged as a graph input (written by the host before compute).
+    pub fn new_input(&mut self, dtype: DType, ne: &[usize]) -> Result<TensorId, GraphError> {
+        let id = self.new_tensor(dtype, ne)?;
+        self.tensors[id.index()].flags.insert(TensorFlags::INPUT);
+        Ok(id)
+    }
+
+    pub fn set_name(&mut self, id: TensorId, name: impl Into<String>) -> Result<(), GraphError> {
+        self.tensors
+            .get_mut(id.index())
+            .ok_or(GraphError::UnknownTensor(id))?
+            .name = name.into();
+        Ok(())
+    }
+
+    pub fn add_flags(&mut self, id: TensorId, flags: TensorFlags) -> Result<(), GraphError> {
+        self.tensors
+            .get_mut(id.index())
+            .ok_or(GraphError::UnknownTensor(id))?
+            .flags
+            .insert(flags);
+        Ok(())
+    }
+
+    /// Marks `id` as a graph output: its memory survives until the graph is done.
+    pub fn set_output(&mut self, id: TensorId) -> Result<(), GraphError> {
+        self.add_flags(id, TensorFlags::OUTPUT)
+    }
+
+    /// Binds a root tensor to `offset` bytes into `memory` (weights, KV cache, or an allocator's
+    /// compute buffer). The whole tensor must fit.
+    pub fn bind(
+        &mut self,
+        id: TensorId,
+        memory: Arc<dyn BufferMemory>,
+        offset: usize,
+    ) -> Result<(), GraphError> {
+        let t = self
+            .tensors
+            .get_mut(id.index())
+            .ok_or(GraphError::UnknownTensor(id))?;
+        if t.view_src.is_some() {
+            return Err(GraphError::BindView(id));
+        }
+        let need = t.layout.span_bytes();
+        let size = memory.size();
+        if offset.checked_add(need).is_none_or(|end| end > size) {
+            return Err(GraphError::BindOutOfBounds {
+                id,
+                offset,
+                need,
+                size,
+            });
+        }
+        t.binding = Some(Binding { memory, offset });
+        Ok(())
+    }
+
+    // ----- views -----
+
+    fn view_layout(
+        &self,
+        a: TensorId,
+        ne: [usize; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+    ) -> Result<Layout, GraphError> {
+        let dtype = self.check(a)?.layout.dtype;
+        if ne.contains(&0) {
+            return Err(shape_err("VIEW", "zero-sized dimension"));
+        }
+        if !ne[0].is_multiple_of(dtype.block_size() as usize) {
+            return Err(shape_err(
+                "VIEW",
+                "row length is not a multiple of the block size",
+            ));
+        }
+        Ok(Layout { dtype, ne, nb })
+    }
+
+    pub fn view_1d(
+        &mut self,
+        a: TensorId,
+        ne0: usize,
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let l = self.layout(a);
+        let ts = l.dtype.type_size() as usize;
+        let row = l.dtype.row_size(ne0 as u64).map_err(TensorError::from)? as usize;
+        let layout = self.view_layout(a, [ne0, 1, 1, 1], [ts, row, row, row])?;
+        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+    }
+
+    pub fn view_2d(
+        &mut self,
+        a: TensorId,
+        ne0: usize,
+        ne1: usize,
+        nb1: usize,
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let ts = self.check(a)?.layout.dtype.type_size() as usize;
+        let layout = self.view_layout(a, [ne0, ne1, 1, 1], [ts, nb1, nb1 * ne1, nb1 * ne1])?;
+        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn view_3d(
+        &mut self,
+        a: TensorId,
+        ne0: usize,
+        ne1: usize,
+        ne2: usize,
+        nb1: usize,
+        nb2: usize,
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let ts = self.check(a)?.layout.dtype.type_size() as usize;
+        let layout = self.view_layout(a, [ne0, ne1, ne2, 1], [ts, nb1, nb2, nb2 * ne2])?;
+        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+    }
+
+    pub fn view_4d(
+        &mut self,
+        a: TensorId,
+        ne: [usize; MAX_DIMS],
+        nb1: usize,
+        nb2: usize,
+        nb3: usize,
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let ts = self.check(a)?.layout.dtype.type_size() as usize;
+        let layout = self.view_layout(a, ne, [ts, nb1, nb2, nb3])?;
+        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+    }
+
+    /// Reinterprets contiguous `a` with shape `ne`.
+    pub fn reshape(&mut self, a: TensorId, ne: &[usize]) -> Result<TensorId, GraphError> {
+        let src = self.check(a)?.layout;
+        if !src.is_contiguous() {
+            return Err(shape_err("RESHAPE", "source is not contiguous"));
+        }
+        let layout = Layout::contiguous(src.dtype, ne)?;
+        if layout.nelements() != src.nelements() {
+            return Err(shape_err(
+                "RESHAPE",
+                format!("{} elements cannot become {ne:?}", src.nelements()),
+            ));
+        }
+        self.view_node(a, layout, Op::Reshape, [Some(a), None, None], 0)
+    }
+
+    /// ggml's permute: source dimension `i` moves to position `axes[i]`.
+    pub fn permute(
+        &mut self,
+        a: TensorId,
+        axes: [usize; MAX_DIMS],
+    ) -> Result<TensorId, GraphError> {
+        let src = self.check(a)?.layout;
+        let mut seen = [false; MAX_DIMS];
+        for &ax in &axes {
+            if ax >= MAX_DIMS || seen[ax] {
+                return Err(shape_err(
+                    "PERMUTE",
+                    format!("{axes:?} is not a permutation"),
+                ));
+            }
+            seen[ax] = true;
+        }
+        let mut ne = [0; MAX_DIMS];
+        let mut nb = [0; MAX_DIMS];
+        for i in 0..MAX_DIMS {
+            ne[axes[i]] = src.ne[i];
+            nb[axes[i]] = src.nb[i];
+        }
+        if src.dtype.is_quantized() && axes[0] != 0 {
+            return Err(GraphError::Type {
+                op: "PERMUTE",
+                dtype: src.dtype,
+            });
+        }
+        let layout = Layout {
+            dtype: src.dtype,
+            ne,
+            nb,
+        };
+        self.view_node(a, layout, Op::Permute(axes), [Some(a), None, None], 0)
+    }
+
+    /// Swaps dimensions 0 and 1.
+    pub fn transpose(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        let mut l = self.check(a)?.layout;
+        if l.dtype.is_quantized() {
+            return Err(GraphError::Type {
+                op: "TRANSPOSE",
+                dtype: l.dtype,
+            });
+        }
+        l.ne.swap(0, 1);
+        l.nb.swap(0, 1);
+        self.view_node(a, l, Op::Transpose, [Some(a), None, None], 0)
+    }
+
+    // ----- compute ops -----
+
+    fn want_f32(&self, op: &'static str, id: TensorId) -> Result<Layout, GraphError> {
+        let l = self.check(id)?.layout;
+        if l.dtype != DType::F32 {
+            return Err(GraphError::Type { op, dtype: l.dtype });
+        }
+        Ok(l)
+    }
+
+    fn f32_like(&self, l: &Layout) -> Result<Layout, GraphError> {
+        Ok(Layout::contiguous(DType::F32, &l.ne)?)
+    }
+
+    /// Rows of `a` picked by the i32 indices `b`: `[a.ne0, b.ne0, b.ne1, b.ne2]`, as f32.
+    pub fn get_rows(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        let lb = self.check(b)?.layout;
+        if lb.dtype != DType::I32 {
+            return Err(GraphError::Type {
+                op: "GET_ROWS",
+                dtype: lb.dtype,
+            });
+        }
+        if !matches!(la.dtype, DType::F32 | DType::F16 | DType::BF16) && !la.dtype.is_quantized() {
+            return Err(GraphError::Type {
+                op: "GET_ROWS",
+                dtype: la.dtype,
+            });
+        }
+        if la.ne[2] != lb.ne[1] || lb.ne[3] != 1 || la.ne[3] != lb.ne[2] && la.ne[3] != 1 {
+            return Err(shape_err(
+                "GET_ROWS",
+                format!("data {:?} vs indices {:?}", la.ne, lb.ne),
+            ));
+        }
+        if !la.rows_packed() {
+            return Err(shape_err("GET_ROWS", "data rows must be packed"));
+        }
+        let layout = Layout::contiguous(DType::F32, &[la.ne[0], lb.ne[0], lb.ne[1], lb.ne[2]])?;
+        self.node(layout, Op::GetRows, [Some(a), Some(b), None])
+    }
+
+    /// `a · bᵀ` per ggml: `a` is `[K, M, ..]` (weights, any type), `b` is `[K, N, ..]` f32;
+    /// the result is `[M, N, b.ne2, b.ne3]`; `a` is broadcast over dims 2 and 3.
+    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        let lb = self.want_f32("MUL_MAT", b)?;
+        if matches!(
+            la.dtype,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::F64
+        ) {
+            return Err(GraphError::Type {
+                op: "MUL_MAT",
+                dtype: la.dtype,
+            });
+        }
+        if la.ne[0] != lb.ne[0] || lb.ne[2] % la.ne[2] != 0 || lb.ne[3] % la.ne[3] != 0 {
+            return Err(shape_err("MUL_MAT", format!("{:?} x {:?}", la.ne, lb.ne)));
+        }
+        if !la.rows_packed() {
+            return Err(shape_err("MUL_MAT", "first operand rows must be packed"));
+        }
+        let layout = Layout::contiguous(DType::F32, &[la.ne[1], lb.ne[1], lb.ne[2], lb.ne[3]])?;
+        self.node(layout, Op::MulMat, [Some(a), Some(b), None])
+    }
+
+    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.want_f32(op.name(), a)?;
+        let lb = self.want_f32(op.name(), b)?;
+        if !lb.can_repeat_to(&la) {
+            return Err(shape_err(
+                op.name(),
+                format!("{:?} cannot broadcast to {:?}", lb.ne, la.ne),
+            ));
+        }
+        let layout = self.f32_like(&la)?;
+        self.node(layout, op, [Some(a), Some(b), None])
+    }
+
+    /// `a + b`, `b` broadcast to `a`'s shape.
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.binary(Op::Add, a, b)
+    }
+
+    /// `a * b` element-wise, `b` broadcast to `a`'s shape.
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.binary(Op::Mul, a, b)
+    }
+
+    fn unary_like(&mut self, op: Op, a: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.want_f32(op.name(), a)?;
+        let layout = self.f32_like(&la)?;
+        self.node(layout, op, [Some(a), None, None])
+    }
+
+    pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(
+            Op::Scale {
+                scale: s,
+                bias: 0.0,
+            },
+            a,
+        )
+    }
+
+    /// `a * s + b`.
+    pub fn scale_bias(&mut self, a: TensorId, s: f32, b: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Scale { scale: s, bias: b }, a)
+    }
+
+    pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::RmsNorm { eps }, a)
+    }
+
+    pub fn norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Norm { eps }, a)
+    }
+
+    pub fn silu(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Unary(UnaryOp::Silu), a)
+    }
+
+    pub fn gelu(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Unary(UnaryOp::Gelu), a)
+    }
+
+    /// Rotary embedding of `a` (`[head_dim, n_head, n_tokens, 1]`) at i32 positions `pos`
+    /// (`[n_tokens]`), with optional f32 per-pair frequency factors.
+    pub fn rope_ext(
+        &mut self,
+        a: TensorId,
+        pos: TensorId,
+        freq_factors: Option<TensorId>,
+        params: RopeParams,
+    ) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("ROPE", a)?;
+        let lp = self.check(pos)?.layout;
+        if lp.dtype != DType::I32 {
+            return Err(GraphError::Type {
+                op: "ROPE",
+                dtype: lp.dtype,
+            });
+        }
+        if lp.ne[0] != la.ne[2] || lp.nelements() != lp.ne[0] {
+            return Err(shape_err(
+                "ROPE",
+                format!("positions {:?} for input {:?}", lp.ne, la.ne),
+            ));
+        }
+        if params.n_dims == 0 || !params.n_dims.is_multiple_of(2) || params.n_dims > la.ne[0] {
+            return Err(shape_err(
+                "ROPE",
+                format!("n_dims {} for rows of {}", params.n_dims, la.ne[0]),
+            ));
+        }
+        if !la.rows_packed() {
+            return Err(shape_err("ROPE", "input rows must be packed"));
+        }
+        if let Some(ff) = freq_factors {
+            let lf = self.want_f32("ROPE", ff)?;
+            if lf.ne[0] < params.n_dims / 2 || !lf.rows_packed() {
+                return Err(shape_err("ROPE", "frequency factors shorter than n_dims/2"));
+            }
+        }
+        let layout = self.f32_like(&la)?;
+        self.node(layout, Op::Rope(params), [Some(a), Some(pos), freq_factors])
+    }
+
+    /// `softmax(a * scale + slope * mask)` over rows; `mask` (f32 or f16, `[ne0, >= ne1, ..]`)
+    /// is broadcast over dims 2 and 3; `max_bias > 0` enables ALiBi slopes per dim-2 index.
+    pub fn soft_max_ext(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("SOFT_MAX", a)?;
+        if let Some(m) = mask {
+            let lm = self.check(m)?.layout;
+            if !matches!(lm.dtype, DType::F32 | DType::F16) {
+                return Err(GraphError::Type {
+                    op: "SOFT_MAX",
+                    dtype: lm.dtype,
+                });
+            }
+            if lm.ne[0] != la.ne[0]
+                || lm.ne[1] < la.ne[1]
+                || la.ne[2] % lm.ne[2] != 0
+                || la.ne[3] % lm.ne[3] != 0
+                || !lm.rows_packed()
+            {
+                return Err(shape_err(
+                    "SOFT_MAX",
+                    format!("mask {:?} for input {:?}", lm.ne, la.ne),
+                ));
+            }
+        }
+        let layout = self.f32_like(&la)?;
+        self.node(
+            layout,
+            Op::SoftMax { scale, max_bias },
+            [Some(a), mask, None],
+        )
+    }
+
+    pub fn soft_max(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.soft_max_ext(a, None, 1.0, 0.0)
+    }
+
+    fn glu_split(&mut self, op: GluOp, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let opv = Op::Glu { op, swapped: false };
+        let la = self.want_f32(opv.name(), a)?;
+        let lb = self.want_f32(opv.name(), b)?;
+        if !la.same_shape(&lb) {
+            return Err(shape_err(opv.name(), format!("{:?} vs {:?}", la.ne, lb.ne)));
+        }
+        let layout = self.f32_like(&la)?;
+        self.node(layout, opv, [Some(a), Some(b), None])
+    }
+
+    /// `silu(a) * b`.
+    pub fn swiglu_split(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.glu_split(GluOp::SwiGlu, a, b)
+    }
+
+    /// `gelu(a) * b`.
+    pub fn geglu_split(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.glu_split(GluOp::GeGlu, a, b)
+    }
+
+    /// Fused form: the first half of each row is the gate (second half if `swapped`).
+    pub fn glu(&mut self, op: GluOp, a: TensorId, swapped: bool) -> Result<TensorId, GraphError> {
+        let opv = Op::Glu { op, swapped };
+        let la = self.want_f32(opv.name(), a)?;
+        if la.ne[0] % 2 != 0 {
+            return Err(shape_err(opv.name(), "row length must be even"));
+        }
+        let mut ne = la.ne;
+        ne[0] /= 2;
+        let layout = Layout::contiguous(DType::F32, &ne)?;
+        self.node(layout, opv, [Some(a), None, None])
+    }
+
+    /// Writes the f32 rows of `src` into `dst` at the i32/i64 row indices `idx`; returns a view of
+    /// `dst` carrying the write (use it to order later reads).
+    pub fn set_rows(
+        &mut self,
+        dst: TensorId,
+        src: TensorId,
+        idx: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let ld = self.check(dst)?.layout;
+        let ls = self.want_f32("SET_ROWS", src)?;
+        let li = self.check(idx)?.layout;
+        if !matches!(li.dtype, DType::I32 | DType::I64) {
+            return Err(GraphError::Type {
+                op: "SET_ROWS",
+                dtype: li.dtype,
+            });
+        }
+        if !matches!(ld.dtype, DType::F32 | DType::F16 | DType::BF16) && !ld.dtype.is_quantized() {
+            return Err(GraphError::Type {
+                op: "SET_ROWS",
+                dtype: ld.dtype,
+            });
+        }
+        if ld.ne[0] != ls.ne[0]
+            || ld.ne[2] != ls.ne[2]
+            || ld.ne[3] != ls.ne[3]
+            || ls.ne[1] != li.ne[0]
+            || ls.ne[2] % li.ne[1] != 0
+            || ls.ne[3] % li.ne[2] != 0
+            || li.ne[3] != 1
+            || !ld.rows_packed()
+        {
+            return Err(shape_err(
+                "SET_ROWS",
+                format!("dst {:?}, src {:?}, indices {:?}", ld.ne, ls.ne, li.ne),
+            ));
+        }
+        self.view_node(dst, ld, Op::SetRows, [Some(src), Some(idx), None], 0)
+    }
+
+    /// Copies `a` into `b` (same element count), converting types; returns a view of `b`.
+    pub fn cpy(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        let lb = self.check(b)?.layout;
+        for l in [&la, &lb] {
+            if !matches!(l.dtype, DType::F32 | DType::F16 | DType::BF16) {
+                return Err(GraphError::Type {
+                    op: "CPY",
+                    dtype: l.dtype,
+                });
+            }
+        }
+        if la.nelements() != lb.nelements() {
+            return Err(shape_err("CPY", format!("{:?} into {:?}", la.ne, lb.ne)));
+        }
+        self.view_node(b, lb, Op::Cpy, [Some(a), Some(b), None], 0)
+    }
+
+    /// A contiguous copy of `a`.
+    pub fn cont(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        if !matches!(la.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {
+            return Err(GraphError::Type {
+                op: "CONT",
+                dtype: la.dtype,
+            });
+        }
+        let layout = Layout::contiguous(la.dtype, &la.ne)?;
+        self.node(layout, Op::Cont, [Some(a), None, None])
+    }
+
+    /// `a` and `b` joined along `dim`.
+    pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("CONCAT", a)?;
+        let lb = self.want_f32("CONCAT", b)?;
+        if dim >= MAX_DIMS || (0..MAX_DIMS).any(|d| d != dim && la.ne[d] != lb.ne[d]) {
+            return Err(shape_err(
+                "CONCAT",
+                format!("{:?} and {:?} along {dim}", la.ne, lb.ne),
+            ));
+        }
+        let mut ne = la.ne;
+        ne[dim] += lb.ne[dim];
+        let layout = Layout::contiguous(DType::F32, &ne)?;
+        self.node(layout, Op::Concat { dim }, [Some(a), Some(b), None])
+    }
+
+    /// Index of the maximum of each row of the f32 matrix `a`, as i32 `[a.ne1]`.
+    pub fn argmax(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("ARGMAX", a)?;
+        if la.ne[2] != 1 || la.ne[3] != 1 {
+            return Err(shape_err("ARGMAX", "input must be a matrix"));
+        }
+        let layout = Layout::contiguous(DType::I32, &[la.ne[1]])?;
+        self.node(layout, Op::ArgMax, [Some(a), None, None])
+    }
+}
+
+/// Builds an attention mask the way llama.cpp fills `kq_mask`: row `i` (query at position
+/// `q_pos[i]`) and column `j` (cache slot holding position `kv_pos[j]`, negative = empty) is 0
+/// where the query may attend and -inf elsewhere: empty slots, future positions (causal) and,
+/// with a sliding window `w`, positions `p` with `q - p >= w`. Returns `q_pos.len()` rows of
+/// `kv_pos.len()` values.
+pub fn build_kq_mask(kv_pos: &[i32], q_pos: &[i32], window: Option<u32>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(kv_pos.len() * q_pos.len());
+    for &q in q_pos {
+        for &p in kv_pos {
+            let masked = p < 0
+                || p > q
+                || window.is_some_and(|w| i64::from(q) - i64::from(p) >= i64::from(w));
+            out.push(if masked { f32::NEG_INFINITY } else { 0.0 });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_follow_ggml() {
+        let mut g = Graph::new();
+        let w = g.new_tensor(DType::Q8_0, &[64, 10]).unwrap();
+        let x = g.new_input(DType::F32, &[64, 3]).unwrap();
+        let y = g.mul_mat(w, x).unwrap();
+        assert_eq!(g.layout(y).ne, [10, 3, 1, 1]);
+        let bad = g.new_tensor(DType::F32, &[63, 3]).unwrap();
+        assert!(matches!(g.mul_mat(w, bad), Err(GraphError::Shape { .. })));
+        let t = g.transpose(y).unwrap();
+        assert_eq!(g.layout(t).ne, [3, 10, 1, 1]);
+        assert_eq!(g.tensor(t).view_src, Some(y));
+        let p = g.permute(x, [1, 0, 2, 3]).unwrap();
+        assert_eq!(g.layout(p).ne, [3, 64, 1, 1]);
+        assert!(g.permute(x, [0, 0, 2, 3]).is_err());
+        let v = g.view_2d(x, 8, 2, 256, 4).unwrap();
+        assert_eq!(g.tensor(v).view_offset, 4);
+        assert!(
+            g.view_2d(x, 64, 3, 256, 4).is_err(),
+            "view past the end must fail"
+        );
+        let r = g.reshape(x, &[32, 6]).unwrap();
+        assert!(g.reshape(x, &[32, 5]).is_err());
+        assert!(
+            g.reshape(t, &[30]).is_err(),
+            "non-contiguous reshape must fail"
+        );
+        let c = g.concat(r, r, 1).unwrap();
+        assert_eq!(g.layout(c).ne, [32, 12, 1, 1]);
+        let am = g.argmax(c).unwrap();
+        assert_eq!(g.layout(am).ne, [12, 1, 1, 1]);
+        g.set_name(am, "best").unwrap();
+        assert_eq!(g.find("best"), Some(am));
+        let cap = g.tensors().len();
+        g.clear();
+        assert!(g.is_empty() && g.find("best").is_none());
+        assert!(cap > 0);
+    }
+
+    #[test]
+    fn masks() {
+        let m = build_kq_mask(&[0, 1, 2, -1], &[1, 2], None);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, vec![0.0, 0.0, inf, inf, 0.0, 0.0, 0.0, inf]);
+        let s = build_kq_mask(&[0, 1, 2, 3], &[3], Some(2));
+        assert_eq!(s, vec![inf, inf, 0.0, 0.0]);
+    }
+}

@@ -1,0 +1,231 @@
+//! Byte layouts of ggml's quantized blocks (`ggml-common.h`), field for field.
+//!
+//! Every block is `#[repr(C)]`, has no padding and accepts any bit pattern, so a row of blocks can
+//! be viewed straight from file bytes with [`bytemuck`] (see [`super::blocks_from_bytes`]).
+
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+
+/// Elements per block of the legacy formats (Q4_0 … Q8_1, IQ4_NL).
+pub const QK4_0: usize = 32;
+/// Elements per Q4_1 block.
+pub const QK4_1: usize = 32;
+/// Elements per Q5_0 block.
+pub const QK5_0: usize = 32;
+/// Elements per Q5_1 block.
+pub const QK5_1: usize = 32;
+/// Elements per Q8_0 block.
+pub const QK8_0: usize = 32;
+/// Elements per Q8_1 block.
+pub const QK8_1: usize = 32;
+/// Elements per IQ4_NL block.
+pub const QK4_NL: usize = 32;
+/// Elements per K-quant super-block.
+pub const QK_K: usize = 256;
+/// Bytes of packed 6-bit scales and mins in Q4_K / Q5_K (and of Q3_K's scales).
+pub const K_SCALE_SIZE: usize = 12;
+
+/// The 16 levels of IQ4_NL / IQ4_XS (`kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// A row-level view of a block type: how many elements one block holds.
+pub trait Block: Pod {
+    /// Elements per block.
+    const ELEMS: usize;
+}
+
+macro_rules! block {
+    ($(#[$m:meta])* $name:ident, $elems:expr, $size:expr, { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+        pub struct $name {
+            $($(#[$fm])* pub $field: $ty),*
+        }
+        const _: () = assert!(std::mem::size_of::<$name>() == $size);
+        impl Block for $name {
+            const ELEMS: usize = $elems;
+        }
+    };
+}
+
+block!(
+    /// 4-bit symmetric: value = (q - 8) * d.
+    BlockQ4_0, QK4_0, 18, {
+        /// Scale.
+        d: f16,
+        /// Nibbles: element j in the low nibble of `qs[j]`, element j+16 in the high one.
+        qs: [u8; QK4_0 / 2],
+    }
+);
+
+block!(
+    /// 4-bit with offset: value = q * d + m.
+    BlockQ4_1, QK4_1, 20, {
+        /// Scale.
+        d: f16,
+        /// Minimum.
+        m: f16,
+        /// Nibbles, as in Q4_0.
+        qs: [u8; QK4_1 / 2],
+    }
+);
+
+block!(
+    /// 5-bit symmetric: value = (q - 16) * d.
+    BlockQ5_0, QK5_0, 22, {
+        /// Scale.
+        d: f16,
+        /// Fifth bits, little-endian u32: bit j belongs to element j.
+        qh: [u8; 4],
+        /// Low nibbles, as in Q4_0.
+        qs: [u8; QK5_0 / 2],
+    }
+);
+
+block!(
+    /// 5-bit with offset: value = q * d + m.
+    BlockQ5_1, QK5_1, 24, {
+        /// Scale.
+        d: f16,
+        /// Minimum.
+        m: f16,
+        /// Fifth bits, as in Q5_0.
+        qh: [u8; 4],
+        /// Low nibbles.
+        qs: [u8; QK5_1 / 2],
+    }
+);
+
+block!(
+    /// 8-bit symmetric: value = q * d.
+    BlockQ8_0, QK8_0, 34, {
+        /// Scale.
+        d: f16,
+        /// Quants.
+        qs: [i8; QK8_0],
+    }
+);
+
+block!(
+    /// 8-bit with the block sum: value = q * d; `s` = d * Σq.
+    BlockQ8_1, QK8_1, 36, {
+        /// Scale.
+        d: f16,
+        /// d * sum(qs), kept for the Q4_1/Q5_1 dot products.
+        s: f16,
+        /// Quants.
+        qs: [i8; QK8_1],
+    }
+);
+
+block!(
+    /// 2-bit K-quant: 16 sub-blocks of 16, 4-bit scale and min each.
+    BlockQ2K, QK_K, 84, {
+        /// Low nibble: scale, high nibble: min, per sub-block of 16.
+        scales: [u8; QK_K / 16],
+        /// 2-bit quants.
+        qs: [u8; QK_K / 4],
+        /// Super-block scale of the scales.
+        d: f16,
+        /// Super-block scale of the mins.
+        dmin: f16,
+    }
+);
+
+block!(
+    /// 3-bit K-quant: 16 sub-blocks of 16, 6-bit signed scales.
+    BlockQ3K, QK_K, 110, {
+        /// High bit of each quant.
+        hmask: [u8; QK_K / 8],
+        /// Low 2 bits of each quant.
+        qs: [u8; QK_K / 4],
+        /// 16 scales of 6 bits, packed.
+        scales: [u8; K_SCALE_SIZE],
+        /// Super-block scale.
+        d: f16,
+    }
+);
+
+block!(
+    /// 4-bit K-quant: 8 sub-blocks of 32, 6-bit scale and min each.
+    BlockQ4K, QK_K, 144, {
+        /// Super-block scale of the scales.
+        d: f16,
+        /// Super-block scale of the mins.
+        dmin: f16,
+        /// 8 scales and 8 mins of 6 bits, packed.
+        scales: [u8; K_SCALE_SIZE],
+        /// 4-bit quants.
+        qs: [u8; QK_K / 2],
+    }
+);
+
+block!(
+    /// 5-bit K-quant: Q4_K plus a high bit per quant.
+    BlockQ5K, QK_K, 176, {
+        /// Super-block scale of the scales.
+        d: f16,
+        /// Super-block scale of the mins.
+        dmin: f16,
+        /// 8 scales and 8 mins of 6 bits, packed.
+        scales: [u8; K_SCALE_SIZE],
+        /// High bit of each quant.
+        qh: [u8; QK_K / 8],
+        /// Low 4 bits of each quant.
+        qs: [u8; QK_K / 2],
+    }
+);
+
+block!(
+    /// 6-bit K-quant: 16 sub-blocks of 16, 8-bit signed scales.
+    BlockQ6K, QK_K, 210, {
+        /// Low 4 bits of each quant.
+        ql: [u8; QK_K / 2],
+        /// High 2 bits of each quant.
+        qh: [u8; QK_K / 4],
+        /// Scales, 8 bits each.
+        scales: [i8; QK_K / 16],
+        /// Super-block scale.
+        d: f16,
+    }
+);
+
+block!(
+    /// 8-bit K-quant, the activation type of the K-quant dot products.
+    BlockQ8K, QK_K, 292, {
+        /// Scale (f32, not f16).
+        d: f32,
+        /// Quants.
+        qs: [i8; QK_K],
+        /// Sum of each group of 16 quants.
+        bsums: [i16; QK_K / 16],
+    }
+);
+
+block!(
+    /// 4-bit non-linear: value = d * KVALUES_IQ4NL[q].
+    BlockIQ4NL, QK4_NL, 18, {
+        /// Scale.
+        d: f16,
+        /// Nibbles, as in Q4_0.
+        qs: [u8; QK4_NL / 2],
+    }
+);
+
+block!(
+    /// 4-bit non-linear with 6-bit sub-block scales: 8 sub-blocks of 32.
+    BlockIQ4XS, QK_K, 136, {
+        /// Super-block scale.
+        d: f16,
+        /// High 2 bits of each sub-block scale.
+        scales_h: u16,
+        /// Low 4 bits of each sub-block scale.
+        scales_l: [u8; QK_K / 64],
+        /// Nibbles, 16 bytes per sub-block as in Q4_0.
+        qs: [u8; QK_K / 2],
+    }
+);

@@ -1,0 +1,305 @@
+//! The CPU device (one of N virtual devices) and its stream.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use lamina_backend::{
+    BackendError, Buffer, BufferSlice, BufferType, CommandQueue, Device, DeviceCaps, DeviceKey,
+    DeviceType, Event, HOST_ALIGNMENT, HostMemory, MemoryInfo, PendingRead, Stream, StreamImpl,
+};
+use lamina_core::graph::{Graph, TensorId};
+
+use crate::exec::{self, ExecState};
+use crate::pool::WorkerPool;
+use crate::supports_op;
+
+/// One CPU device: its own buffer types, worker threads, queue and events.
+#[derive(Debug)]
+pub struct CpuDevice {
+    key: DeviceKey,
+    name: String,
+    description: String,
+    device_id: String,
+    threads: usize,
+    /// Number of devices sharing the machine's memory.
+    memory_share: u64,
+    buffer_type: BufferType,
+    mapped_type: BufferType,
+    stream: Stream,
+}
+
+impl CpuDevice {
+    /// Device `index` of `count` (named `CPU` when alone, `CPU<index>` otherwise), computing on
+    /// `threads` threads, asynchronous (own queue thread) or synchronous.
+    pub fn new(
+        index: usize,
+        count: usize,
+        threads: usize,
+        asynchronous: bool,
+    ) -> Result<CpuDevice, BackendError> {
+        let key = DeviceKey::fresh();
+        let name = if count == 1 {
+            "CPU".to_owned()
+        } else {
+            format!("CPU{index}")
+        };
+        let mut description = crate::cpu_model_name();
+        if count > 1 {
+            description.push_str(&format!(" (dev p0/v{index})"));
+        }
+        let threads = threads.max(1);
+        let stream_impl = CpuStream::new(key, &name, threads, asynchronous)?;
+        Ok(CpuDevice {
+            key,
+            device_id: format!("cpu:0/v{index}"),
+            description,
+            threads,
+            memory_share: count as u64,
+            buffer_type: BufferType::new_host(key, &name, &name, HOST_ALIGNMENT),
+            mapped_type: BufferType::new_mapped(key, &name, &format!("{name}_Mapped")),
+            stream: Stream::new(Arc::new(stream_impl)),
+            name,
+        })
+    }
+
+    /// Worker threads of this device.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The buffer type of wrapped host memory (read-only weights).
+    pub fn mapped_buffer_type(&self) -> &BufferType {
+        &self.mapped_type
+    }
+}
+
+impl Device for CpuDevice {
+    fn key(&self) -> DeviceKey {
+        self.key
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Cpu
+    }
+    fn device_id(&self) -> &str {
+        &self.device_id
+    }
+    fn memory(&self) -> MemoryInfo {
+        let m = crate::system_memory();
+        let n = self.memory_share.max(1);
+        MemoryInfo {
+            free: m.free / n,
+            total: m.total / n,
+        }
+    }
+    fn caps(&self) -> DeviceCaps {
+        let asynchronous = self.stream.is_async();
+        DeviceCaps {
+            async_ops: asynchronous,
+            events: asynchronous,
+            host_buffer: false,
+            buffer_from_host_ptr: true,
+        }
+    }
+    fn buffer_type(&self) -> BufferType {
+        self.buffer_type.clone()
+    }
+    fn supports_buffer_type(&self, buffer_type: &BufferType) -> bool {
+        *buffer_type == self.buffer_type || *buffer_type == self.mapped_type
+    }
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        supports_op(graph, id)
+    }
+    fn stream(&self) -> Stream {
+        self.stream.clone()
+    }
+    fn new_event(&self) -> Result<Event, BackendError> {
+        if !self.stream.is_async() {
+            return Err(BackendError::Unsupported {
+                device: self.name.clone(),
+                what: "events".into(),
+            });
+        }
+        Ok(Event::new(self.key, &self.name))
+    }
+    fn buffer_from_host_memory(&self, memory: Arc<dyn HostMemory>) -> Result<Buffer, BackendError> {
+        self.mapped_type.wrap_host_memory(memory)
+    }
+}
+
+/// The in-order queue of one CPU device.
+pub struct CpuStream {
+    key: DeviceKey,
+    name: String,
+    queue: CommandQueue<ExecState>,
+    /// Fence recorded on this stream when it is the destination of a cross-device copy.
+    ev_sync: Event,
+    /// Signalled on this stream after the copies it performs as a copy source.
+    ev_cpy: Event,
+}
+
+impl CpuStream {
+    fn new(
+        key: DeviceKey,
+        name: &str,
+        threads: usize,
+        asynchronous: bool,
+    ) -> Result<CpuStream, BackendError> {
+        let pool_name = name.to_lowercase();
+        let queue = if asynchronous {
+            // The pool is created on the queue thread; a failure to spawn workers degrades to a
+            // single-threaded pool rather than a dead queue.
+            CommandQueue::threaded(name, move || ExecState {
+                pool: WorkerPool::new(&pool_name, threads).unwrap_or_else(|_| {
+                    WorkerPool::new(&pool_name, 1).expect("one thread spawns nothing")
+                }),
+                work: Vec::new(),
+            })?
+        } else {
+            let pool = WorkerPool::new(&pool_name, threads).map_err(|e| BackendError::Device {
+                device: name.to_owned(),
+                message: e.to_string(),
+            })?;
+            CommandQueue::inline(
+                name,
+                ExecState {
+                    pool,
+                    work: Vec::new(),
+                },
+            )
+        };
+        Ok(CpuStream {
+            key,
+            name: name.to_owned(),
+            queue,
+            ev_sync: Event::new(key, name),
+            ev_cpy: Event::new(key, name),
+        })
+    }
+}
+
+impl StreamImpl for CpuStream {
+    fn device(&self) -> DeviceKey {
+        self.key
+    }
+    fn device_name(&self) -> &str {
+        &self.name
+    }
+    fn is_async(&self) -> bool {
+        self.queue.is_async()
+    }
+    fn supports_events(&self) -> bool {
+        self.queue.is_async()
+    }
+
+    fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
+        let prepared = exec::prepare(graph, self.key, &self.name)?;
+        let name = self.name.clone();
+        self.queue
+            .submit(move |state| exec::execute(state, &prepared, &name))
+    }
+
+    fn set_async(&self, dst: BufferSlice, data: Vec<u8>) -> Result<(), BackendError> {
+        self.queue.submit(move |_| dst.write(&data))
+    }
+
+    fn get_async(&self, src: BufferSlice, into: PendingRead) -> Result<(), BackendError> {
+        self.queue.submit(move |_| {
+            let r = src.read();
+            let status = r.as_ref().map(|_| ()).map_err(Clone::clone);
+            into.complete(r);
+            status
+        })
+    }
+
+    fn copy_async(
+        &self,
+        src_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+    ) -> Result<bool, BackendError> {
+        let Some(src_impl) = src_stream
+            .implementation()
+            .as_any()
+            .downcast_ref::<CpuStream>()
+        else {
+            return Ok(false);
+        };
+        if !self.queue.is_async() || !src_impl.queue.is_async() {
+            return Ok(false);
+        }
+        let (src, dst) = (src.clone(), dst.clone());
+        if std::ptr::eq(src_impl, self) {
+            self.queue.submit(move |_| dst.copy_from(&src))?;
+            return Ok(true);
+        }
+        // The seed's protocol: (1) a fence on the destination queue, behind its queued work;
+        // (2) on the source queue, one command that waits for the fence, copies and signals
+        // (signal and copy in the same command); (3) the destination waits for that signal.
+        let fence_ev = self.ev_sync.clone();
+        let fence = fence_ev.record_with(|v| {
+            let ev = fence_ev.clone();
+            self.queue
+                .submit(move |_| {
+                    ev.signal(v);
+                    Ok(())
+                })
+                .map(|_| v)
+        })?;
+        let done_ev = src_impl.ev_cpy.clone();
+        let done = done_ev.record_with(|v| {
+            let (fence_ev, done_ev) = (fence_ev.clone(), done_ev.clone());
+            src_impl
+                .queue
+                .submit(move |_| {
+                    fence_ev.wait_for(fence);
+                    let r = dst.copy_from(&src);
+                    done_ev.signal(v);
+                    r
+                })
+                .map(|_| v)
+        })?;
+        self.queue.submit(move |_| {
+            done_ev.wait_for(done);
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.queue.synchronize()
+    }
+
+    fn record(&self, event: &Event) -> Result<(), BackendError> {
+        event.record_with(|v| {
+            let ev = event.clone();
+            let r = self.queue.submit(move |_| {
+                ev.signal(v);
+                Ok(())
+            });
+            if r.is_err() {
+                // Never leave a reserved value unsignalled: waiters would hang.
+                event.signal(v);
+            }
+            r
+        })
+    }
+
+    fn wait(&self, event: &Event) -> Result<(), BackendError> {
+        let v = event.target();
+        let ev = event.clone();
+        self.queue.submit(move |_| {
+            ev.wait_for(v);
+            Ok(())
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,438 @@
+//! Graph execution on one CPU device: resolve every tensor to memory (on the host, at enqueue,
+//! so errors come back at once), then on the queue thread lock the buffers, turn locations into
+//! pointers and run all nodes on the worker pool, a barrier after each node.
+//!
+//! This is the device-memory boundary: kernels get [`TView`]s (pointer + layout) and read or
+//! write through them with `unsafe` accessors whose contract is stated on each.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use lamina_backend::{BackendError, Buffer, DeviceKey, lock_buffers};
+use lamina_core::DType;
+use lamina_core::graph::{Graph, Op, TensorId};
+use lamina_core::tensor::Layout;
+
+use crate::ops;
+use crate::pool::WorkerPool;
+
+/// A tensor's memory as the kernels see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TView {
+    ptr: *mut u8,
+    pub l: Layout,
+}
+
+// SAFETY: a TView is an address plus a layout; the memory behind it is locked by the executing
+// queue thread for as long as kernels run, and kernels partition their writes across threads.
+unsafe impl Send for TView {}
+// SAFETY: see above.
+unsafe impl Sync for TView {}
+
+impl TView {
+    fn at(&self, i: [usize; 4]) -> *mut u8 {
+        self.ptr.wrapping_add(self.l.offset_of(i))
+    }
+
+    /// Bytes of packed row `(i1, i2, i3)`.
+    ///
+    /// # Safety
+    /// The row is in bounds (validated at enqueue for in-range indices) and no thread writes it
+    /// while the slice lives.
+    pub unsafe fn row<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a [u8] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.at([0, i1, i2, i3]), self.l.row_bytes()) }
+    }
+
+    /// Mutable bytes of packed row `(i1, i2, i3)`.
+    ///
+    /// # Safety
+    /// As [`TView::row`], and this thread is the row's only user while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn row_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a mut [u8] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.at([0, i1, i2, i3]), self.l.row_bytes()) }
+    }
+
+    /// Packed f32 row.
+    ///
+    /// # Safety
+    /// As [`TView::row`]; the tensor is f32 with packed rows (alignment validated at enqueue).
+    pub unsafe fn row_f32<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a [f32] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.at([0, i1, i2, i3]) as *const f32, self.l.ne[0]) }
+    }
+
+    /// Mutable packed f32 row.
+    ///
+    /// # Safety
+    /// As [`TView::row_mut`] and [`TView::row_f32`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn row_f32_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a mut [f32] {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.at([0, i1, i2, i3]) as *mut f32, self.l.ne[0])
+        }
+    }
+
+    /// Element `i` as f32 (f32, f16, bf16, i32).
+    ///
+    /// # Safety
+    /// `i` is in range and no thread writes the element concurrently.
+    pub unsafe fn get(&self, i: [usize; 4]) -> f32 {
+        let p = self.at(i);
+        // SAFETY: in range by contract; alignment validated at enqueue.
+        unsafe {
+            match self.l.dtype {
+                DType::F32 => *(p as *const f32),
+                DType::F16 => half::f16::from_bits(*(p as *const u16)).to_f32(),
+                DType::BF16 => half::bf16::from_bits(*(p as *const u16)).to_f32(),
+                DType::I32 => *(p as *const i32) as f32,
+                _ => f32::NAN,
+            }
+        }
+    }
+
+    /// Stores `v` at element `i`, converting to the tensor's type (f32, f16, bf16, i32).
+    ///
+    /// # Safety
+    /// `i` is in range and this thread is the element's only user.
+    pub unsafe fn set(&self, i: [usize; 4], v: f32) {
+        let p = self.at(i);
+        // SAFETY: in range by contract; alignment validated at enqueue.
+        unsafe {
+            match self.l.dtype {
+                DType::F32 => *(p as *mut f32) = v,
+                DType::F16 => *(p as *mut u16) = half::f16::from_f32(v).to_bits(),
+                DType::BF16 => *(p as *mut u16) = half::bf16::from_f32(v).to_bits(),
+                DType::I32 => *(p as *mut i32) = v as i32,
+                _ => {}
+            }
+        }
+    }
+
+    /// Copies element `j` of `src` to element `i` of this tensor: bit-exact when the types
+    /// match, else converted through f32.
+    ///
+    /// # Safety
+    /// As [`TView::set`] for `i` and [`TView::get`] for `j`; the two elements do not overlap.
+    pub unsafe fn copy_elem(&self, i: [usize; 4], src: &TView, j: [usize; 4]) {
+        if self.l.dtype == src.l.dtype && !self.l.dtype.is_quantized() {
+            let n = self.l.dtype.type_size() as usize;
+            // SAFETY: by the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src.at(j), self.at(i), n) };
+        } else {
+            // SAFETY: by the caller's contract.
+            unsafe { self.set(i, src.get(j)) };
+        }
+    }
+
+    /// Stores an i32 element.
+    ///
+    /// # Safety
+    /// As [`TView::set`]; the tensor is i32.
+    pub unsafe fn set_i32(&self, i: [usize; 4], v: i32) {
+        // SAFETY: by the caller's contract; alignment validated at enqueue.
+        unsafe { *(self.at(i) as *mut i32) = v };
+    }
+
+    /// An index element (i32 or i64).
+    ///
+    /// # Safety
+    /// `i` is in range.
+    pub unsafe fn index(&self, i: [usize; 4]) -> i64 {
+        let p = self.at(i);
+        // SAFETY: in range by contract; alignment validated at enqueue.
+        unsafe {
+            match self.l.dtype {
+                DType::I64 => *(p as *const i64),
+                _ => i64::from(*(p as *const i32)),
+            }
+        }
+    }
+}
+
+/// Scratch memory shared by the threads of one graph run.
+#[derive(Clone, Copy)]
+pub(crate) struct Work {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: regions of the work buffer are handed to threads disjointly (per-thread scratch) or
+// written in one phase and read in the next, with a barrier between.
+unsafe impl Send for Work {}
+// SAFETY: see above.
+unsafe impl Sync for Work {}
+
+impl Work {
+    /// Bytes `[off, off + len)`.
+    ///
+    /// # Safety
+    /// In bounds (sized by `ops::work_size`), and no other thread uses an overlapping range
+    /// mutably at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes<'a>(&self, off: usize, len: usize) -> &'a mut [u8] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+
+    /// Bytes `[off, off + len)` for reading.
+    ///
+    /// # Safety
+    /// In bounds, and no thread writes the range while the slice lives.
+    pub unsafe fn bytes_ref<'a>(&self, off: usize, len: usize) -> &'a [u8] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+
+    /// `n` f32 values at byte offset `off` (a multiple of 4).
+    ///
+    /// # Safety
+    /// As [`Work::bytes`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn f32s<'a>(&self, off: usize, n: usize) -> &'a mut [f32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut f32, n) }
+    }
+}
+
+/// First error raised by any thread during a run.
+#[derive(Default)]
+pub(crate) struct ErrorSlot(Mutex<Option<String>>);
+
+impl ErrorSlot {
+    pub fn set(&self, msg: impl FnOnce() -> String) {
+        let mut e = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_none() {
+            *e = Some(msg());
+        }
+    }
+    fn take(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// One node to run.
+pub(crate) struct NodePlan {
+    pub id: TensorId,
+    pub op: Op,
+    pub dst: TView,
+    pub src: [Option<TView>; 3],
+}
+
+/// Thread `ith` of `nth`'s share of `0..n`.
+pub(crate) fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
+    let per = n.div_ceil(nth.max(1));
+    let s = (ith * per).min(n);
+    s..(s + per).min(n)
+}
+
+/// Row `r` of a tensor with dims `ne` as `(i1, i2, i3)`.
+pub(crate) fn unravel_row(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
+    (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
+}
+
+/// A graph checked against a device: where each tensor lives.
+pub(crate) struct Prepared {
+    pub graph: Arc<Graph>,
+    pub buffers: Vec<Buffer>,
+    /// Per tensor: index into `buffers` and byte offset, for tensors the compute touches.
+    pub loc: Vec<Option<(usize, usize)>>,
+}
+
+fn elem_align(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 | DType::I32 => 4,
+        DType::F16 | DType::BF16 | DType::I16 => 2,
+        DType::I64 | DType::F64 => 8,
+        _ => 1,
+    }
+}
+
+/// Checks that every tensor the graph computes or reads is bound to memory of `device`, in
+/// bounds, aligned, and that outputs are writable and do not overlap their inputs.
+pub(crate) fn prepare(
+    graph: Arc<Graph>,
+    device: DeviceKey,
+    device_name: &str,
+) -> Result<Prepared, BackendError> {
+    let mut buffers: Vec<Buffer> = Vec::new();
+    let mut loc = vec![None; graph.len()];
+    let mut locate = |id: TensorId,
+                      loc: &mut Vec<Option<(usize, usize)>>|
+     -> Result<(usize, usize), BackendError> {
+        if let Some(l) = loc[id.index()] {
+            return Ok(l);
+        }
+        let t = graph.tensor(id);
+        let unbound = || BackendError::Unbound(format!("{id} '{}' ({})", t.name, t.op.name()));
+        let (memory, offset) = graph.resolve(id).ok_or_else(unbound)?;
+        let buffer = Buffer::from_memory(memory).ok_or_else(unbound)?;
+        if buffer.device() != device {
+            return Err(BackendError::ForeignBuffer {
+                buffer: buffer.name(),
+                buffer_type: buffer.buffer_type().name().to_owned(),
+                device: device_name.to_owned(),
+            });
+        }
+        let span = t.layout.span_bytes();
+        if offset.checked_add(span).is_none_or(|e| e > buffer.size()) {
+            return Err(BackendError::OutOfBounds {
+                buffer: buffer.name(),
+                offset,
+                len: span,
+                size: buffer.size(),
+            });
+        }
+        let a = elem_align(t.layout.dtype);
+        if buffer.base_alignment() < a
+            || !offset.is_multiple_of(a)
+            || t.layout.nb.iter().any(|nb| !nb.is_multiple_of(a))
+        {
+            return Err(BackendError::Device {
+                device: device_name.to_owned(),
+                message: format!(
+                    "tensor {id} '{}' is misaligned for {}",
+                    t.name, t.layout.dtype
+                ),
+            });
+        }
+        let bi = match buffers.iter().position(|b| b == &buffer) {
+            Some(i) => i,
+            None => {
+                buffers.push(buffer);
+                buffers.len() - 1
+            }
+        };
+        loc[id.index()] = Some((bi, offset));
+        Ok((bi, offset))
+    };
+    for id in graph.ids() {
+        let t = graph.tensor(id);
+        if !t.op.is_compute() {
+            continue;
+        }
+        let (db, doff) = locate(id, &mut loc)?;
+        let dspan = t.layout.span_bytes();
+        for s in t.sources() {
+            if t.op == Op::Cpy && Some(s) == t.src[1] {
+                continue; // the destination operand itself
+            }
+            let (sb, soff) = locate(s, &mut loc)?;
+            let sspan = graph.tensor(s).layout.span_bytes();
+            if sb == db && soff < doff + dspan && doff < soff + sspan {
+                return Err(BackendError::Device {
+                    device: device_name.to_owned(),
+                    message: format!("output {id} of {} overlaps its input {s}", t.op.name()),
+                });
+            }
+        }
+    }
+    for id in graph.ids() {
+        let t = graph.tensor(id);
+        if t.op.is_compute()
+            && let Some((bi, _)) = loc[id.index()]
+            && buffers[bi].is_read_only()
+        {
+            return Err(BackendError::ReadOnly(buffers[bi].name()));
+        }
+    }
+    Ok(Prepared {
+        graph,
+        buffers,
+        loc,
+    })
+}
+
+/// The queue thread's state for one CPU device.
+pub(crate) struct ExecState {
+    pub pool: WorkerPool,
+    /// Grow-only scratch (u64 for 8-byte alignment).
+    pub work: Vec<u64>,
+}
+
+/// Runs a prepared graph (on the device's queue thread).
+pub(crate) fn execute(
+    state: &mut ExecState,
+    p: &Prepared,
+    device_name: &str,
+) -> Result<(), BackendError> {
+    let graph = &*p.graph;
+    let guards = lock_buffers(&p.buffers);
+    // Base pointer of each buffer, in `p.buffers` order.
+    let mut bases = Vec::with_capacity(p.buffers.len());
+    for b in &p.buffers {
+        let g = guards
+            .iter()
+            .find(|g| g.id() == b.id())
+            .expect("every buffer is locked");
+        bases.push(if g.is_read_only() {
+            g.as_ptr() as *mut u8
+        } else {
+            g.as_mut_ptr()?
+        });
+    }
+    let view = |id: TensorId| -> Option<TView> {
+        let (bi, off) = p.loc[id.index()]?;
+        Some(TView {
+            ptr: bases[bi].wrapping_add(off),
+            l: graph.tensor(id).layout,
+        })
+    };
+    let nth = state.pool.threads();
+    let mut nodes = Vec::new();
+    let mut work_bytes = 0usize;
+    for id in graph.ids() {
+        let t = graph.tensor(id);
+        if !t.op.is_compute() {
+            continue;
+        }
+        let dst = view(id).ok_or_else(|| BackendError::Unbound(id.to_string()))?;
+        let src = [
+            t.src[0].and_then(view),
+            t.src[1].and_then(view),
+            t.src[2].and_then(view),
+        ];
+        let node = NodePlan {
+            id,
+            op: t.op,
+            dst,
+            src,
+        };
+        work_bytes = work_bytes.max(ops::work_size(&node, nth));
+        nodes.push(node);
+    }
+    let words = work_bytes.div_ceil(8);
+    if state.work.len() < words {
+        state.work.resize(words, 0);
+    }
+    let work = Work {
+        ptr: state.work.as_mut_ptr() as *mut u8,
+        len: words * 8,
+    };
+    let errors = ErrorSlot::default();
+    let ok = state.pool.run(&|ctx| {
+        for node in &nodes {
+            ops::compute(node, ctx, work, &errors);
+            ctx.barrier.wait();
+        }
+    });
+    drop(guards);
+    if !ok {
+        return Err(BackendError::Device {
+            device: device_name.to_owned(),
+            message: "a kernel panicked".into(),
+        });
+    }
+    match errors.take() {
+        Some(message) => Err(BackendError::Device {
+            device: device_name.to_owned(),
+            message,
+        }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,443 @@
+//! Row kernels other than dot products, as ggml-cpu's AVX2 build computes them:
+//!
+//! * softmax: `ggml_compute_forward_soft_max_f32` (scale, `w += slope*mask` fused, max,
+//!   `ggml_vec_soft_max_f32` with the AVX2 `ggml_v_expf` polynomial on groups of 8 and libm
+//!   `expf` on the tail, a `double` sum of per-group horizontal sums, then `y *= (float)(1/sum)`);
+//! * SiLU / SwiGLU: `ggml_vec_silu_f32` / `ggml_vec_swiglu_f32` (`ggml_v_silu` on groups of 8,
+//!   `x/(1+expf(-x))` on the tail);
+//! * GELU / GeGLU: `ggml_vec_gelu_f32` / `ggml_vec_geglu_f32` with `GGML_GELU_FP16`: the f16
+//!   lookup table `ggml_table_gelu_f16` (built as GCC compiled `ggml_gelu_f32`, with one FMA),
+//!   0 below -10 and identity above 10;
+//! * RMS norm: `ggml_compute_forward_rms_norm_f32` (a `double` sum of f32 squares);
+//! * RoPE: `ggml_rope_cache_init` + `rope_yarn` and `rotate_pairs` with the FMA contractions
+//!   GCC made (normal mode vectorized with `vfmaddsub`, neox scalar).
+//!
+//! The libm calls (`expf`, `tanhf`, `cosf`, `sinf`, `powf`, `logf`) are the platform's, as in
+//! llama.cpp, so they agree with it on the same C library.
+
+use std::sync::OnceLock;
+
+use super::{fp16_to_fp32, fp32_to_fp16, simd_available};
+
+/// One lane of the AVX2 `ggml_v_expf` (ARM-optimized-routines polynomial, ≤1.5 ulp).
+#[inline(always)]
+pub fn v_expf_lane(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    if !c {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// One lane of `ggml_v_silu`: `x / (1 + v_expf(0 - x))`.
+#[inline(always)]
+fn v_silu_lane(x: f32) -> f32 {
+    x / (1.0 + v_expf_lane(0.0 - x))
+}
+
+/// `ggml_silu_f32`: `x/(1.0f + expf(-x))`.
+#[inline(always)]
+pub fn silu_f32(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// The vector part (`nv`, a multiple of 8, values) of SiLU/SwiGLU, AVX2 when `simd`.
+fn silu_vec(nv: usize, x: &[f32], y: &mut [f32], g: Option<&[f32]>, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: AVX2/FMA present (`simd` comes from `simd_available`); callers pass `nv`
+        // no larger than every slice.
+        unsafe { avx2::silu(nv, x, y, g) };
+        return;
+    }
+    let _ = simd;
+    silu_scalar(nv, x, y, g);
+}
+
+fn silu_impl(x: &[f32], g: Option<&[f32]>, y: &mut [f32], simd: bool) {
+    let n = x.len().min(y.len()).min(g.map_or(usize::MAX, <[f32]>::len));
+    let nv = n / 8 * 8;
+    silu_vec(nv, x, y, g, simd);
+    for i in nv..n {
+        let s = silu_f32(x[i]);
+        y[i] = match g {
+            Some(g) => s * g[i],
+            None => s,
+        };
+    }
+}
+
+/// `ggml_vec_silu_f32`.
+pub fn silu_row(x: &[f32], y: &mut [f32]) {
+    silu_impl(x, None, y, simd_available());
+}
+
+/// `ggml_vec_swiglu_f32`: `silu(x) * g`.
+pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
+    silu_impl(x, Some(g), y, simd_available());
+}
+
+/// Scalar emulation of the vector part of [`silu_row`] / [`swiglu_row`].
+pub fn silu_scalar(nv: usize, x: &[f32], y: &mut [f32], g: Option<&[f32]>) {
+    for i in 0..nv {
+        let s = v_silu_lane(x[i]);
+        y[i] = match g {
+            Some(g) => s * g[i],
+            None => s,
+        };
+    }
+}
+
+/// Scalar versions of the row kernels, for tests: [`silu_row`], [`swiglu_row`] and
+/// [`softmax_row`] computed without AVX2.
+pub mod scalar {
+    /// [`super::silu_row`] without AVX2.
+    pub fn silu_row(x: &[f32], y: &mut [f32]) {
+        super::silu_impl(x, None, y, false);
+    }
+
+    /// [`super::swiglu_row`] without AVX2.
+    pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
+        super::silu_impl(x, Some(g), y, false);
+    }
+
+    /// [`super::softmax_row`] without AVX2.
+    pub fn softmax_row(x: &[f32], scale: f32, mask: Option<&[f32]>, slope: f32, y: &mut [f32]) {
+        super::softmax_impl(x, scale, mask, slope, y, false);
+    }
+}
+
+/// `ggml_vec_soft_max_f32` in place: `y = exp(y - max)`, returning the `double` sum.
+fn vec_soft_max(y: &mut [f32], max: f32, simd: bool) -> f64 {
+    let n = y.len();
+    let nv = n / 8 * 8;
+    let mut sum = 0f64;
+    #[cfg(target_arch = "x86_64")]
+    let done = if simd {
+        // SAFETY: AVX2/FMA present (`simd` comes from `simd_available`); `nv <= n`.
+        sum = unsafe { avx2::soft_max(nv, y, max) };
+        true
+    } else {
+        false
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = simd;
+        false
+    };
+    if !done {
+        for i in (0..nv).step_by(8) {
+            let mut v = [0f32; 8];
+            for l in 0..8 {
+                v[l] = v_expf_lane(y[i + l] - max);
+                y[i + l] = v[l];
+            }
+            sum += f64::from(super::hsum8(&v));
+        }
+    }
+    for v in &mut y[nv..] {
+        let e = (*v - max).exp();
+        sum += f64::from(e);
+        *v = e;
+    }
+    sum
+}
+
+fn softmax_impl(
+    x: &[f32],
+    scale: f32,
+    mask: Option<&[f32]>,
+    slope: f32,
+    y: &mut [f32],
+    simd: bool,
+) {
+    let y = &mut y[..x.len()];
+    for (o, v) in y.iter_mut().zip(x) {
+        *o = v * scale;
+    }
+    if let Some(m) = mask {
+        // GCC contracts `wp[i] += slope*mp[i]` into an FMA.
+        for (o, mv) in y.iter_mut().zip(m) {
+            *o = slope.mul_add(*mv, *o);
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &v in y.iter() {
+        max = if max > v { max } else { v };
+    }
+    let sum = vec_soft_max(y, max, simd);
+    let inv = (1.0 / sum) as f32;
+    for v in y.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `ggml_compute_forward_soft_max_f32` for one row: `y = softmax(x*scale + slope*mask)`.
+pub fn softmax_row(x: &[f32], scale: f32, mask: Option<&[f32]>, slope: f32, y: &mut [f32]) {
+    softmax_impl(x, scale, mask, slope, y, simd_available());
+}
+
+/// `ggml_gelu_f32` as GCC compiled it for the table: `0.5x * (1 + tanhf(S*x * fma(A*x, x, 1)))`.
+fn gelu_f32_table_entry(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    (0.5 * x) * (1.0 + ((SQRT_2_OVER_PI * x) * inner).tanh())
+}
+
+/// `ggml_table_gelu_f16`: GELU of every f16 value, as f16 bits.
+pub fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|h| fp32_to_fp16(gelu_f32_table_entry(fp16_to_fp32(h))))
+            .collect()
+    })
+}
+
+#[inline(always)]
+fn gelu_lookup(t: &[u16], x: f32) -> f32 {
+    fp16_to_fp32(t[usize::from(fp32_to_fp16(x))])
+}
+
+/// `ggml_vec_gelu_f32` with `GGML_GELU_FP16` (the f16 table).
+pub fn gelu_row(x: &[f32], y: &mut [f32]) {
+    let t = gelu_table();
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = if v <= -10.0 {
+            0.0
+        } else if v >= 10.0 {
+            v
+        } else {
+            gelu_lookup(t, v)
+        };
+    }
+}
+
+/// `ggml_vec_geglu_f32` with `GGML_GELU_FP16`: `gelu(x) * g`.
+pub fn geglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
+    let t = gelu_table();
+    for ((o, &v), &gv) in y.iter_mut().zip(x).zip(g) {
+        *o = if v <= -10.0 {
+            0.0
+        } else if v >= 10.0 {
+            v * gv
+        } else {
+            gelu_lookup(t, v) * gv
+        };
+    }
+}
+
+/// `ggml_compute_forward_rms_norm_f32` for one row: `y = x * (1/sqrtf(mean + eps))` with
+/// `mean = (float)(Σ (double)(x*x) / n)`.
+pub fn rms_norm_row(x: &[f32], eps: f32, y: &mut [f32]) {
+    let mut sum = 0f64;
+    for &v in x {
+        sum += f64::from(v * v);
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = v * scale;
+    }
+}
+
+/// Parameters of [`rope_cache`] (ggml's rope op parameters).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeCacheParams {
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub corr_dims: [f32; 2],
+    /// `powf(freq_base, -2.0f/n_dims)`.
+    pub theta_scale: f32,
+    /// 1 forward, -1 backward.
+    pub sin_sign: f32,
+}
+
+/// `ggml_rope_cache_init` for position `p`: `cache[i0] = cos`, `cache[i0+1] = sin` for every
+/// even `i0 < cache.len()`; `freq_factors` indexed by `i0/2` when present.
+pub fn rope_cache(p: f32, prm: &RopeCacheParams, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
+    let mut theta = p;
+    for i0 in (0..cache.len() / 2 * 2).step_by(2) {
+        let ff = freq_factors.map_or(1.0, |f| f.get(i0 / 2).copied().unwrap_or(1.0));
+        let theta_extrap = theta / ff;
+        let theta_interp = prm.freq_scale * theta_extrap;
+        let mut th = theta_interp;
+        let mut mscale = prm.attn_factor;
+        if prm.ext_factor != 0.0 {
+            let y = ((i0 / 2) as f32 - prm.corr_dims[0])
+                / (prm.corr_dims[1] - prm.corr_dims[0]).max(0.001);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
+            let ramp_mix = ramp * prm.ext_factor;
+            th = theta_interp.mul_add(1.0 - ramp_mix, theta_extrap * ramp_mix);
+            mscale *= 0.1f32.mul_add((1.0 / prm.freq_scale).ln(), 1.0);
+        }
+        cache[i0] = th.cos() * mscale;
+        cache[i0 + 1] = th.sin() * mscale * prm.sin_sign;
+        theta *= prm.theta_scale;
+    }
+}
+
+/// `rotate_pairs<float>` over the first `n_dims` values of a row (pairs `(i, i + n_dims/2)`
+/// for neox, adjacent pairs otherwise), with GCC's contractions: `y0 = fma(x0, cos, -(x1*sin))`,
+/// `y1 = fma(x0, sin, x1*cos)` (its scalar neox loop and its `vfmaddsub` vector loops for normal
+/// mode), except that normal mode's last pair of an odd count takes the unfused
+/// `vmulps`/`vaddsubps` tail: `y0 = cos*x0 - sin*x1`, `y1 = cos*x1 + sin*x0`.
+pub fn rope_rotate(neox: bool, n_dims: usize, cache: &[f32], x: &[f32], y: &mut [f32]) {
+    let pairs = n_dims / 2;
+    let (step, off) = if neox { (1, pairs) } else { (2, 1) };
+    let fused = if neox { pairs } else { pairs / 2 * 2 };
+    for i in 0..pairs {
+        let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+        let j = i * step;
+        let (x0, x1) = (x[j], x[j + off]);
+        if i < fused {
+            y[j] = x0.mul_add(c, -(x1 * s));
+            y[j + off] = x0.mul_add(s, x1 * c);
+        } else {
+            y[j] = c * x0 - s * x1;
+            y[j + off] = c * x1 + s * x0;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// The AVX2 `ggml_v_expf`.
+    #[inline(always)]
+    unsafe fn v_expf(x: __m256) -> __m256 {
+        // SAFETY: register-only intrinsics; AVX2/FMA enabled by the caller.
+        unsafe {
+            let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+            let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+            let n = _mm256_sub_ps(z, r);
+            let b = _mm256_fnmadd_ps(
+                n,
+                _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+                _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+            );
+            let e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+            let k = _mm256_castsi256_ps(_mm256_add_epi32(
+                e,
+                _mm256_castps_si256(_mm256_set1_ps(1.0)),
+            ));
+            let c = _mm256_castps_si256(_mm256_cmp_ps(
+                _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
+                _mm256_set1_ps(126.0),
+                _CMP_GT_OQ,
+            ));
+            let u = _mm256_mul_ps(b, b);
+            let j = _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_fmadd_ps(
+                        _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                        b,
+                        _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+                    ),
+                    u,
+                    _mm256_fmadd_ps(
+                        _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                        b,
+                        _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+                    ),
+                ),
+                u,
+                _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+            );
+            if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
+                return _mm256_fmadd_ps(j, k, k);
+            }
+            let g = _mm256_and_si256(
+                _mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                _mm256_set1_epi32(0x8200_0000u32 as i32),
+            );
+            let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+            let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+            let d = _mm256_castps_si256(_mm256_cmp_ps(
+                _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
+                _mm256_set1_ps(192.0),
+                _CMP_GT_OQ,
+            ));
+            _mm256_or_ps(
+                _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+                _mm256_andnot_ps(
+                    _mm256_castsi256_ps(d),
+                    _mm256_or_ps(
+                        _mm256_and_ps(
+                            _mm256_castsi256_ps(c),
+                            _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
+                        ),
+                        _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)),
+                    ),
+                ),
+            )
+        }
+    }
+
+    /// `ggml_v_silu` over `nv` (a multiple of 8) values, times `g` when given.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn silu(nv: usize, x: &[f32], y: &mut [f32], g: Option<&[f32]>) {
+        // SAFETY: the slices hold at least `nv` values (checked by the caller).
+        unsafe {
+            for i in (0..nv).step_by(8) {
+                let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+                let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), xv));
+                let mut s = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                if let Some(g) = g {
+                    s = _mm256_mul_ps(s, _mm256_loadu_ps(g.as_ptr().add(i)));
+                }
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), s);
+            }
+        }
+    }
+
+    /// The AVX2 loop of `ggml_vec_soft_max_f32` over the first `nv` (a multiple of 8) values,
+    /// in place.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn soft_max(nv: usize, y: &mut [f32], max: f32) -> f64 {
+        // SAFETY: the slice holds at least `nv` values.
+        unsafe {
+            let mut sum = 0f64;
+            let yp = y.as_mut_ptr();
+            for i in (0..nv).step_by(8) {
+                let val = v_expf(_mm256_sub_ps(
+                    _mm256_loadu_ps(yp.add(i)),
+                    _mm256_set1_ps(max),
+                ));
+                _mm256_storeu_ps(yp.add(i), val);
+                let mut v2 = _mm_add_ps(_mm256_extractf128_ps(val, 1), _mm256_castps256_ps128(val));
+                v2 = _mm_add_ps(v2, _mm_movehl_ps(v2, v2));
+                v2 = _mm_add_ss(v2, _mm_movehdup_ps(v2));
+                sum += f64::from(_mm_cvtss_f32(v2));
+            }
+            sum
+        }
+    }
+}

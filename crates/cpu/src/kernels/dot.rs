@@ -1,0 +1,771 @@
+//! Quantized row·row dot products with the arithmetic of ggml-cpu's x86 AVX2 `ggml_vec_dot_*`
+//! (`arch/x86/quants.c`), which llamafile's `tinyBLAS_Q0_AVX` shares per output for
+//! Q4_0/Q5_0/Q8_0 (same `fma(dA*dB, lanes, acc)` chain and the same final horizontal sum).
+//!
+//! The common shape: each block yields 8 exact i32 lane sums (lane `j` = products of bytes
+//! `4j..4j+3`, via `maddubs`+`madd`, or a scaled sum for the K types), converted to f32 and
+//! accumulated with one FMA per lane against the block's f32 scale product; the result is
+//! `hsum_float_8` plus, for types with a min, a scalar f32 sum of `m*s` fused by GCC into FMAs.
+
+use lamina_core::DType;
+
+use super::{f16_at, hsum8, simd_available};
+
+/// A row·row dot kernel: `(n, weight_row, activation_row) -> f32`.
+pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+/// The dot kernel llama.cpp uses for weights of `dtype` against activations of
+/// `lamina_core::quant::vec_dot_type(dtype)`, AVX2 when available, else the scalar emulation;
+/// `None` for types without an exact kernel here.
+pub fn dot_fn(dtype: DType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        return avx2::dot_fn(dtype).or_else(|| scalar_dot_fn(dtype));
+    }
+    scalar_dot_fn(dtype)
+}
+
+/// The scalar emulation of [`dot_fn`]'s kernel (identical results on every machine).
+pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
+    Some(match dtype {
+        DType::Q4_0 => dot_q4_0,
+        DType::Q4_1 => dot_q4_1,
+        DType::Q5_0 => dot_q5_0,
+        DType::Q5_1 => dot_q5_1,
+        DType::Q8_0 => dot_q8_0,
+        DType::IQ4_NL => dot_iq4_nl,
+        DType::Q4_K => dot_q4_k,
+        DType::Q6_K => dot_q6_k,
+        DType::Q5_K => dot_q5_k,
+        DType::Q2_K => dot_q2_k,
+        DType::IQ4_XS => dot_iq4_xs,
+        _ => return None,
+    })
+}
+
+/// `ggml_vec_dot_<dtype>_<vec_dot_type>` of `n` values (dispatching AVX2/scalar); `None` when
+/// the type has no exact kernel here.
+pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Option<f32> {
+    dot_fn(dtype).map(|f| f(n, x, y))
+}
+
+/// The scalar emulation of [`vec_dot`].
+pub fn vec_dot_scalar(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Option<f32> {
+    scalar_dot_fn(dtype).map(|f| f(n, x, y))
+}
+
+/// `_mm256_maddubs_epi16` for one pair: u8·i8 products summed with i16 saturation.
+#[inline(always)]
+fn maddubs_pair(a0: u8, b0: i8, a1: u8, b1: i8) -> i32 {
+    (i32::from(a0) * i32::from(b0) + i32::from(a1) * i32::from(b1)).clamp(-32768, 32767)
+}
+
+/// One lane of `mul_sum_us8_pairs_float` (unsigned·signed bytes `4j..4j+3`).
+#[inline(always)]
+fn lane_us(a: &[u8; 32], b: &[i8], j: usize) -> i32 {
+    let k = 4 * j;
+    maddubs_pair(a[k], b[k], a[k + 1], b[k + 1])
+        + maddubs_pair(a[k + 2], b[k + 2], a[k + 3], b[k + 3])
+}
+
+/// `_mm256_sign_epi8(y, x)` for one byte.
+#[inline(always)]
+fn sign_i8(y: i8, x: i8) -> i8 {
+    match x.signum() {
+        1 => y,
+        -1 => y.wrapping_neg(),
+        _ => 0,
+    }
+}
+
+/// One lane of `mul_sum_i8_pairs_float` (signed·signed with the sign trick).
+#[inline(always)]
+fn lane_ss(x: &[i8; 32], y: &[i8], j: usize) -> i32 {
+    let k = 4 * j;
+    let p = |i: usize| (x[i].unsigned_abs(), sign_i8(y[i], x[i]));
+    let (a0, b0) = p(k);
+    let (a1, b1) = p(k + 1);
+    let (a2, b2) = p(k + 2);
+    let (a3, b3) = p(k + 3);
+    maddubs_pair(a0, b0, a1, b1) + maddubs_pair(a2, b2, a3, b3)
+}
+
+#[inline(always)]
+fn as_i8(b: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size and alignment, every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, b.len()) }
+}
+
+/// `bytes_from_nibbles_32`: low nibbles of the 16 bytes, then the high nibbles.
+#[inline(always)]
+fn nibbles(qs: &[u8]) -> [u8; 32] {
+    let mut o = [0u8; 32];
+    for i in 0..16 {
+        o[i] = qs[i] & 15;
+        o[i + 16] = qs[i] >> 4;
+    }
+    o
+}
+
+#[inline(always)]
+fn fma8(acc: &mut [f32; 8], d: f32, lanes: impl Fn(usize) -> i32) {
+    for (j, a) in acc.iter_mut().enumerate() {
+        *a = d.mul_add(lanes(j) as f32, *a);
+    }
+}
+
+/// Signed-weight legacy types (Q4_0, Q5_0, Q8_0, IQ4_NL): `acc = fma(dx*dy, lanes, acc)`.
+#[inline(always)]
+fn dot_signed_q8_0(
+    n: usize,
+    x: &[u8],
+    y: &[u8],
+    bsx: usize,
+    vals: impl Fn(&[u8]) -> [i8; 32],
+) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(bsx).zip(y.chunks_exact(34)).take(n / 32) {
+        let d = f16_at(xb, 0) * f16_at(yb, 0);
+        let qx = vals(xb);
+        let qy = as_i8(&yb[2..34]);
+        fma8(&mut acc, d, |j| lane_ss(&qx, qy, j));
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q4_0_q8_0` (AVX2).
+pub fn dot_q4_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_signed_q8_0(n, x, y, 18, |b| nibbles(&b[2..18]).map(|v| v as i8 - 8))
+}
+
+/// `ggml_vec_dot_q5_0_q8_0` (AVX2).
+pub fn dot_q5_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_signed_q8_0(n, x, y, 22, |b| {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let nib = nibbles(&b[6..22]);
+        std::array::from_fn(|i| (nib[i] | (((qh >> i) & 1) as u8) << 4) as i8 - 16)
+    })
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` (AVX2).
+pub fn dot_q8_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_signed_q8_0(n, x, y, 34, |b| std::array::from_fn(|i| b[2 + i] as i8))
+}
+
+const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even and odd blocks in two accumulators, summed before
+/// `hsum_float_8`; an odd last block is added in scalar (`sumf += d * sumi`, fused).
+#[inline(always)]
+pub fn dot_iq4_nl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = n / 32;
+    let mut acc = [[0f32; 8]; 2];
+    let vals = |b: &[u8]| nibbles(&b[2..18]).map(|v| KVALUES_IQ4NL[v as usize]);
+    let mut ib = 0;
+    while ib + 1 < nb {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let xb = &x[(ib + k) * 18..(ib + k + 1) * 18];
+            let yb = &y[(ib + k) * 34..(ib + k + 1) * 34];
+            let d = f16_at(yb, 0) * f16_at(xb, 0);
+            let qx = vals(xb);
+            let qy = as_i8(&yb[2..34]);
+            fma8(a, d, |j| lane_ss(&qx, qy, j));
+        }
+        ib += 2;
+    }
+    let sum: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    let mut sumf = hsum8(&sum);
+    if ib < nb {
+        let xb = &x[ib * 18..ib * 18 + 18];
+        let yb = &y[ib * 34..ib * 34 + 34];
+        let d = f16_at(xb, 0) * f16_at(yb, 0);
+        let qx = vals(xb);
+        let mut sumi = 0i32;
+        for (i, q) in qx.iter().enumerate() {
+            sumi += i32::from(*q) * i32::from(yb[2 + i] as i8);
+        }
+        sumf = d.mul_add(sumi as f32, sumf);
+    }
+    sumf
+}
+
+/// tinyBLAS_Q0_AVX's per-output arithmetic for IQ4_NL (`n >= 2` products): one FMA chain over
+/// all blocks, then `hsum`.
+pub fn dot_iq4_nl_tinyblas(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            dot_iq4_nl_tinyblas_impl(n, x, y)
+        }
+        if simd_available() {
+            // SAFETY: AVX2/FMA/F16C present; `fast` runs the same operations with FMA enabled.
+            return unsafe { fast(n, x, y) };
+        }
+    }
+    dot_iq4_nl_tinyblas_impl(n, x, y)
+}
+
+#[inline(always)]
+fn dot_iq4_nl_tinyblas_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_signed_q8_0(n, x, y, 18, |b| {
+        nibbles(&b[2..18]).map(|v| KVALUES_IQ4NL[v as usize])
+    })
+}
+
+/// Legacy types with a min (Q4_1, Q5_1) against Q8_1.
+#[inline(always)]
+fn dot_min_q8_1(n: usize, x: &[u8], y: &[u8], bsx: usize, vals: impl Fn(&[u8]) -> [u8; 32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (xb, yb) in x.chunks_exact(bsx).zip(y.chunks_exact(36)).take(n / 32) {
+        // GCC contracts `summs += m*s` into an FMA.
+        summs = f16_at(xb, 2).mul_add(f16_at(yb, 2), summs);
+        let d = f16_at(xb, 0) * f16_at(yb, 0);
+        let qx = vals(xb);
+        let qy = as_i8(&yb[4..36]);
+        fma8(&mut acc, d, |j| lane_us(&qx, qy, j));
+    }
+    hsum8(&acc) + summs
+}
+
+/// `ggml_vec_dot_q4_1_q8_1` (AVX2).
+pub fn dot_q4_1(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_min_q8_1(n, x, y, 20, |b| nibbles(&b[4..20]))
+}
+
+/// `ggml_vec_dot_q5_1_q8_1` (AVX2).
+pub fn dot_q5_1(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_min_q8_1(n, x, y, 24, |b| {
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let nib = nibbles(&b[8..24]);
+        std::array::from_fn(|i| nib[i] | (((qh >> i) & 1) as u8) << 4)
+    })
+}
+
+/// Q4_K's 8 scales and 8 mins from its 12 packed bytes (the `utmp` shuffle of the AVX2 code).
+#[inline(always)]
+fn q4k_scales_mins(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut utmp = [0u32; 4];
+    for (i, u) in utmp.iter_mut().take(3).enumerate() {
+        *u = u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]]);
+    }
+    const KMASK1: u32 = 0x3f3f3f3f;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    const KMASK3: u32 = 0x03030303;
+    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
+    let uaux = utmp[1] & KMASK1;
+    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= KMASK1;
+    let b = |i: usize| utmp[i / 4].to_le_bytes()[i % 4];
+    (std::array::from_fn(b), std::array::from_fn(|i| b(i + 8)))
+}
+
+/// Q4_K's 8 scales and 8 mins (for the repacked kernels).
+pub(crate) fn q4k_scales_mins_pub(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
+    q4k_scales_mins(sc)
+}
+
+/// `ggml_vec_dot_q4_K_q8_K` (AVX2).
+pub fn dot_q4_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 0);
+        let dmin = -yd * f16_at(xb, 2);
+        let (scales, mins) = q4k_scales_mins(&xb[4..16]);
+        let bsum = |i: usize| i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]);
+        // hadd_epi16 of the bsums, then madd with the mins: 4 lanes.
+        let q8s: [i16; 8] = std::array::from_fn(|k| bsum(2 * k).wrapping_add(bsum(2 * k + 1)));
+        for (l, a) in acc_m.iter_mut().enumerate() {
+            let prod = i32::from(mins[2 * l]) * i32::from(q8s[2 * l])
+                + i32::from(mins[2 * l + 1]) * i32::from(q8s[2 * l + 1]);
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let q4 = &xb[16..144];
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for j in 0..4 {
+            let bits = &q4[32 * j..32 * j + 32];
+            let lo: [u8; 32] = std::array::from_fn(|i| bits[i] & 15);
+            let hi: [u8; 32] = std::array::from_fn(|i| bits[i] >> 4);
+            let q8l = &q8[64 * j..64 * j + 32];
+            let q8h = &q8[64 * j + 32..64 * j + 64];
+            let (sl, sh) = (i32::from(scales[2 * j]), i32::from(scales[2 * j + 1]));
+            for (l, s) in sumi.iter_mut().enumerate() {
+                let k = 4 * l;
+                let pl = sl * maddubs_pair(lo[k], q8l[k], lo[k + 1], q8l[k + 1])
+                    + sl * maddubs_pair(lo[k + 2], q8l[k + 2], lo[k + 3], q8l[k + 3]);
+                let ph = sh * maddubs_pair(hi[k], q8h[k], hi[k + 1], q8h[k + 1])
+                    + sh * maddubs_pair(hi[k + 2], q8h[k + 2], hi[k + 3], q8h[k + 3]);
+                *s = s.wrapping_add(pl.wrapping_add(ph));
+            }
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    let m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+    hsum8(&acc) + m
+}
+
+/// `ggml_vec_dot_q6_K_q8_K` (AVX2).
+pub fn dot_q6_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(210).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 208);
+        let scales = as_i8(&xb[192..208]);
+        let bsum = |i: usize| i32::from(i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]));
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for j in 0..2 {
+            let ql1 = &xb[64 * j..64 * j + 32];
+            let ql2 = &xb[64 * j + 32..64 * j + 64];
+            let qh = &xb[128 + 32 * j..128 + 32 * j + 32];
+            let q: [[u8; 32]; 4] = [
+                std::array::from_fn(|b| (ql1[b] & 15) | ((qh[b] & 3) << 4)),
+                std::array::from_fn(|b| (ql2[b] & 15) | ((qh[b] & 12) << 2)),
+                std::array::from_fn(|b| (ql1[b] >> 4) | (qh[b] & 48)),
+                std::array::from_fn(|b| (ql2[b] >> 4) | ((qh[b] & 192) >> 2)),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                let is = 4 * j + k;
+                let y8 = &q8[128 * j + 32 * k..128 * j + 32 * k + 32];
+                for (l, s) in sumi.iter_mut().enumerate() {
+                    let sc = i32::from(scales[2 * is + usize::from(l >= 4)]);
+                    let b = 4 * l;
+                    let v = sc * maddubs_pair(qk[b], y8[b], qk[b + 1], y8[b + 1])
+                        + sc * maddubs_pair(qk[b + 2], y8[b + 2], qk[b + 3], y8[b + 3]);
+                    *s = s.wrapping_add(v);
+                }
+            }
+        }
+        for (l, s) in sumi.iter_mut().enumerate() {
+            let sub = (bsum(2 * l) * i32::from(scales[2 * l])
+                + bsum(2 * l + 1) * i32::from(scales[2 * l + 1]))
+            .wrapping_shl(5);
+            *s = s.wrapping_sub(sub);
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q5_K_q8_K` (AVX2): lanes like Q4_K with 5-bit values; the mins go to a scalar
+/// `summs += dmin * (float)Σ min·bsum` (fused by GCC).
+#[inline(always)]
+pub fn dot_q5_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (xb, yb) in x.chunks_exact(176).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 0);
+        let dmin = -yd * f16_at(xb, 2);
+        let (scales, mins) = q4k_scales_mins(&xb[4..16]);
+        let bsum = |i: usize| i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]);
+        let mut prod = 0i32;
+        for k in 0..8 {
+            let q8s = bsum(2 * k).wrapping_add(bsum(2 * k + 1));
+            prod = prod.wrapping_add(i32::from(mins[k]) * i32::from(q8s));
+        }
+        summs = dmin.mul_add(prod as f32, summs);
+        let qh = &xb[16..48];
+        let q5 = &xb[48..176];
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for j in 0..4 {
+            let bits = &q5[32 * j..32 * j + 32];
+            let lo: [u8; 32] =
+                std::array::from_fn(|i| (bits[i] & 15) | (((qh[i] >> (2 * j)) & 1) << 4));
+            let hi: [u8; 32] =
+                std::array::from_fn(|i| (bits[i] >> 4) | (((qh[i] >> (2 * j + 1)) & 1) << 4));
+            let q8l = &q8[64 * j..64 * j + 32];
+            let q8h = &q8[64 * j + 32..64 * j + 64];
+            let (sl, sh) = (i32::from(scales[2 * j]), i32::from(scales[2 * j + 1]));
+            for (l, s) in sumi.iter_mut().enumerate() {
+                *s = s.wrapping_add(sl * lane_us(&lo, q8l, l) + sh * lane_us(&hi, q8h, l));
+            }
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    hsum8(&acc) + summs
+}
+
+/// `ggml_vec_dot_q2_K_q8_K` (AVX2): per block first `acc = fma(dmin, Σ min·bsum lanes, acc)`,
+/// then `acc = fma(d, lanes, acc)`.
+#[inline(always)]
+pub fn dot_q2_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(84).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 80);
+        let dmin = -yd * f16_at(xb, 82);
+        let sc = &xb[0..16];
+        let bsum = |i: usize| i32::from(i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]));
+        let prod: [i32; 8] = std::array::from_fn(|l| {
+            i32::from(sc[2 * l] >> 4) * bsum(2 * l)
+                + i32::from(sc[2 * l + 1] >> 4) * bsum(2 * l + 1)
+        });
+        fma8(&mut acc, dmin, |l| prod[l]);
+        let q2 = &xb[16..80];
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for j in 0..2 {
+            let bits = &q2[32 * j..32 * j + 32];
+            for k in 0..4 {
+                let v: [u8; 32] = std::array::from_fn(|i| (bits[i] >> (2 * k)) & 3);
+                let y8 = &q8[128 * j + 32 * k..128 * j + 32 * k + 32];
+                for (l, s) in sumi.iter_mut().enumerate() {
+                    let scale = i32::from(sc[8 * j + 2 * k + usize::from(l >= 4)] & 15);
+                    *s = s.wrapping_add(scale * lane_us(&v, y8, l));
+                }
+            }
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_iq4_xs_q8_K` (AVX2): per 32-value block, lanes of the non-linear values
+/// (sign trick) times the block's 6-bit scale minus 32; one FMA per superblock.
+#[inline(always)]
+pub fn dot_iq4_xs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(136).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = f16_at(xb, 0) * yd;
+        let sh = u16::from_le_bytes([xb[2], xb[3]]);
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for ib in 0..8 {
+            let ls = i32::from((xb[4 + ib / 2] >> (4 * (ib % 2))) & 0xf)
+                | (i32::from((sh >> (2 * ib)) & 3) << 4);
+            let qx = nibbles(&xb[8 + 16 * ib..24 + 16 * ib]).map(|v| KVALUES_IQ4NL[v as usize]);
+            let y8 = &q8[32 * ib..32 * ib + 32];
+            for (l, s) in sumi.iter_mut().enumerate() {
+                *s = s.wrapping_add((ls - 32) * lane_ss(&qx, y8, l));
+            }
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    hsum8(&acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! Ports of the AVX2 branches of `arch/x86/quants.c`.
+    use super::DotFn;
+    use crate::kernels::f16_at;
+    use crate::kernels::x86::*;
+    use lamina_core::DType;
+    use std::arch::x86_64::*;
+
+    pub fn dot_fn(dtype: DType) -> Option<DotFn> {
+        Some(match dtype {
+            DType::Q4_0 => |n, x, y| check(n, x, y, 18, 34, 32, q4_0),
+            DType::Q4_1 => |n, x, y| check(n, x, y, 20, 36, 32, q4_1),
+            DType::Q5_0 => |n, x, y| check(n, x, y, 22, 34, 32, q5_0),
+            DType::Q5_1 => |n, x, y| check(n, x, y, 24, 36, 32, q5_1),
+            DType::Q8_0 => |n, x, y| check(n, x, y, 34, 34, 32, q8_0),
+            DType::Q4_K => |n, x, y| check(n, x, y, 144, 292, 256, q4_k),
+            DType::Q6_K => |n, x, y| check(n, x, y, 210, 292, 256, q6_k),
+            DType::IQ4_NL => |n, x, y| check(n, x, y, 18, 34, 32, iq4_nl),
+            DType::Q5_K => |n, x, y| check(n, x, y, 176, 292, 256, q5_k),
+            DType::Q2_K => |n, x, y| check(n, x, y, 84, 292, 256, q2_k),
+            DType::IQ4_XS => |n, x, y| check(n, x, y, 136, 292, 256, iq4_xs),
+            _ => return None,
+        })
+    }
+
+    type Kernel = unsafe fn(usize, &[u8], &[u8]) -> f32;
+
+    /// Bounds check, then the AVX2 kernel over `n / qk` blocks.
+    #[inline(always)]
+    fn check(n: usize, x: &[u8], y: &[u8], bx: usize, by: usize, qk: usize, k: Kernel) -> f32 {
+        let nb = n / qk;
+        assert!(
+            x.len() >= nb * bx && y.len() >= nb * by,
+            "dot rows too short"
+        );
+        // SAFETY: `dot_fn` hands these out only when AVX2/FMA/F16C are present; the rows hold
+        // `nb` blocks (checked above).
+        unsafe { k(nb, x, y) }
+    }
+
+    /// Kernels without hand-written intrinsics: the scalar emulation compiled with FMA
+    /// enabled (same operations, so the same bits; `mul_add` becomes `vfmadd`).
+    macro_rules! fma_build {
+        ($($name:ident => $scalar:ident, $bx:expr, $by:expr, $qk:expr;)*) => {$(
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+                super::$scalar(nb * $qk, &x[..nb * $bx], &y[..nb * $by])
+            }
+        )*};
+    }
+    fma_build! {
+        iq4_nl => dot_iq4_nl, 18, 34, 32;
+        q5_k => dot_q5_k, 176, 292, 256;
+        q2_k => dot_q2_k, 84, 292, 256;
+        iq4_xs => dot_iq4_xs, 136, 292, 256;
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: `nb` blocks in bounds (checked by `check`); AVX2 enabled.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 18);
+                let yb = y.as_ptr().add(ib * 34);
+                let d = _mm256_set1_ps(f16_at(x, ib * 18) * f16_at(y, ib * 34));
+                let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8));
+                let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q5_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 22);
+                let yb = y.as_ptr().add(ib * 34);
+                let d = _mm256_set1_ps(f16_at(x, ib * 22) * f16_at(y, ib * 34));
+                let mut qx = bytes_from_nibbles_32(xb.add(6));
+                let qh = u32::from_le_bytes([*xb.add(2), *xb.add(3), *xb.add(4), *xb.add(5)]);
+                let bxhi =
+                    _mm256_andnot_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0xF0u8 as i8));
+                qx = _mm256_or_si256(qx, bxhi);
+                let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 34);
+                let yb = y.as_ptr().add(ib * 34);
+                let d = _mm256_set1_ps(f16_at(x, ib * 34) * f16_at(y, ib * 34));
+                let qx = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_1(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 20);
+                let yb = y.as_ptr().add(ib * 36);
+                summs = f16_at(x, ib * 20 + 2).mul_add(f16_at(y, ib * 36 + 2), summs);
+                let d0d1 = _mm256_mul_ps(
+                    _mm256_set1_ps(f16_at(x, ib * 20)),
+                    _mm256_set1_ps(f16_at(y, ib * 36)),
+                );
+                let qx = bytes_from_nibbles_32(xb.add(4));
+                let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
+                acc = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(qx, qy), acc);
+            }
+            hsum_float_8(acc) + summs
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q5_1(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 24);
+                let yb = y.as_ptr().add(ib * 36);
+                let dx = _mm256_set1_ps(f16_at(x, ib * 24));
+                summs = f16_at(x, ib * 24 + 2).mul_add(f16_at(y, ib * 36 + 2), summs);
+                let mut qx = bytes_from_nibbles_32(xb.add(8));
+                let qh = u32::from_le_bytes([*xb.add(4), *xb.add(5), *xb.add(6), *xb.add(7)]);
+                let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                qx = _mm256_or_si256(qx, bxhi);
+                let dy = _mm256_set1_ps(f16_at(y, ib * 36));
+                let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
+                let q = mul_sum_us8_pairs_float(qx, qy);
+                acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
+            }
+            hsum_float_8(acc) + summs
+        }
+    }
+
+    const K4_SHUFFLE: [[u8; 32]; 8] = {
+        let mut t = [[0u8; 32]; 8];
+        let mut i = 0;
+        while i < 8 {
+            let mut b = 0;
+            while b < 32 {
+                t[i][b] = (2 * i + b % 2) as u8;
+                b += 1;
+            }
+            i += 1;
+        }
+        t
+    };
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let m4 = _mm256_set1_epi8(0xF);
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_m = _mm_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 144);
+                let yb = y.as_ptr().add(i * 292);
+                let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                let d = yd * f16_at(x, i * 144);
+                let dmin = -yd * f16_at(x, i * 144 + 2);
+                let (sc, mn) = super::q4k_scales_mins(std::slice::from_raw_parts(xb.add(4), 12));
+                let mut sm = [0u8; 16];
+                sm[..8].copy_from_slice(&sc);
+                sm[8..].copy_from_slice(&mn);
+                let mins_and_scales =
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+                let q8sums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                let q8s = _mm_hadd_epi16(
+                    _mm256_extracti128_si256(q8sums, 0),
+                    _mm256_extracti128_si256(q8sums, 1),
+                );
+                let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+                let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+                let scales = _mm256_insertf128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
+                let mut sumi = _mm256_setzero_si256();
+                let mut q4 = xb.add(16);
+                let mut q8 = yb.add(4);
+                for j in 0..4 {
+                    let scale_l = _mm256_shuffle_epi8(
+                        scales,
+                        _mm256_loadu_si256(K4_SHUFFLE[2 * j].as_ptr() as *const __m256i),
+                    );
+                    let scale_h = _mm256_shuffle_epi8(
+                        scales,
+                        _mm256_loadu_si256(K4_SHUFFLE[2 * j + 1].as_ptr() as *const __m256i),
+                    );
+                    let q4bits = _mm256_loadu_si256(q4 as *const __m256i);
+                    q4 = q4.add(32);
+                    let q4l = _mm256_and_si256(q4bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                    let q8l = _mm256_loadu_si256(q8 as *const __m256i);
+                    q8 = q8.add(32);
+                    let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                    let q8h = _mm256_loadu_si256(q8 as *const __m256i);
+                    q8 = q8.add(32);
+                    let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+            acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+            hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
+        }
+    }
+
+    const K6_SHUFFLE: [[u8; 16]; 8] = {
+        let mut t = [[0u8; 16]; 8];
+        let mut i = 0;
+        while i < 8 {
+            let mut b = 0;
+            while b < 16 {
+                t[i][b] = (2 * i + b / 8) as u8;
+                b += 1;
+            }
+            i += 1;
+        }
+        t
+    };
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let m15 = _mm256_set1_epi8(15);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 210);
+                let yb = y.as_ptr().add(i * 292);
+                let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                let d = yd * f16_at(x, i * 210 + 208);
+                let mut q4 = xb;
+                let mut qh = xb.add(128);
+                let mut q8 = yb.add(4);
+                let q8sums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                let scales_16 = _mm256_cvtepi8_epi16(scales);
+                let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+                    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+                    q4 = q4.add(64);
+                    let q4bits_h = _mm256_loadu_si256(qh as *const __m256i);
+                    qh = qh.add(32);
+                    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                    let q4h_1 =
+                        _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                    let q4h_3 =
+                        _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                    let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                    let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                    let q4_2 = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15),
+                        q4h_2,
+                    );
+                    let q4_3 = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15),
+                        q4h_3,
+                    );
+                    let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
+                    let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+                    let q8_2 = _mm256_loadu_si256(q8.add(64) as *const __m256i);
+                    let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
+                    q8 = q8.add(128);
+                    let is = 4 * j;
+                    let sh = |k: usize| {
+                        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                            scales,
+                            _mm_loadu_si128(K6_SHUFFLE[is + k].as_ptr() as *const __m128i),
+                        ))
+                    };
+                    let p16_0 = _mm256_madd_epi16(sh(0), _mm256_maddubs_epi16(q4_0, q8_0));
+                    let p16_1 = _mm256_madd_epi16(sh(1), _mm256_maddubs_epi16(q4_1, q8_1));
+                    let p16_2 = _mm256_madd_epi16(sh(2), _mm256_maddubs_epi16(q4_2, q8_2));
+                    let p16_3 = _mm256_madd_epi16(sh(3), _mm256_maddubs_epi16(q4_3, q8_3));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+                }
+                sumi = _mm256_sub_epi32(sumi, q8sclsub);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! f32 and f16 dot products as llama.cpp computes them on x86 AVX2:
+//!
+//! * `ggml_vec_dot_f32` / `ggml_vec_dot_f16` (`vec.cpp`, AVX branch of `simd-mappings.h`): four
+//!   8-lane FMA accumulators over steps of 32, reduced by `GGML_F32x8_REDUCE`; leftovers added
+//!   in scalar (f32 with a fused multiply-add for f32; a `double` sum of f32 products for f16).
+//! * llamafile's tinyBLAS (`sgemm.cpp`, `tinyBLAS<8, __m256, __m256, T, T, float>`): one 8-lane
+//!   FMA accumulator over `k` (a multiple of 8), then `hsum`. ggml's `mul_mat` uses it when
+//!   [`tinyblas_f_applies`] says so.
+
+use super::{fp16_to_fp32, hsum8, reduce_f32x8x4, simd_available};
+
+/// Whether `ggml_compute_forward_mul_mat` hands an f32·f32 or f16·f16 product (after converting
+/// the activations to the weight type) to tinyBLAS on an AVX2 build: `n` (activation rows,
+/// `ne11`) at least 2, `k` (`ne00`) a multiple of 8, `m` (weight rows, `ne01`) a multiple of 4.
+/// For f32 weights the activations must also be contiguous (there is no conversion pass).
+pub fn tinyblas_f_applies(m: usize, n: usize, k: usize) -> bool {
+    n >= 2 && k.is_multiple_of(8) && m.is_multiple_of(4)
+}
+
+#[inline(always)]
+fn f16s(b: &[u8], i: usize) -> f32 {
+    fp16_to_fp32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+}
+
+/// tinyBLAS's per-output arithmetic for f32 rows of `k` values (`k % 8 == 0`).
+pub fn tinyblas_dot_f32(k: usize, a: &[f32], b: &[f32]) -> f32 {
+    let (a, b) = (&a[..k], &b[..k]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; slices hold `k` values.
+        return unsafe { avx2::tinyblas_f32(k, a, b) };
+    }
+    tinyblas_dot_f32_scalar(k, a, b)
+}
+
+/// Scalar emulation of [`tinyblas_dot_f32`].
+pub fn tinyblas_dot_f32_scalar(k: usize, a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for l in (0..k / 8 * 8).step_by(8) {
+        for i in 0..8 {
+            acc[i] = a[l + i].mul_add(b[l + i], acc[i]);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// tinyBLAS's per-output arithmetic for f16 rows (little-endian bytes) of `k` values.
+pub fn tinyblas_dot_f16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    let (a, b) = (&a[..2 * k], &b[..2 * k]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; slices hold `k` f16 values.
+        return unsafe { avx2::tinyblas_f16(k, a, b) };
+    }
+    tinyblas_dot_f16_scalar(k, a, b)
+}
+
+/// Scalar emulation of [`tinyblas_dot_f16`].
+pub fn tinyblas_dot_f16_scalar(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for l in (0..k / 8 * 8).step_by(8) {
+        for i in 0..8 {
+            acc[i] = f16s(a, l + i).mul_add(f16s(b, l + i), acc[i]);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_f32` (AVX2 build).
+pub fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
+    let (x, y) = (&x[..n], &y[..n]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; slices hold `n` values.
+        return unsafe { avx2::vec_dot_f32(n, x, y) };
+    }
+    vec_dot_f32_scalar(n, x, y)
+}
+
+/// Scalar emulation of [`vec_dot_f32`].
+pub fn vec_dot_f32_scalar(n: usize, x: &[f32], y: &[f32]) -> f32 {
+    let np = n & !31;
+    let mut sum = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, s) in sum.iter_mut().enumerate() {
+            for l in 0..8 {
+                let k = i + 8 * j + l;
+                s[l] = x[k].mul_add(y[k], s[l]);
+            }
+        }
+    }
+    let mut sumf = reduce_f32x8x4(&mut sum);
+    for i in np..n {
+        sumf = x[i].mul_add(y[i], sumf);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_f16` (AVX2 build) over little-endian f16 rows.
+pub fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (&x[..2 * n], &y[..2 * n]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; slices hold `n` f16 values.
+        return unsafe { avx2::vec_dot_f16(n, x, y) };
+    }
+    vec_dot_f16_scalar(n, x, y)
+}
+
+/// Scalar emulation of [`vec_dot_f16`].
+pub fn vec_dot_f16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let np = n & !31;
+    let mut sum = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, s) in sum.iter_mut().enumerate() {
+            for l in 0..8 {
+                let k = i + 8 * j + l;
+                s[l] = f16s(x, k).mul_add(f16s(y, k), s[l]);
+            }
+        }
+    }
+    let mut sumf = f64::from(reduce_f32x8x4(&mut sum));
+    for i in np..n {
+        sumf += f64::from(f16s(x, i) * f16s(y, i));
+    }
+    sumf as f32
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use crate::kernels::x86::hsum_float_8;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn reduce4(s: [__m256; 4]) -> f32 {
+        // SAFETY: register-only intrinsics; AVX enabled by the caller.
+        unsafe {
+            let a = _mm256_add_ps(s[0], s[2]);
+            let b = _mm256_add_ps(s[1], s[3]);
+            let x = _mm256_add_ps(a, b);
+            let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+            let t1 = _mm_hadd_ps(t0, t0);
+            _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tinyblas_f32(k: usize, a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: the slices hold `k` values; loads stay below `k / 8 * 8`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for l in (0..k / 8 * 8).step_by(8) {
+                acc = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(l)),
+                    _mm256_loadu_ps(b.as_ptr().add(l)),
+                    acc,
+                );
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tinyblas_f16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+        // SAFETY: the slices hold `k` f16 values; loads stay below `k / 8 * 8`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for l in (0..k / 8 * 8).step_by(8) {
+                let va = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(2 * l) as *const __m128i));
+                let vb = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(2 * l) as *const __m128i));
+                acc = _mm256_fmadd_ps(va, vb, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
+        // SAFETY: the slices hold `n` values; vector loads stay below `n & !31`.
+        unsafe {
+            let np = n & !31;
+            let mut s = [_mm256_setzero_ps(); 4];
+            for i in (0..np).step_by(32) {
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let ax = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
+                    let ay = _mm256_loadu_ps(y.as_ptr().add(i + 8 * j));
+                    *sj = _mm256_fmadd_ps(ax, ay, *sj);
+                }
+            }
+            let mut sumf = reduce4(s);
+            for i in np..n {
+                sumf = x[i].mul_add(y[i], sumf);
+            }
+            sumf
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: the slices hold `n` f16 values; vector loads stay below `n & !31`.
+        unsafe {
+            let np = n & !31;
+            let mut s = [_mm256_setzero_ps(); 4];
+            let ld = |p: &[u8], k: usize| {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr().add(2 * k) as *const __m128i))
+            };
+            for i in (0..np).step_by(32) {
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = _mm256_fmadd_ps(ld(x, i + 8 * j), ld(y, i + 8 * j), *sj);
+                }
+            }
+            let mut sumf = f64::from(reduce4(s));
+            for i in np..n {
+                sumf += f64::from(super::f16s(x, i) * super::f16s(y, i));
+            }
+            sumf as f32
+        }
+    }
+}

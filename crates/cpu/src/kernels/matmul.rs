@@ -1,0 +1,219 @@
+//! Which kernel llama.cpp's `ggml_compute_forward_mul_mat` (plus the CPU repack buffer and the
+//! tiled K-quant path) uses for a product, on an x86 AVX2 build with default settings, and the
+//! per-output arithmetic of that kernel:
+//!
+//! 1. Q4_K weights with a multiple of 8 rows live in the `CPU_REPACK` buffer: rows of the
+//!    activation plane in groups of 4 go to `ggml_gemm_q4_K_8x8_q8_K` (activations quantized by
+//!    `ggml_quantize_mat_q8_K_4x8`), the rest to the gemv kernel ([`super::repack`]).
+//! 2. Else K-quant weights (Q2_K, Q4_K, Q5_K, Q6_K, IQ4_XS here) with at least 8 activation rows
+//!    take the tiled path.
+//! 3. Else llamafile's tinyBLAS when it accepts the product: f32 (activations contiguous) and,
+//!    after converting activations to f16, f16 weights when `n >= 2`, `k % 8 == 0`,
+//!    `m % 4 == 0`; Q8_0/Q4_0/Q5_0/IQ4_NL weights when `n >= 2` (one FMA chain per output, the
+//!    same arithmetic as `ggml_vec_dot_*` except for IQ4_NL).
+//! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
+//!
+//! Not replicated exactly (a close approximation is used instead): Q4_0, IQ4_NL and MXFP4
+//! weights repacked to 8x8 layouts, tiled Q3_K products (at least 8 activation rows), and dot
+//! products of Q3_K, the IQ types other than IQ4_NL/IQ4_XS, TQ and
+//! MXFP4 (for which [`MatMul::plan`] returns `None`).
+
+use lamina_core::DType;
+
+use super::dot::{self, DotFn};
+use super::{fdot, quantize, repack};
+
+/// How one activation row is converted before the dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActKind {
+    F32,
+    F16,
+    Q8_0,
+    Q8_1,
+    Q8K,
+    /// `ggml_quantize_mat_q8_K_4x8` values for rows below `gemm_rows`, else Q8_K.
+    Q8KRepack,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum DotKind {
+    TinyF32,
+    VecF32,
+    TinyF16,
+    VecF16,
+    /// A quantized row·row kernel (also tinyBLAS_Q0 where it shares the arithmetic).
+    Quant(DotFn),
+    /// tinyBLAS_Q0 for IQ4_NL (one FMA chain, unlike `ggml_vec_dot_iq4_nl_q8_0`).
+    TinyIq4Nl,
+    Q4KRepack,
+    Q6KTiled,
+    Q4KTiled,
+    Q5KTiled,
+    Q2KTiled,
+    Iq4XsTiled,
+}
+
+/// The plan of one matrix product (one weight type and shape).
+#[derive(Clone, Copy, Debug)]
+pub struct MatMul {
+    act: ActKind,
+    kind: DotKind,
+    gemm_rows: usize,
+    /// Whether the kernel replicates llama.cpp's arithmetic exactly.
+    pub exact: bool,
+}
+
+impl MatMul {
+    /// The plan for `weight` rows of `k` values (`m` rows, 2-D unless `weight_2d` is false)
+    /// times `n` activation rows per plane (`ne11`); `src1_contiguous` as ggml's
+    /// `ggml_is_contiguous(src1)`. `None` when the type has no kernel here.
+    pub fn plan(
+        weight: DType,
+        m: usize,
+        n: usize,
+        k: usize,
+        src1_contiguous: bool,
+        weight_2d: bool,
+    ) -> Option<MatMul> {
+        let simple = |act, kind| MatMul {
+            act,
+            kind,
+            gemm_rows: 0,
+            exact: true,
+        };
+        let tiny_f = fdot::tinyblas_f_applies(m, n, k);
+        Some(match weight {
+            DType::F32 => simple(
+                ActKind::F32,
+                if tiny_f && src1_contiguous {
+                    DotKind::TinyF32
+                } else {
+                    DotKind::VecF32
+                },
+            ),
+            DType::F16 => simple(
+                ActKind::F16,
+                if tiny_f {
+                    DotKind::TinyF16
+                } else {
+                    DotKind::VecF16
+                },
+            ),
+            DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => MatMul {
+                act: ActKind::Q8KRepack,
+                kind: DotKind::Q4KRepack,
+                gemm_rows: repack::q4_k_gemm_rows(n),
+                exact: true,
+            },
+            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q2_K | DType::IQ4_XS
+                if repack::tiled_applies(weight, false, n) =>
+            {
+                let kind = match weight {
+                    DType::Q6_K => DotKind::Q6KTiled,
+                    DType::Q4_K => DotKind::Q4KTiled,
+                    DType::Q5_K => DotKind::Q5KTiled,
+                    DType::Q2_K => DotKind::Q2KTiled,
+                    _ => DotKind::Iq4XsTiled,
+                };
+                simple(ActKind::Q8K, kind)
+            }
+            DType::IQ4_NL if n >= 2 => MatMul {
+                exact: !(weight_2d && m.is_multiple_of(8)),
+                ..simple(ActKind::Q8_0, DotKind::TinyIq4Nl)
+            },
+            _ => {
+                let act = match lamina_core::quant::vec_dot_type(weight)? {
+                    DType::Q8_0 => ActKind::Q8_0,
+                    DType::Q8_1 => ActKind::Q8_1,
+                    DType::Q8_K => ActKind::Q8K,
+                    _ => return None,
+                };
+                let f = dot::dot_fn(weight)?;
+                let repacked = weight_2d
+                    && m.is_multiple_of(8)
+                    && matches!(weight, DType::Q4_0 | DType::IQ4_NL | DType::MXFP4);
+                let tiled = repack::tiled_applies(weight, false, n);
+                MatMul {
+                    exact: !repacked && !tiled,
+                    ..simple(act, DotKind::Quant(f))
+                }
+            }
+        })
+    }
+
+    /// The storage type of converted activation rows.
+    pub fn act_type(&self) -> DType {
+        match self.act {
+            ActKind::F32 => DType::F32,
+            ActKind::F16 => DType::F16,
+            ActKind::Q8_0 => DType::Q8_0,
+            ActKind::Q8_1 => DType::Q8_1,
+            ActKind::Q8K | ActKind::Q8KRepack => DType::Q8_K,
+        }
+    }
+
+    /// Bytes of one converted activation row of `k` values (`None` if `k` does not fit).
+    pub fn act_row_bytes(&self, k: usize) -> Option<usize> {
+        self.act_type().row_size(k as u64).ok().map(|b| b as usize)
+    }
+
+    /// Converts activation row `j` (its index within its plane, `ne11`) into `out`.
+    pub fn convert_act(&self, j: usize, x: &[f32], out: &mut [u8]) {
+        match self.act {
+            ActKind::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            ActKind::F16 => {
+                for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                    o.copy_from_slice(&super::fp32_to_fp16(*v).to_le_bytes());
+                }
+            }
+            ActKind::Q8_0 => quantize::quantize_row_q8_0(x, out),
+            ActKind::Q8_1 => quantize::quantize_row_q8_1(x, out),
+            ActKind::Q8K => quantize::quantize_row_q8_k(x, out),
+            ActKind::Q8KRepack => {
+                if j < self.gemm_rows {
+                    repack::quantize_row_q8_k_4x8(x, out)
+                } else {
+                    quantize::quantize_row_q8_k(x, out)
+                }
+            }
+        }
+    }
+
+    /// One output: weight row `w` (k values) against converted activation row `act` (row `j`
+    /// of its plane).
+    #[inline]
+    pub fn dot(&self, k: usize, w: &[u8], act: &[u8], j: usize) -> f32 {
+        match self.kind {
+            DotKind::TinyF32 => fdot::tinyblas_dot_f32(k, as_f32(w), as_f32(act)),
+            DotKind::VecF32 => fdot::vec_dot_f32(k, as_f32(w), as_f32(act)),
+            DotKind::TinyF16 => fdot::tinyblas_dot_f16(k, w, act),
+            DotKind::VecF16 => fdot::vec_dot_f16(k, w, act),
+            DotKind::Quant(f) => f(k, w, act),
+            DotKind::TinyIq4Nl => dot::dot_iq4_nl_tinyblas(k, w, act),
+            DotKind::Q4KRepack => {
+                if j < self.gemm_rows {
+                    repack::dot_q4_k_gemm(k, w, act)
+                } else {
+                    repack::dot_q4_k_gemv(k, w, act)
+                }
+            }
+            DotKind::Q6KTiled => repack::dot_q6_k_tiled(k, w, act),
+            DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
+            DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
+            DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
+            DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
+        }
+    }
+}
+
+/// f32 view of 4-aligned little-endian bytes (rows of f32 tensors and of the work buffer).
+fn as_f32(b: &[u8]) -> &[f32] {
+    // SAFETY: f32 has no invalid bit patterns; `align_to` yields only the aligned middle part.
+    let (pre, mid, _) = unsafe { b.align_to::<f32>() };
+    assert!(pre.is_empty(), "f32 row not 4-byte aligned");
+    mid
+}

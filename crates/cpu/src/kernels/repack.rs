@@ -1,0 +1,298 @@
+//! Q4_K matrix products as ggml-cpu runs them on AVX2 when the weights sit in its
+//! `CPU_REPACK` buffer (llama.cpp's default for Q4_K weights with a multiple of 8 rows):
+//! `ggml_gemm_q4_K_8x8_q8_K` for activation rows in groups of 4 (quantized by
+//! `ggml_quantize_mat_q8_K_4x8`) and `ggml_gemv_q4_K_8x8_q8_K` for the remaining rows
+//! (quantized by `quantize_row_q8_K`). The interleaved layout only changes where bytes live;
+//! what matters for the result is where the f32 rounding happens:
+//!
+//! * gemv: per superblock one exact integer `Σ scale·(q4·q8)` and one `Σ min·bsum`, each
+//!   accumulated with `fma(int, d_w*d_a, acc)`; result `acc - acc_min`;
+//! * gemm: the same per pair of 32-value sub-blocks (4 FMAs per superblock).
+//!
+//! These functions take the ordinary (not interleaved) Q4_K and Q8_K blocks.
+
+use super::{f16_at, simd_available};
+
+/// Runs `$f` compiled with FMA when the CPU has AVX2/FMA (same operations, same bits).
+macro_rules! fma_dispatch {
+    ($f:ident, $n:expr, $x:expr, $y:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
+                $f(n, x, y)
+            }
+            if simd_available() {
+                // SAFETY: AVX2/FMA/F16C present.
+                return unsafe { fast($n, $x, $y) };
+            }
+        }
+        $f($n, $x, $y)
+    }};
+}
+
+/// Whether llama.cpp repacks a Q4_K weight with `rows` rows on AVX2 (`ne[1] % 8 == 0`).
+pub fn q4_k_repacked(rows: usize) -> bool {
+    rows.is_multiple_of(8)
+}
+
+/// Activation rows of a repacked product handled by the gemm kernel (the rest go to gemv):
+/// `n - n % 4` when `n > 3`, else none.
+pub fn q4_k_gemm_rows(n: usize) -> usize {
+    if n > 3 { n - n % 4 } else { 0 }
+}
+
+/// `ggml_quantize_mat_q8_K_4x8`'s values for one row, in the ordinary Q8_K layout: like
+/// `quantize_row_q8_K_ref` except for the sign of the scale, which is negative whenever some
+/// element equals `+max|x|` (the reference takes the sign of the first element of largest
+/// magnitude).
+pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
+    assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * 292);
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+        let mut amax = 0f32;
+        for &v in xb {
+            let a = v.abs();
+            amax = if amax > a { amax } else { a };
+        }
+        let positive_max = xb.contains(&amax);
+        let iscale = if amax == 0.0 {
+            0.0
+        } else if positive_max {
+            -127.0 / amax
+        } else {
+            127.0 / amax
+        };
+        let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+        let (db, rest) = ob.split_at_mut(4);
+        let (qs, bsums) = rest.split_at_mut(256);
+        for (q, &v) in qs.iter_mut().zip(xb) {
+            let r = (v * iscale).round_ties_even();
+            let i = if (-2_147_483_648.0..2_147_483_648.0).contains(&r) {
+                r as i32
+            } else {
+                i32::MIN
+            };
+            *q = i.clamp(-128, 127) as i8 as u8;
+        }
+        for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
+            let sum: i32 = qs[j * 16..j * 16 + 16]
+                .iter()
+                .map(|&b| i32::from(b as i8))
+                .sum();
+            s.copy_from_slice(&(sum as i16).to_le_bytes());
+        }
+        db.copy_from_slice(&d.to_le_bytes());
+    }
+}
+
+/// Per superblock: `[Σ_j sc_j·dot_j for each pair of sub-blocks]` and the same for mins.
+#[inline(always)]
+fn q4k_pairs(xb: &[u8], yb: &[u8]) -> ([i32; 4], [i32; 4]) {
+    let (sc, mn) = super::dot::q4k_scales_mins_pub(&xb[4..16]);
+    let q4 = &xb[16..144];
+    let q8 = &yb[4..260];
+    let bsum = |i: usize| i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]);
+    let mut iacc = [0i32; 4];
+    let mut imin = [0i32; 4];
+    for sb in 0..4 {
+        let bits = &q4[32 * sb..32 * sb + 32];
+        let mut lo = 0i32;
+        let mut hi = 0i32;
+        for i in 0..32 {
+            lo += i32::from(bits[i] & 15) * i32::from(q8[64 * sb + i] as i8);
+            hi += i32::from(bits[i] >> 4) * i32::from(q8[64 * sb + 32 + i] as i8);
+        }
+        iacc[sb] = i32::from(sc[2 * sb]) * lo + i32::from(sc[2 * sb + 1]) * hi;
+        let p0 = bsum(4 * sb).wrapping_add(bsum(4 * sb + 1));
+        let p1 = bsum(4 * sb + 2).wrapping_add(bsum(4 * sb + 3));
+        imin[sb] =
+            i32::from(mn[2 * sb]) * i32::from(p0) + i32::from(mn[2 * sb + 1]) * i32::from(p1);
+    }
+    (iacc, imin)
+}
+
+/// `ggml_gemv_q4_K_8x8_q8_K`'s value for one weight row (Q4_K) and one activation row (Q8_K).
+pub fn dot_q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    fma_dispatch!(dot_q4_k_gemv_impl, n, x, y)
+}
+
+#[inline(always)]
+fn dot_q4_k_gemv_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    let mut acc_min = 0f32;
+    for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let (iacc, imin) = q4k_pairs(xb, yb);
+        let sum: i32 = iacc.iter().sum();
+        let smin: i32 = imin.iter().sum();
+        acc = (sum as f32).mul_add(f16_at(xb, 0) * yd, acc);
+        acc_min = (smin as f32).mul_add(f16_at(xb, 2) * yd, acc_min);
+    }
+    acc - acc_min
+}
+
+/// `ggml_gemm_q4_K_8x8_q8_K`'s value for one weight row and one activation row (quantized with
+/// [`quantize_row_q8_k_4x8`]).
+pub fn dot_q4_k_gemm(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    fma_dispatch!(dot_q4_k_gemm_impl, n, x, y)
+}
+
+#[inline(always)]
+fn dot_q4_k_gemm_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    let mut acc_min = 0f32;
+    for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let (d, dmin) = (f16_at(xb, 0) * yd, f16_at(xb, 2) * yd);
+        let (iacc, imin) = q4k_pairs(xb, yb);
+        for sb in 0..4 {
+            acc = (iacc[sb] as f32).mul_add(d, acc);
+            acc_min = (imin[sb] as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// Whether `ggml_compute_forward_mul_mat` takes its "tiled" K-quant path (AVX2 build, default
+/// environment): weights of a supported K/IQ type that are not repacked, at least 8 activation
+/// rows.
+pub fn tiled_applies(dtype: lamina_core::DType, repacked: bool, activation_rows: usize) -> bool {
+    use lamina_core::DType::*;
+    !repacked && activation_rows >= 8 && matches!(dtype, Q6_K | Q5_K | Q4_K | Q3_K | Q2_K | IQ4_XS)
+}
+
+/// The tiled kernel's value for one Q6_K weight row and one Q8_K activation row: per
+/// superblock `res = d_w * (float)Σ scale·(q6-32)·q8`, then `acc = fma(res, d_a, acc)`.
+pub fn dot_q6_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    fma_dispatch!(dot_q6_k_tiled_impl, n, x, y)
+}
+
+#[inline(always)]
+fn dot_q6_k_tiled_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(210).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let q8 = &yb[4..260];
+        let mut s1 = 0i32;
+        for j in 0..2 {
+            let ql1 = &xb[64 * j..64 * j + 32];
+            let ql2 = &xb[64 * j + 32..64 * j + 64];
+            let qh = &xb[128 + 32 * j..128 + 32 * j + 32];
+            for b in 0..32 {
+                let q = [
+                    (ql1[b] & 15) | ((qh[b] & 3) << 4),
+                    (ql2[b] & 15) | ((qh[b] & 12) << 2),
+                    (ql1[b] >> 4) | (qh[b] & 48),
+                    (ql2[b] >> 4) | ((qh[b] & 192) >> 2),
+                ];
+                for (k, &qv) in q.iter().enumerate() {
+                    let idx = 128 * j + 32 * k + b;
+                    let sc = i32::from(xb[192 + idx / 16] as i8);
+                    s1 += sc * (i32::from(qv) - 32) * i32::from(q8[idx] as i8);
+                }
+            }
+        }
+        let res = f16_at(xb, 208) * s1 as f32;
+        acc = res.mul_add(yd, acc);
+    }
+    acc
+}
+
+/// The tiled kernel's per-output arithmetic given, per superblock, `(d_w, dmin_w, s1, s2)`
+/// (weight scales and the exact integer sums `Σ scale·q·q8` and `Σ min·bsum`) and the activation
+/// scale: `res = d_w*(float)s1`, `res = fma(-dmin_w, (float)s2, res)` (types with a min),
+/// `acc = fma(res, d_a, acc)`.
+#[inline(always)]
+fn tiled_acc(acc: f32, d: f32, dmin: Option<f32>, s1: i32, s2: i32, da: f32) -> f32 {
+    let mut res = d * s1 as f32;
+    if let Some(dmin) = dmin {
+        res = (-dmin).mul_add(s2 as f32, res);
+    }
+    res.mul_add(da, acc)
+}
+
+/// The tiled kernel's value for one Q4_K (`q5 = false`) or Q5_K (`q5 = true`) weight row and one
+/// Q8_K activation row.
+pub fn dot_q45_k_tiled(q5: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let bs = if q5 { 176 } else { 144 };
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(bs).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let (sc, mn) = super::dot::q4k_scales_mins_pub(&xb[4..16]);
+        let (qh, qs) = if q5 {
+            (Some(&xb[16..48]), &xb[48..176])
+        } else {
+            (None, &xb[16..144])
+        };
+        let q8 = &yb[4..260];
+        let bsum = |i: usize| i32::from(i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]));
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for sub in 0..8 {
+            let (j, hi) = (sub / 2, sub % 2 == 1);
+            let mut dot = 0i32;
+            for i in 0..32 {
+                let b = qs[32 * j + i];
+                let mut q = i32::from(if hi { b >> 4 } else { b & 15 });
+                if let Some(qh) = qh {
+                    q |= i32::from((qh[i] >> sub) & 1) << 4;
+                }
+                dot += q * i32::from(q8[32 * sub + i] as i8);
+            }
+            s1 += i32::from(sc[sub]) * dot;
+            s2 += i32::from(mn[sub]) * (bsum(2 * sub) + bsum(2 * sub + 1));
+        }
+        acc = tiled_acc(acc, f16_at(xb, 0), Some(f16_at(xb, 2)), s1, s2, yd);
+    }
+    acc
+}
+
+/// The tiled kernel's value for one Q2_K weight row and one Q8_K activation row.
+pub fn dot_q2_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(84).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let q8 = &yb[4..260];
+        let bsum = |i: usize| i32::from(i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]));
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for sub in 0..16 {
+            let (j, k, half) = (sub / 8, (sub % 8) / 2, sub % 2);
+            let mut dot = 0i32;
+            for i in 0..16 {
+                let b = xb[16 + 32 * j + 16 * half + i];
+                let q = i32::from((b >> (2 * k)) & 3);
+                dot += q * i32::from(q8[16 * sub + i] as i8);
+            }
+            s1 += i32::from(xb[sub] & 15) * dot;
+            s2 += i32::from(xb[sub] >> 4) * bsum(sub);
+        }
+        acc = tiled_acc(acc, f16_at(xb, 80), Some(f16_at(xb, 82)), s1, s2, yd);
+    }
+    acc
+}
+
+/// The tiled kernel's value for one IQ4_XS weight row and one Q8_K activation row.
+pub fn dot_iq4_xs_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const KV: [i32; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(136).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let sh = u16::from_le_bytes([xb[2], xb[3]]);
+        let q8 = &yb[4..260];
+        let mut s1 = 0i32;
+        for ib in 0..8 {
+            let ls = i32::from((xb[4 + ib / 2] >> (4 * (ib % 2))) & 0xf)
+                | (i32::from((sh >> (2 * ib)) & 3) << 4);
+            let qs = &xb[8 + 16 * ib..24 + 16 * ib];
+            let mut dot = 0i32;
+            for i in 0..16 {
+                dot += KV[usize::from(qs[i] & 15)] * i32::from(q8[32 * ib + i] as i8);
+                dot += KV[usize::from(qs[i] >> 4)] * i32::from(q8[32 * ib + 16 + i] as i8);
+            }
+            s1 += (ls - 32) * dot;
+        }
+        acc = tiled_acc(acc, f16_at(xb, 0), None, s1, 0, yd);
+    }
+    acc
+}

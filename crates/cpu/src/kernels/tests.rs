@@ -1,0 +1,209 @@
+//! SIMD paths against their scalar emulations: bit-identical on random data.
+
+use lamina_core::DType;
+
+use super::*;
+
+/// xorshift64*: deterministic test data without dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    /// A finite f16 of magnitude ~`scale`.
+    fn f16(&mut self, scale: f32) -> [u8; 2] {
+        fp32_to_fp16(self.f32() * scale).to_le_bytes()
+    }
+}
+
+/// Random weight blocks of `dtype` with finite scales.
+fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
+    let bs = dtype.type_size() as usize;
+    let mut w = rng.bytes(bs * nblocks);
+    for b in w.chunks_exact_mut(bs) {
+        let offs: &[usize] = match dtype {
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q6_K => &[208],
+            _ => &[],
+        };
+        for &o in offs {
+            let h = rng.f16(0.05);
+            b[o..o + 2].copy_from_slice(&h);
+        }
+    }
+    w
+}
+
+fn activations(rng: &mut Rng, dtype: DType, n: usize) -> Vec<u8> {
+    let x = rng.vec(n, 3.0);
+    match lamina_core::quant::vec_dot_type(dtype).unwrap() {
+        DType::Q8_0 => {
+            let mut o = vec![0u8; n / 32 * 34];
+            quantize_row_q8_0(&x, &mut o);
+            o
+        }
+        DType::Q8_1 => {
+            let mut o = vec![0u8; n / 32 * 36];
+            quantize_row_q8_1(&x, &mut o);
+            o
+        }
+        DType::Q8_K => {
+            let mut o = vec![0u8; n / 256 * 292];
+            quantize_row_q8_k(&x, &mut o);
+            o
+        }
+        t => panic!("unexpected {t}"),
+    }
+}
+
+#[test]
+fn quantizers_simd_match_scalar() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for nb in [1usize, 2, 3, 7, 24, 49] {
+        for scale in [1e-3f32, 1.0, 50.0] {
+            let mut x = rng.vec(32 * nb, scale);
+            // exact halves exercise round-half-to-even
+            x[0] = 0.0;
+            if nb > 1 {
+                x[32..64].iter_mut().for_each(|v| *v = 0.0);
+            }
+            let mut a = vec![0u8; nb * 34];
+            let mut b = vec![0u8; nb * 34];
+            quantize_row_q8_0(&x, &mut a);
+            quantize::quantize_row_q8_0_scalar(&x, &mut b);
+            assert_eq!(a, b, "q8_0 nb={nb}");
+            let mut a = vec![0u8; nb * 36];
+            let mut b = vec![0u8; nb * 36];
+            quantize_row_q8_1(&x, &mut a);
+            quantize::quantize_row_q8_1_scalar(&x, &mut b);
+            assert_eq!(a, b, "q8_1 nb={nb}");
+        }
+    }
+}
+
+#[test]
+fn dots_simd_match_scalar() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::IQ4_NL,
+        DType::Q2_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_XS,
+    ] {
+        let qk = dtype.block_size() as usize;
+        for nb in [1usize, 2, 3, 5, 8, 17] {
+            let n = nb * qk;
+            for _ in 0..8 {
+                let w = random_weights(&mut rng, dtype, nb);
+                let y = activations(&mut rng, dtype, n);
+                let s = vec_dot_scalar(dtype, n, &w, &y).unwrap();
+                let v = vec_dot(dtype, n, &w, &y).unwrap();
+                assert_eq!(s.to_bits(), v.to_bits(), "{dtype} nb={nb}: {s} vs {v}");
+                let r = lamina_core::quant::vec_dot(dtype, n, &w, &y).unwrap();
+                assert!(
+                    (r - s).abs() <= 1e-3 * (1.0 + r.abs()),
+                    "{dtype} nb={nb}: reference {r} vs {s}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn float_dots_simd_match_scalar() {
+    let mut rng = Rng(7);
+    for n in [1usize, 7, 8, 31, 32, 33, 64, 100, 257] {
+        let a = rng.vec(n, 2.0);
+        let b = rng.vec(n, 2.0);
+        let ah: Vec<u8> = a
+            .iter()
+            .flat_map(|v| fp32_to_fp16(*v).to_le_bytes())
+            .collect();
+        let bh: Vec<u8> = b
+            .iter()
+            .flat_map(|v| fp32_to_fp16(*v).to_le_bytes())
+            .collect();
+        let eq = |x: f32, y: f32, what: &str| assert_eq!(x.to_bits(), y.to_bits(), "{what} n={n}");
+        eq(
+            vec_dot_f32(n, &a, &b),
+            fdot::vec_dot_f32_scalar(n, &a, &b),
+            "vec_dot_f32",
+        );
+        eq(
+            vec_dot_f16(n, &ah, &bh),
+            fdot::vec_dot_f16_scalar(n, &ah, &bh),
+            "vec_dot_f16",
+        );
+        let k = n / 8 * 8;
+        eq(
+            tinyblas_dot_f32(k, &a, &b),
+            fdot::tinyblas_dot_f32_scalar(k, &a, &b),
+            "tb f32",
+        );
+        eq(
+            tinyblas_dot_f16(k, &ah, &bh),
+            fdot::tinyblas_dot_f16_scalar(k, &ah, &bh),
+            "tb f16",
+        );
+    }
+}
+
+#[test]
+fn activations_simd_match_scalar() {
+    let mut rng = Rng(99);
+    for n in [1usize, 5, 8, 13, 64, 67, 576] {
+        for scale in [1.0f32, 20.0, 150.0] {
+            let x = rng.vec(n, scale);
+            let g = rng.vec(n, 1.0);
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            silu_row(&x, &mut a);
+            act::scalar::silu_row(&x, &mut b);
+            assert_eq!(bits(&a), bits(&b), "silu n={n}");
+            swiglu_row(&x, &g, &mut a);
+            act::scalar::swiglu_row(&x, &g, &mut b);
+            assert_eq!(bits(&a), bits(&b), "swiglu n={n}");
+            let mask: Vec<f32> = (0..n)
+                .map(|i| if i % 5 == 4 { f32::NEG_INFINITY } else { 0.0 })
+                .collect();
+            softmax_row(&x, 0.125, Some(&mask), 1.0, &mut a);
+            act::scalar::softmax_row(&x, 0.125, Some(&mask), 1.0, &mut b);
+            assert_eq!(bits(&a), bits(&b), "softmax n={n}");
+        }
+    }
+}
+
+#[test]
+fn v_expf_lane_is_accurate() {
+    for i in -1600..1700 {
+        let x = i as f32 * 0.05;
+        let e = act::v_expf_lane(x);
+        let r = (f64::from(x)).exp();
+        assert!(((f64::from(e) - r) / r).abs() < 1e-6, "{x}: {e} vs {r}");
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -1,0 +1,634 @@
+//! The CPU kernels, one function per op. Every kernel is called by all `nth` threads of the
+//! device with its own `ith` and writes only its share of the output (rows, or for `set_rows`
+//! destination rows by index), so no two threads write the same bytes. Scalar for now; the
+//! per-type dot kernels of `mul_mat` are the plug-in point for SIMD.
+
+use lamina_core::DType;
+use lamina_core::graph::{GluOp, Op, RopeMode, RopeParams, UnaryOp};
+
+use crate::exec::{ErrorSlot, NodePlan, TView, Work, split, unravel_row};
+use crate::kernels;
+use crate::pool::WorkerCtx;
+use crate::quant;
+
+/// Scratch bytes a node needs for `nth` threads.
+pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
+    let max_ne0 = node
+        .src
+        .iter()
+        .flatten()
+        .map(|s| s.l.ne[0])
+        .max()
+        .unwrap_or(0)
+        .max(node.dst.l.ne[0]);
+    let per_thread = nth * 2 * max_ne0 * 4;
+    match node.op {
+        Op::MulMat => match (node.src[0], node.src[1]) {
+            (Some(a), Some(b)) => {
+                let k = a.l.ne[0];
+                let brow = quant::vec_dot_type(a.l.dtype)
+                    .and_then(|t| t.row_size(k as u64).ok())
+                    .unwrap_or(0) as usize;
+                (b.l.nrows() * brow).next_multiple_of(64) + nth * k * 4
+            }
+            _ => 0,
+        },
+        _ => per_thread,
+    }
+}
+
+/// Per-thread f32 scratch of `n` values (`slot` 0 or 1), for nodes other than mul_mat.
+///
+/// # Safety
+/// Each (thread, slot) region is used by that thread only.
+unsafe fn scratch<'a>(
+    work: Work,
+    ctx: &WorkerCtx<'_>,
+    node: &NodePlan,
+    slot: usize,
+    n: usize,
+) -> &'a mut [f32] {
+    let max_ne0 = node
+        .src
+        .iter()
+        .flatten()
+        .map(|s| s.l.ne[0])
+        .max()
+        .unwrap_or(0)
+        .max(node.dst.l.ne[0]);
+    let off = (ctx.ith * 2 + slot) * max_ne0 * 4;
+    // SAFETY: per-thread disjoint region inside `work_size`.
+    unsafe { work.f32s(off, n) }
+}
+
+/// Source row `(i1, i2, i3)` as f32: borrowed when packed f32, else gathered into `buf`.
+///
+/// # Safety
+/// The row is in range and not written concurrently.
+unsafe fn src_row<'a>(v: &TView, i1: usize, i2: usize, i3: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    if v.l.dtype == DType::F32 && v.l.rows_packed() {
+        // SAFETY: by the caller's contract.
+        return unsafe { v.row_f32(i1, i2, i3) };
+    }
+    for (i0, o) in buf.iter_mut().enumerate().take(v.l.ne[0]) {
+        // SAFETY: by the caller's contract.
+        *o = unsafe { v.get([i0, i1, i2, i3]) };
+    }
+    &buf[..v.l.ne[0]]
+}
+
+pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(a) = node.src[0] else {
+        err.set(|| format!("{} {}: missing source", node.op.name(), node.id));
+        return;
+    };
+    match node.op {
+        Op::GetRows => get_rows(node, a, ctx, err),
+        Op::MulMat => mul_mat(node, a, ctx, work, err),
+        Op::Add | Op::Mul => binary(node, a, ctx, work),
+        Op::Scale { scale, bias } => map_rows(node, a, ctx, work, |x, y| {
+            for (o, v) in y.iter_mut().zip(x) {
+                *o = v * scale + bias;
+            }
+        }),
+        Op::RmsNorm { eps } => {
+            map_rows(node, a, ctx, work, |x, y| kernels::rms_norm_row(x, eps, y))
+        }
+        Op::Norm { eps } => map_rows(node, a, ctx, work, |x, y| {
+            let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
+            let mut sum2 = 0f64;
+            for (o, v) in y.iter_mut().zip(x) {
+                *o = v - mean;
+                sum2 += f64::from(*o) * f64::from(*o);
+            }
+            let s = 1.0 / ((sum2 / x.len() as f64) as f32 + eps).sqrt();
+            for o in y.iter_mut() {
+                *o *= s;
+            }
+        }),
+        Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, |x, y| kernels::silu_row(x, y)),
+        Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, |x, y| kernels::gelu_row(x, y)),
+        Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
+        Op::Rope(p) => rope(node, a, &p, ctx, work, err),
+        Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
+        Op::SetRows => set_rows(node, a, ctx, work, err),
+        Op::Cpy | Op::Cont => copy(node, a, ctx),
+        Op::Concat { dim } => concat(node, a, dim, ctx),
+        Op::ArgMax => argmax(node, a, ctx, work),
+        Op::Leaf | Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose => {}
+    }
+}
+
+/// Applies `f(src_row, dst_row)` to every row of a same-shaped f32 output.
+fn map_rows(
+    node: &NodePlan,
+    a: TView,
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+    f: impl Fn(&[f32], &mut [f32]),
+) {
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: this thread owns dst row r (rows are split across threads); sources are not
+        // written during this node; scratch slot 0 is this thread's.
+        unsafe {
+            let buf = scratch(work, ctx, node, 0, a.l.ne[0]);
+            let x = src_row(&a, i1, i2, i3, buf);
+            f(x, d.row_f32_mut(i1, i2, i3));
+        }
+    }
+}
+
+fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let Some(b) = node.src[1] else { return };
+    let d = node.dst;
+    let add = matches!(node.op, Op::Add);
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: as in `map_rows`; scratch slots 0 and 1 are this thread's.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let y = src_row(
+                &b,
+                i1 % b.l.ne[1],
+                i2 % b.l.ne[2],
+                i3 % b.l.ne[3],
+                scratch(work, ctx, node, 1, b.l.ne[0]),
+            );
+            let o = d.row_f32_mut(i1, i2, i3);
+            let nb0 = y.len();
+            for (i0, (ov, xv)) in o.iter_mut().zip(x).enumerate() {
+                let yv = y[i0 % nb0];
+                *ov = if add { xv + yv } else { xv * yv };
+            }
+        }
+    }
+}
+
+fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    let n = d.l.ne[0];
+    // ggml_vec_swiglu_f32 / ggml_vec_geglu_f32 (f16 GELU table).
+    let act = |g: &[f32], u: &[f32], o: &mut [f32]| match op {
+        GluOp::SwiGlu => kernels::swiglu_row(g, u, o),
+        GluOp::GeGlu => kernels::geglu_row(g, u, o),
+    };
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: as in `binary`.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let o = d.row_f32_mut(i1, i2, i3);
+            match node.src[1] {
+                Some(b) => {
+                    let y = src_row(&b, i1, i2, i3, scratch(work, ctx, node, 1, b.l.ne[0]));
+                    act(&x[..n], &y[..n], &mut o[..n]);
+                }
+                None => {
+                    let (g, u) = if swapped {
+                        (&x[n..2 * n], &x[..n])
+                    } else {
+                        (&x[..n], &x[n..2 * n])
+                    };
+                    act(g, u, &mut o[..n]);
+                }
+            }
+        }
+    }
+}
+
+fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
+    let Some(b) = node.src[1] else { return };
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i10, i11, i12) = unravel_row(r, d.l.ne);
+        // SAFETY: index element in range of `b` (dst rows mirror b's shape); dst row r owned
+        // by this thread; `a` rows are read only after the bounds check.
+        unsafe {
+            let idx = b.index([i10, i11, i12, 0]);
+            let o = d.row_f32_mut(i10, i11, i12);
+            if idx < 0 || idx as usize >= a.l.ne[1] {
+                err.set(|| {
+                    format!(
+                        "GET_ROWS {}: row index {idx} outside 0..{}",
+                        node.id, a.l.ne[1]
+                    )
+                });
+                o.fill(0.0);
+                continue;
+            }
+            let row = a.row(idx as usize, i11, i12 % a.l.ne[3]);
+            if let Err(e) = quant::dequantize_row(a.l.dtype, row, o) {
+                err.set(|| format!("GET_ROWS {}: {e}", node.id));
+            }
+        }
+    }
+}
+
+type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+fn as_f32(b: &[u8]) -> &[f32] {
+    // SAFETY: f32 has no invalid bit patterns; `align_to` only yields the aligned middle part,
+    // and callers pass 4-aligned rows (validated tensors, 8-aligned work buffer).
+    let (pre, mid, _) = unsafe { b.align_to::<f32>() };
+    debug_assert!(pre.is_empty());
+    mid
+}
+
+fn dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_f32_slices(&as_f32(x)[..n], &as_f32(y)[..n])
+}
+
+fn dot_f32_slices(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut xc = x.chunks_exact(8);
+    let mut yc = y.chunks_exact(8);
+    for (a, b) in (&mut xc).zip(&mut yc) {
+        for k in 0..8 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    let tail: f32 = xc
+        .remainder()
+        .iter()
+        .zip(yc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Dot of two half-precision rows: converted 64 at a time (F16C when the CPU has it, through
+/// `half`) and accumulated in f32 lanes.
+fn dot_half<T: half::slice::HalfFloatSliceExt + ?Sized>(
+    n: usize,
+    x: &[u8],
+    y: &[u8],
+    cast: fn(&[u8]) -> &T,
+) -> f32 {
+    const CHUNK: usize = 64;
+    let (mut xa, mut ya) = ([0f32; CHUNK], [0f32; CHUNK]);
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i < n {
+        let len = CHUNK.min(n - i);
+        cast(&x[2 * i..2 * (i + len)]).convert_to_f32_slice(&mut xa[..len]);
+        cast(&y[2 * i..2 * (i + len)]).convert_to_f32_slice(&mut ya[..len]);
+        sum += dot_f32_slices(&xa[..len], &ya[..len]);
+        i += len;
+    }
+    sum
+}
+
+fn as_f16(b: &[u8]) -> &[half::f16] {
+    // SAFETY: f16 is a plain u16 wrapper with no invalid bit patterns; only the aligned middle
+    // is used, and rows are 2-aligned (validated tensors, 8-aligned work buffer).
+    let (pre, mid, _) = unsafe { b.align_to::<half::f16>() };
+    debug_assert!(pre.is_empty());
+    mid
+}
+
+fn as_bf16(b: &[u8]) -> &[half::bf16] {
+    // SAFETY: as `as_f16`.
+    let (pre, mid, _) = unsafe { b.align_to::<half::bf16>() };
+    debug_assert!(pre.is_empty());
+    mid
+}
+
+fn dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_half(n, x, y, as_f16)
+}
+
+fn dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_half(n, x, y, as_bf16)
+}
+
+/// The row·row dot kernel for weights of `dtype` (against `vec_dot_type(dtype)` rows).
+fn dot_kernel(dtype: DType) -> DotFn {
+    macro_rules! generic {
+        ($($t:ident),*) => {
+            match dtype {
+                $(DType::$t => |n, x, y| quant::vec_dot(DType::$t, n, x, y).unwrap_or(f32::NAN),)*
+                _ => |_, _, _| f32::NAN,
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => dot_f32,
+        DType::F16 => dot_f16,
+        DType::BF16 => dot_bf16,
+        _ => generic!(
+            Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+        ),
+    }
+}
+
+fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(b) = node.src[1] else { return };
+    let k = a.l.ne[0];
+    let weight_2d = a.l.ne[2] == 1 && a.l.ne[3] == 1;
+    // llama.cpp's choice of kernel (tinyBLAS, repacked Q4_K, tiled K-quants, vec_dot) and its
+    // per-output arithmetic; types without an exact kernel keep the reference dot below.
+    let plan = kernels::MatMul::plan(
+        a.l.dtype,
+        a.l.ne[1],
+        b.l.ne[1],
+        k,
+        b.l.is_contiguous(),
+        weight_2d,
+    );
+    let Some(plan) = plan else {
+        return mul_mat_reference(node, a, ctx, work, err);
+    };
+    let Some(brow) = plan.act_row_bytes(k) else {
+        err.set(|| {
+            format!(
+                "MUL_MAT {}: rows of {k} do not fit {} blocks",
+                node.id,
+                plan.act_type()
+            )
+        });
+        return;
+    };
+    let d = node.dst;
+    let nb_rows = b.l.nrows();
+    let scratch_off = (nb_rows * brow).next_multiple_of(64) + ctx.ith * k * 4;
+    // Phase 1: activations to the kernel's row format, once per mul_mat.
+    for r in split(nb_rows, ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, b.l.ne);
+        // SAFETY: row r of the converted area and this thread's scratch are written only by
+        // this thread in this phase; `b` is read-only here.
+        unsafe {
+            let x = src_row(&b, i1, i2, i3, work.f32s(scratch_off, k));
+            plan.convert_act(i1, x, work.bytes(r * brow, brow));
+        }
+    }
+    ctx.barrier.wait();
+    // Phase 2: dot products; threads own disjoint rows of `a` (dst dim 0 ranges).
+    let (r2, r3) = (b.l.ne[2] / a.l.ne[2], b.l.ne[3] / a.l.ne[3]);
+    let m = a.l.ne[1];
+    let tasks = m * b.l.ne[2] * b.l.ne[3];
+    for t in split(tasks, ctx.ith, ctx.nth) {
+        let i01 = t % m;
+        let i12 = (t / m) % b.l.ne[2];
+        let i13 = t / (m * b.l.ne[2]);
+        // SAFETY: the converted area is complete (barrier) and only read; each dst element
+        // (i01, j, i12, i13) belongs to task t, which only this thread runs.
+        unsafe {
+            let arow = a.row(i01, i12 / r2, i13 / r3);
+            for j in 0..b.l.ne[1] {
+                let r = j + b.l.ne[1] * (i12 + b.l.ne[2] * i13);
+                let v = plan.dot(k, arow, work.bytes_ref(r * brow, brow), j);
+                d.set([i01, j, i12, i13], v);
+            }
+        }
+    }
+}
+
+/// `mul_mat` for weight types without an exact kernel: `lamina_core`'s reference dots.
+fn mul_mat_reference(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(b) = node.src[1] else { return };
+    let d = node.dst;
+    let k = a.l.ne[0];
+    let Some(vdt) = quant::vec_dot_type(a.l.dtype) else {
+        err.set(|| format!("MUL_MAT {}: no dot type for {}", node.id, a.l.dtype));
+        return;
+    };
+    let Ok(brow) = vdt.row_size(k as u64) else {
+        err.set(|| format!("MUL_MAT {}: rows of {k} do not fit {vdt} blocks", node.id));
+        return;
+    };
+    let brow = brow as usize;
+    let nb_rows = b.l.nrows();
+    let scratch_off = (nb_rows * brow).next_multiple_of(64) + ctx.ith * k * 4;
+    // Phase 1: activations to the dot type, once per mul_mat.
+    for r in split(nb_rows, ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, b.l.ne);
+        // SAFETY: row r of the quantized area and this thread's scratch are written only by
+        // this thread in this phase; `b` is read-only here.
+        unsafe {
+            let x = src_row(&b, i1, i2, i3, work.f32s(scratch_off, k));
+            if let Err(e) = quant::quantize_row(vdt, x, work.bytes(r * brow, brow)) {
+                err.set(|| format!("MUL_MAT {}: {e}", node.id));
+            }
+        }
+    }
+    ctx.barrier.wait();
+    // Phase 2: dot products; threads own disjoint rows of `a` (dst dim 0 ranges).
+    let dot = dot_kernel(a.l.dtype);
+    let (r2, r3) = (b.l.ne[2] / a.l.ne[2], b.l.ne[3] / a.l.ne[3]);
+    let m = a.l.ne[1];
+    let tasks = m * b.l.ne[2] * b.l.ne[3];
+    for t in split(tasks, ctx.ith, ctx.nth) {
+        let i01 = t % m;
+        let i12 = (t / m) % b.l.ne[2];
+        let i13 = t / (m * b.l.ne[2]);
+        // SAFETY: the quantized area is complete (barrier) and only read; each dst element
+        // (i01, j, i12, i13) belongs to task t, which only this thread runs.
+        unsafe {
+            let arow = a.row(i01, i12 / r2, i13 / r3);
+            for j in 0..b.l.ne[1] {
+                let r = j + b.l.ne[1] * (i12 + b.l.ne[2] * i13);
+                let v = dot(k, arow, work.bytes_ref(r * brow, brow));
+                d.set([i01, j, i12, i13], v);
+            }
+        }
+    }
+}
+
+/// YaRN correction dims (ggml's `ggml_rope_yarn_corr_dims`).
+pub(crate) fn rope_corr_dims(p: &RopeParams) -> [f32; 2] {
+    let corr = |n_rot: f32| {
+        p.n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * p.freq_base.ln())
+    };
+    let start = corr(p.beta_fast).floor();
+    let end = corr(p.beta_slow).ceil();
+    [start.max(0.0), end.min(p.n_dims as f32 - 1.0)]
+}
+
+fn rope(
+    node: &NodePlan,
+    a: TView,
+    p: &RopeParams,
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+    err: &ErrorSlot,
+) {
+    let Some(pos) = node.src[1] else { return };
+    let ff = node.src[2];
+    let d = node.dst;
+    let n_dims = p.n_dims;
+    let prm = kernels::act::RopeCacheParams {
+        freq_scale: p.freq_scale,
+        ext_factor: p.ext_factor,
+        attn_factor: p.attn_factor,
+        corr_dims: rope_corr_dims(p),
+        theta_scale: p.freq_base.powf(-2.0 / n_dims as f32),
+        sin_sign: 1.0,
+    };
+    let neox = matches!(p.mode, RopeMode::Neox);
+    let mut last_i2 = usize::MAX;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r owned by this thread; sources read-only; pos has ne2 entries;
+        // scratch slot 1 (the cos/sin cache, ne0 values) is this thread's; freq factors are a
+        // packed f32 vector of at least n_dims/2 values (checked when the graph was built).
+        unsafe {
+            let cache = scratch(work, ctx, node, 1, d.l.ne[0]);
+            if i2 != last_i2 {
+                // ggml_rope_cache_init for this position, as ggml does once per position.
+                let position = pos.index([i2, 0, 0, 0]);
+                let factors = ff.map(|f| f.row_f32(0, 0, 0));
+                kernels::rope_cache(position as f32, &prm, factors, cache);
+                last_i2 = i2;
+            }
+            let x = a.row_f32(i1, i2, i3);
+            let y = d.row_f32_mut(i1, i2, i3);
+            kernels::rope_rotate(neox, n_dims, cache, x, y);
+            y[n_dims..].copy_from_slice(&x[n_dims..]);
+        }
+    }
+    if !p.freq_base.is_finite() || p.freq_base <= 0.0 {
+        err.set(|| format!("ROPE {}: invalid freq_base {}", node.id, p.freq_base));
+    }
+}
+
+/// ALiBi slope of head `h` of `n_head` (1 when `max_bias` is 0).
+pub(crate) fn alibi_slope(max_bias: f32, h: usize, n_head: usize) -> f32 {
+    if max_bias <= 0.0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1usize << (usize::BITS - 1 - n_head.leading_zeros());
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    // powf, as ggml (not powi: the roundings differ).
+    if h < n_head_log2 {
+        m0.powf((h + 1) as f32)
+    } else {
+        m1.powf((2 * (h - n_head_log2) + 1) as f32)
+    }
+}
+
+fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    let mask = node.src[1];
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        let slope = alibi_slope(max_bias, i2, d.l.ne[2]);
+        // SAFETY: dst row r owned by this thread; sources read-only; scratch slots are this
+        // thread's; the mask row index is in range (mask.ne1 >= ne1, broadcast by modulo).
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let y = d.row_f32_mut(i1, i2, i3);
+            let mrow = mask.map(|m| {
+                let buf = scratch(work, ctx, node, 1, y.len());
+                for (i0, o) in buf.iter_mut().enumerate() {
+                    *o = m.get([i0, i1, i2 % m.l.ne[2], i3 % m.l.ne[3]]);
+                }
+                &*buf
+            });
+            // ggml_compute_forward_soft_max_f32's arithmetic.
+            kernels::softmax_row(x, scale, mrow, slope, y);
+        }
+    }
+}
+
+fn set_rows(node: &NodePlan, src: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(idx) = node.src[1] else { return };
+    let d = node.dst;
+    // Destination rows are owned by thread `row % nth`, so duplicate indices never race and
+    // the last write wins, as in a serial loop.
+    for r in 0..src.l.nrows() {
+        let (i1, i2, i3) = unravel_row(r, src.l.ne);
+        // SAFETY: index element in range (idx broadcast by modulo over its shape); the dst row
+        // is written only by its owning thread; scratch slot 0 is this thread's.
+        unsafe {
+            let row = idx.index([i1, i2 % idx.l.ne[1], i3 % idx.l.ne[2], 0]);
+            if row < 0 || row as usize >= d.l.ne[1] {
+                if ctx.ith == 0 {
+                    err.set(|| {
+                        format!(
+                            "SET_ROWS {}: row index {row} outside 0..{}",
+                            node.id, d.l.ne[1]
+                        )
+                    });
+                }
+                continue;
+            }
+            if row as usize % ctx.nth != ctx.ith {
+                continue;
+            }
+            let x = src_row(&src, i1, i2, i3, scratch(work, ctx, node, 0, src.l.ne[0]));
+            if let Err(e) = quant::quantize_row(d.l.dtype, x, d.row_mut(row as usize, i2, i3)) {
+                err.set(|| format!("SET_ROWS {}: {e}", node.id));
+            }
+        }
+    }
+}
+
+/// `cpy` and `cont`: element copy with conversion; same shapes copy row by row, different
+/// shapes (same element count) in flat ggml order.
+fn copy(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>) {
+    let d = node.dst;
+    if a.l.ne == d.l.ne {
+        for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+            let (i1, i2, i3) = unravel_row(r, d.l.ne);
+            for i0 in 0..d.l.ne[0] {
+                // SAFETY: dst row r owned by this thread; the source is read-only here.
+                unsafe { d.copy_elem([i0, i1, i2, i3], &a, [i0, i1, i2, i3]) };
+            }
+        }
+        return;
+    }
+    let unravel = |mut n: usize, ne: [usize; 4]| {
+        let i0 = n % ne[0];
+        n /= ne[0];
+        let i1 = n % ne[1];
+        n /= ne[1];
+        [i0, i1, n % ne[2], n / ne[2]]
+    };
+    for n in split(d.l.nelements(), ctx.ith, ctx.nth) {
+        // SAFETY: element n of dst belongs to this thread's flat range; source read-only.
+        unsafe { d.copy_elem(unravel(n, d.l.ne), &a, unravel(n, a.l.ne)) };
+    }
+}
+
+fn concat(node: &NodePlan, a: TView, dim: usize, ctx: &WorkerCtx<'_>) {
+    let Some(b) = node.src[1] else { return };
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        for i0 in 0..d.l.ne[0] {
+            let mut i = [i0, i1, i2, i3];
+            // SAFETY: dst row r owned by this thread; sources read-only; `i` is mapped into
+            // the source that holds it.
+            unsafe {
+                let v = if i[dim] < a.l.ne[dim] {
+                    a.get(i)
+                } else {
+                    i[dim] -= a.l.ne[dim];
+                    b.get(i)
+                };
+                d.set([i0, i1, i2, i3], v);
+            }
+        }
+    }
+}
+
+fn argmax(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    for i1 in split(a.l.ne[1], ctx.ith, ctx.nth) {
+        // SAFETY: dst element i1 owned by this thread; source read-only; scratch is ours.
+        unsafe {
+            let x = src_row(&a, i1, 0, 0, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let mut best = 0usize;
+            for (i, v) in x.iter().enumerate() {
+                if *v > x[best] {
+                    best = i;
+                }
+            }
+            d.set_i32([i1, 0, 0, 0], best as i32);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The inference context: a KV cache, a compute buffer and a stream on the model's device, and
+//! `decode`, which turns a batch of tokens into logits (llama.cpp's `llama_context`).
+
+use std::sync::Arc;
+
+use lamina_backend::{BufferSlice, GraphAllocator, Stream, tensor_set_f32, tensor_set_i32};
+use lamina_core::DType;
+use lamina_core::graph::BufferMemory;
+
+use crate::arch::{BuildContext, GraphShape, build_graph};
+use crate::kv_cache::{KvCache, MAX_SEQUENCES};
+use crate::{Model, ModelError};
+
+/// One token of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchToken {
+    pub token: u32,
+    pub pos: i32,
+    pub seq: usize,
+    /// Whether logits are wanted for this token.
+    pub logits: bool,
+}
+
+/// Tokens to decode together, possibly from several sequences (llama.cpp's `llama_batch`).
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub tokens: Vec<BatchToken>,
+}
+
+impl Batch {
+    /// `tokens` of sequence `seq` at positions `pos0..`, with logits for the last one only.
+    pub fn sequence(tokens: &[u32], pos0: i32, seq: usize) -> Batch {
+        let n = tokens.len();
+        Batch {
+            tokens: tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| BatchToken {
+                    token,
+                    pos: pos0 + i as i32,
+                    seq,
+                    logits: i + 1 == n,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn push(&mut self, token: u32, pos: i32, seq: usize, logits: bool) {
+        self.tokens.push(BatchToken {
+            token,
+            pos,
+            seq,
+            logits,
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Context settings, named as in llama.cpp.
+#[derive(Clone, Copy, Debug)]
+pub struct ContextParams {
+    /// KV cache size in tokens (`-c`); 0 means the model's training context.
+    pub n_ctx: usize,
+    /// Largest micro-batch computed at once (`-ub`).
+    pub n_ubatch: usize,
+    /// KV cache element type (f16 by default, as in llama.cpp).
+    pub kv_type: DType,
+    /// Sequences the cache can hold (`-np`).
+    pub n_seq_max: usize,
+}
+
+impl Default for ContextParams {
+    fn default() -> ContextParams {
+        ContextParams {
+            n_ctx: 4096,
+            n_ubatch: 512,
+            kv_type: DType::F16,
+            n_seq_max: 1,
+        }
+    }
+}
+
+pub struct Context {
+    model: Arc<Model>,
+    params: ContextParams,
+    kv: KvCache,
+    kv_memory: Arc<dyn BufferMemory>,
+    allocator: GraphAllocator,
+    stream: Stream,
+    /// Logits of the last decode, one row of n_vocab per output.
+    logits: Vec<f32>,
+    /// For each token of the last batch, its row in `logits`.
+    output_rows: Vec<Option<usize>>,
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, mut params: ContextParams) -> Result<Context, ModelError> {
+        if params.n_ctx == 0 {
+            params.n_ctx = model.hparams.n_ctx_train as usize;
+        }
+        if params.n_ubatch == 0 || params.n_seq_max == 0 || params.n_seq_max > MAX_SEQUENCES {
+            return Err(ModelError::BadBatch(format!(
+                "micro-batch size must be positive and sequences between 1 and {MAX_SEQUENCES}"
+            )));
+        }
+        params.n_ubatch = params.n_ubatch.min(params.n_ctx);
+        let device = model.device().clone();
+        let kv = KvCache::new(
+            device.as_ref(),
+            &model.hparams,
+            params.n_ctx,
+            params.kv_type,
+        )?;
+        let mut ctx = Context {
+            kv_memory: kv.buffer().memory(),
+            allocator: GraphAllocator::new(device.buffer_type()),
+            stream: device.stream(),
+            model,
+            params,
+            kv,
+            logits: Vec::new(),
+            output_rows: Vec::new(),
+        };
+        // Size the compute buffer once for the worst case: a full micro-batch over the whole cache.
+        let worst = GraphShape {
+            n_tokens: params.n_ubatch,
+            n_kv: params.n_ctx,
+            n_outputs: params.n_ubatch,
+        };
+        let built = build_graph(&ctx.build_context(), worst)?;
+        ctx.allocator.reserve(&built.graph)?;
+        Ok(ctx)
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn params(&self) -> ContextParams {
+        self.params
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.params.n_ctx
+    }
+
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
+    }
+
+    fn build_context(&self) -> BuildContext<'_> {
+        BuildContext {
+            hp: &self.model.hparams,
+            weights: &self.model.weights,
+            weight_memory: self.model.weight_memory(),
+            kv: &self.kv,
+            kv_memory: &self.kv_memory,
+        }
+    }
+
+    /// Removes sequence `seq`'s cached tokens at positions `p0..p1` (`None` = all sequences /
+    /// unbounded), as `llama_memory_seq_rm`.
+    pub fn seq_rm(&mut self, seq: Option<usize>, p0: Option<i32>, p1: Option<i32>) {
+        self.kv.seq_rm(seq, p0, p1);
+    }
+
+    /// Empties the KV cache.
+    pub fn clear(&mut self) {
+        self.kv.clear();
+    }
+
+    /// Runs the model on `batch`; afterwards [`Context::logits`] holds the logits of every token
+    /// that asked for them. Micro-batches of at most `n_ubatch` tokens are computed in order.
+    pub fn decode(&mut self, batch: &Batch) -> Result<(), ModelError> {
+        let n_vocab = self.model.hparams.n_vocab as usize;
+        if batch.is_empty() {
+            return Err(ModelError::BadBatch("empty batch".into()));
+        }
+        for t in &batch.tokens {
+            if t.token as usize >= n_vocab {
+                return Err(ModelError::BadBatch(format!(
+                    "token id {} is outside the vocabulary of {n_vocab}",
+                    t.token
+                )));
+            }
+            if t.seq >= self.params.n_seq_max {
+                return Err(ModelError::BadBatch(format!(
+                    "sequence id {} is not below the context's {} sequences",
+                    t.seq, self.params.n_seq_max
+                )));
+            }
+            if t.pos < 0 {
+                return Err(ModelError::BadBatch(format!("negative position {}", t.pos)));
+            }
+        }
+        if batch.len() > self.params.n_ctx - self.kv.used() {
+            return Err(ModelError::ContextFull {
+                needed: batch.len(),
+                free: self.params.n_ctx - self.kv.used(),
+                size: self.params.n_ctx,
+            });
+        }
+
+        let n_outputs = batch.tokens.iter().filter(|t| t.logits).count();
+        self.logits.clear();
+        self.logits.reserve(n_outputs * n_vocab);
+        self.output_rows.clear();
+        let mut next_row = 0;
+        for t in &batch.tokens {
+            self.output_rows.push(t.logits.then(|| {
+                next_row += 1;
+                next_row - 1
+            }));
+        }
+        for ubatch in batch.tokens.chunks(self.params.n_ubatch) {
+            self.decode_ubatch(ubatch)?;
+        }
+        Ok(())
+    }
+
+    fn decode_ubatch(&mut self, ubatch: &[BatchToken]) -> Result<(), ModelError> {
+        let hp = &self.model.hparams;
+        let n_vocab = hp.n_vocab as usize;
+        let placement: Vec<(i32, usize)> = ubatch.iter().map(|t| (t.pos, t.seq)).collect();
+        let cells = self.kv.place(&placement)?;
+        let result = self.compute_ubatch(ubatch, &placement, &cells, n_vocab);
+        if result.is_err() {
+            self.kv.release(&cells);
+        }
+        result
+    }
+
+    fn compute_ubatch(
+        &mut self,
+        ubatch: &[BatchToken],
+        placement: &[(i32, usize)],
+        cells: &[usize],
+        n_vocab: usize,
+    ) -> Result<(), ModelError> {
+        let hp = &self.model.hparams;
+        let n_tokens = ubatch.len();
+        let n_kv = self.kv.n_kv();
+        let out_ids: Vec<i32> = (0..n_tokens)
+            .filter(|&i| ubatch[i].logits)
+            .map(|i| i as i32)
+            .collect();
+        // A micro-batch that wants no logits still runs (to fill the cache); it computes one row.
+        let n_outputs = out_ids.len().max(1);
+        let shape = GraphShape {
+            n_tokens,
+            n_kv,
+            n_outputs,
+        };
+        let mut built = build_graph(&self.build_context(), shape)?;
+        self.allocator.allocate(&mut built.graph)?;
+
+        let g = &built.graph;
+        let io = built.inputs;
+        let tokens: Vec<i32> = ubatch.iter().map(|t| t.token as i32).collect();
+        let pos: Vec<i32> = ubatch.iter().map(|t| t.pos).collect();
+        tensor_set_i32(g, io.tokens, &tokens)?;
+        tensor_set_i32(g, io.pos, &pos)?;
+        tensor_set_f32(g, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
+        if let Some(swa) = io.kq_mask_swa {
+            tensor_set_f32(g, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
+        }
+        let k_idxs: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
+        tensor_set_i32(g, io.k_idxs, &k_idxs)?;
+        // Transposed V: element (d, token t) goes to row d * size + cell(t).
+        let n_embd_v = hp.n_embd_v_gqa(0) as usize;
+        let size = self.kv.size();
+        let v_idxs: Vec<i32> = cells
+            .iter()
+            .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32))
+            .collect();
+        tensor_set_i32(g, io.v_idxs, &v_idxs)?;
+        let out_ids = if out_ids.is_empty() {
+            vec![n_tokens as i32 - 1]
+        } else {
+            out_ids
+        };
+        tensor_set_i32(g, io.out_ids, &out_ids)?;
+
+        let graph = Arc::new(built.graph);
+        self.stream.compute_async(graph.clone())?;
+        let pending = self
+            .stream
+            .get_async(&BufferSlice::of_tensor(&graph, built.logits)?)?;
+        self.stream.synchronize()?;
+        let logits = pending.wait_f32()?;
+        let wanted = ubatch.iter().filter(|t| t.logits).count();
+        self.logits.extend_from_slice(&logits[..wanted * n_vocab]);
+        Ok(())
+    }
+
+    /// Logits of the `i`-th token of the last batch, if it asked for them.
+    pub fn logits(&self, i: usize) -> Option<&[f32]> {
+        let n_vocab = self.model.hparams.n_vocab as usize;
+        let row = (*self.output_rows.get(i)?)?;
+        self.logits.get(row * n_vocab..(row + 1) * n_vocab)
+    }
+
+    /// The `row`-th row of logits of the last batch (rows in batch order of the tokens that
+    /// asked for logits).
+    pub fn output_logits(&self, row: usize) -> Option<&[f32]> {
+        let n_vocab = self.model.hparams.n_vocab as usize;
+        self.logits.get(row * n_vocab..(row + 1) * n_vocab)
+    }
+
+    /// Logits of the last token of the last batch that asked for them.
+    pub fn last_logits(&self) -> Option<&[f32]> {
+        let i = self.output_rows.iter().rposition(Option::is_some)?;
+        self.logits(i)
+    }
+}

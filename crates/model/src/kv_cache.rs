@@ -1,0 +1,209 @@
+//! The KV cache: per layer, K as `[n_embd_k_gqa, size]` rows (one row per cell) and V stored
+//! transposed as `[size, n_embd_v_gqa]` (one row per dimension), as llama.cpp's standard
+//! attention path keeps them, so that `K·Q` and `V·softmax` are plain matrix products. Cells
+//! remember the position and the sequences of the token they hold; the attention mask is built
+//! from them.
+
+use lamina_backend::{Buffer, Device};
+use lamina_core::DType;
+
+use crate::{HParams, ModelError};
+
+/// Most sequences one cache can hold at once (cells keep their sequence set as a bit mask).
+pub const MAX_SEQUENCES: usize = 64;
+
+/// What a cell holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    /// Position of the token, or -1 when the cell is free.
+    pub pos: i32,
+    /// The sequences this cell belongs to (bit `s` for sequence `s`).
+    pub seqs: u64,
+}
+
+impl Cell {
+    const FREE: Cell = Cell { pos: -1, seqs: 0 };
+
+    pub fn is_free(&self) -> bool {
+        self.seqs == 0
+    }
+}
+
+/// Where layer `il`'s K and V live inside the cache buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerCache {
+    pub k_offset: usize,
+    pub v_offset: usize,
+    pub n_embd_k: usize,
+    pub n_embd_v: usize,
+}
+
+#[derive(Debug)]
+pub struct KvCache {
+    buffer: Buffer,
+    dtype: DType,
+    size: usize,
+    layers: Vec<LayerCache>,
+    cells: Vec<Cell>,
+}
+
+impl KvCache {
+    /// A zeroed cache of `size` cells of type `dtype` (f16 or f32) on `device`.
+    pub fn new(
+        device: &dyn Device,
+        hp: &HParams,
+        size: usize,
+        dtype: DType,
+    ) -> Result<KvCache, ModelError> {
+        if !matches!(dtype, DType::F16 | DType::F32) {
+            return Err(ModelError::BadBatch(format!(
+                "KV cache type {dtype} is not supported (f16 or f32)"
+            )));
+        }
+        if size == 0 {
+            return Err(ModelError::BadBatch(
+                "the context size must be positive".into(),
+            ));
+        }
+        let align = |x: usize| x.next_multiple_of(64);
+        let ts = dtype.type_size() as usize;
+        let mut layers = Vec::with_capacity(hp.n_layer as usize);
+        let mut end = 0usize;
+        for il in 0..hp.n_layer as usize {
+            let n_embd_k = hp.n_embd_k_gqa(il) as usize;
+            let n_embd_v = hp.n_embd_v_gqa(il) as usize;
+            let k_offset = end;
+            let v_offset = align(k_offset + n_embd_k * size * ts);
+            end = align(v_offset + n_embd_v * size * ts);
+            layers.push(LayerCache {
+                k_offset,
+                v_offset,
+                n_embd_k,
+                n_embd_v,
+            });
+        }
+        let buffer = device.buffer_type().alloc_buffer(end)?;
+        Ok(KvCache {
+            buffer,
+            dtype,
+            size,
+            layers,
+            cells: vec![Cell::FREE; size],
+        })
+    }
+
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of cells.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub fn layer(&self, il: usize) -> LayerCache {
+        self.layers[il]
+    }
+
+    pub fn cells(&self) -> &[Cell] {
+        &self.cells
+    }
+
+    /// Cells in use.
+    pub fn used(&self) -> usize {
+        self.cells.iter().filter(|c| !c.is_free()).count()
+    }
+
+    /// One past the highest cell in use: the span attention has to look at.
+    pub fn n_kv(&self) -> usize {
+        self.cells
+            .iter()
+            .rposition(|c| !c.is_free())
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Claims a free cell for each `(pos, seq)` token, lowest cells first; nothing is claimed
+    /// if they do not all fit.
+    pub fn place(&mut self, tokens: &[(i32, usize)]) -> Result<Vec<usize>, ModelError> {
+        let free: Vec<usize> = (0..self.size)
+            .filter(|&i| self.cells[i].is_free())
+            .take(tokens.len())
+            .collect();
+        if free.len() < tokens.len() {
+            return Err(ModelError::ContextFull {
+                needed: tokens.len(),
+                free: self.size - self.used(),
+                size: self.size,
+            });
+        }
+        for (&cell, &(pos, seq)) in free.iter().zip(tokens) {
+            self.cells[cell] = Cell {
+                pos,
+                seqs: 1 << seq,
+            };
+        }
+        Ok(free)
+    }
+
+    /// Frees the given cells (undoing a failed [`KvCache::place`]).
+    pub fn release(&mut self, cells: &[usize]) {
+        for &c in cells {
+            self.cells[c] = Cell::FREE;
+        }
+    }
+
+    /// Removes sequence `seq`'s tokens at positions `p0..p1` (`None` = unbounded); `seq` `None`
+    /// means every sequence.
+    pub fn seq_rm(&mut self, seq: Option<usize>, p0: Option<i32>, p1: Option<i32>) {
+        let p0 = p0.unwrap_or(i32::MIN);
+        let p1 = p1.unwrap_or(i32::MAX);
+        for cell in &mut self.cells {
+            if cell.is_free() || cell.pos < p0 || cell.pos >= p1 {
+                continue;
+            }
+            match seq {
+                Some(s) => cell.seqs &= !(1u64 << s),
+                None => cell.seqs = 0,
+            }
+            if cell.seqs == 0 {
+                *cell = Cell::FREE;
+            }
+        }
+    }
+
+    /// Empties the cache.
+    pub fn clear(&mut self) {
+        self.cells.fill(Cell::FREE);
+    }
+
+    /// Highest position held for `seq`, if any.
+    pub fn seq_pos_max(&self, seq: usize) -> Option<i32> {
+        self.cells
+            .iter()
+            .filter(|c| c.seqs & (1 << seq) != 0)
+            .map(|c| c.pos)
+            .max()
+    }
+
+    /// The attention mask for tokens `(pos, seq)` over the first `n_kv` cells, as llama.cpp
+    /// builds it: 0 where the token may attend to the cell (same sequence, not in the future,
+    /// and within the sliding window when `window` is set), -inf elsewhere.
+    pub fn mask(&self, tokens: &[(i32, usize)], n_kv: usize, window: Option<u32>) -> Vec<f32> {
+        let mut mask = vec![f32::NEG_INFINITY; n_kv * tokens.len()];
+        for (row, &(pos, seq)) in mask.chunks_exact_mut(n_kv).zip(tokens) {
+            for (m, cell) in row.iter_mut().zip(&self.cells[..n_kv]) {
+                let visible = cell.seqs & (1 << seq) != 0
+                    && cell.pos <= pos
+                    && window.is_none_or(|w| i64::from(pos) - i64::from(cell.pos) < i64::from(w));
+                if visible {
+                    *m = 0.0;
+                }
+            }
+        }
+        mask
+    }
+}

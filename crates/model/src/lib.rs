@@ -1,0 +1,17 @@
+//! `lamina-model` owns what a model is: its architecture (one file each under `arch/`), its
+//! hyperparameters read from GGUF metadata, its weights placed on devices, the KV cache, batches,
+//! and the context that turns a batch of tokens into logits by building a graph for the backends.
+
+pub mod arch;
+pub mod context;
+pub mod error;
+pub mod hparams;
+pub mod kv_cache;
+pub mod model;
+pub mod perplexity;
+pub mod weights;
+
+pub use context::{Batch, BatchToken, Context, ContextParams};
+pub use error::ModelError;
+pub use hparams::{Arch, HParams, RopeType};
+pub use model::Model;

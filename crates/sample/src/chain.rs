@@ -1,0 +1,168 @@
+//! The sampler chain the generation loop and server drive (llama.cpp's
+//! `common_sampler` built by `common_sampler_init`).
+
+use crate::SampleError;
+use crate::candidates::Candidates;
+use crate::params::{SamplerType, SamplingParams};
+use crate::samplers::{LogitBias, Penalties, Sampler, Xtc};
+
+/// Logit bias, the configured stages in order, then `dist`.
+///
+/// Per token: [`SamplerChain::sample`] with that position's logits, then
+/// [`SamplerChain::accept`] with the token actually emitted (the chosen one, or a
+/// forced/draft token). `sample` does not accept by itself, like `common_sampler_sample`.
+#[derive(Clone, Debug)]
+pub struct SamplerChain {
+    samplers: Vec<Sampler>,
+    cur: Candidates,
+    n_vocab: usize,
+}
+
+impl SamplerChain {
+    /// Builds the chain exactly as `common_sampler_init` orders it. Errors for an empty
+    /// vocabulary and for samplers Lamina does not implement (active DRY, mirostat).
+    pub fn new(params: &SamplingParams, n_vocab: usize) -> Result<Self, SampleError> {
+        if n_vocab == 0 {
+            return Err(SampleError::EmptyVocab);
+        }
+        if params.mirostat != 0 {
+            return Err(SampleError::Unsupported("mirostat"));
+        }
+        let min_keep = params.min_keep as usize;
+        let mut samplers = Vec::with_capacity(params.samplers.len() + 2);
+        if !params.logit_bias.is_empty() {
+            samplers.push(Sampler::LogitBias(LogitBias::new(&params.logit_bias)));
+        }
+        for ty in &params.samplers {
+            match ty {
+                SamplerType::Penalties => samplers.push(Sampler::Penalties(Penalties::new(
+                    n_vocab,
+                    params.penalty_last_n,
+                    params.penalty_repeat,
+                    params.penalty_freq,
+                    params.penalty_present,
+                ))),
+                SamplerType::Dry => {
+                    // Same inactivity test as llama.cpp's DRY sampler.
+                    let active = params.dry_multiplier != 0.0
+                        && params.dry_base >= 1.0
+                        && params.dry_penalty_last_n != 0;
+                    if active {
+                        return Err(SampleError::Unsupported("dry"));
+                    }
+                }
+                SamplerType::TopNSigma => samplers.push(Sampler::TopNSigma {
+                    n: params.top_n_sigma,
+                }),
+                SamplerType::TopK => samplers.push(Sampler::TopK { k: params.top_k }),
+                SamplerType::TypicalP => samplers.push(Sampler::Typical {
+                    p: params.typ_p,
+                    min_keep,
+                }),
+                SamplerType::TopP => samplers.push(Sampler::TopP {
+                    p: params.top_p,
+                    min_keep,
+                }),
+                SamplerType::MinP => samplers.push(Sampler::MinP {
+                    p: params.min_p,
+                    min_keep,
+                }),
+                SamplerType::Xtc => samplers.push(Sampler::Xtc(Xtc::new(
+                    params.xtc_probability,
+                    params.xtc_threshold,
+                    min_keep,
+                    params.seed,
+                ))),
+                SamplerType::Temperature => samplers.push(Sampler::TempExt {
+                    temp: params.temp,
+                    delta: params.dynatemp_range,
+                    exponent: params.dynatemp_exponent,
+                }),
+            }
+        }
+        samplers.push(Sampler::dist(params.seed));
+        Self::from_samplers(samplers, n_vocab)
+    }
+
+    /// A custom chain; it must end in a selecting sampler (`Dist` or `Greedy`) for
+    /// `sample` to succeed.
+    pub fn from_samplers(samplers: Vec<Sampler>, n_vocab: usize) -> Result<Self, SampleError> {
+        if n_vocab == 0 {
+            return Err(SampleError::EmptyVocab);
+        }
+        Ok(SamplerChain {
+            samplers,
+            cur: Candidates::with_capacity(n_vocab),
+            n_vocab,
+        })
+    }
+
+    /// Plain argmax.
+    pub fn greedy(n_vocab: usize) -> Result<Self, SampleError> {
+        Self::from_samplers(vec![Sampler::Greedy], n_vocab)
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// Runs the chain over `logits` (one per vocabulary entry) and returns the chosen
+    /// token. NaN logits count as -inf. Does not accept the token.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
+        if logits.len() != self.n_vocab {
+            return Err(SampleError::LogitsLen {
+                got: logits.len(),
+                expected: self.n_vocab,
+            });
+        }
+        self.cur.fill_from_logits(logits);
+        for s in &mut self.samplers {
+            s.apply(&mut self.cur);
+        }
+        self.cur.selected_token().ok_or(SampleError::NoSelection)
+    }
+
+    /// Records the emitted token in every stateful stage (penalty history).
+    pub fn accept(&mut self, token: u32) {
+        for s in &mut self.samplers {
+            s.accept(token);
+        }
+    }
+
+    /// Forgets the history and reseeds (a fresh random seed if the seed was the default).
+    pub fn reset(&mut self) {
+        for s in &mut self.samplers {
+            s.reset();
+        }
+    }
+
+    /// The candidates as the last `sample` left them: what survived the filters, with
+    /// the final probabilities `dist` computed and `selected` set
+    /// (llama.cpp's `common_sampler_get_candidates`, used for post-sampling probs).
+    pub fn last_candidates(&self) -> &Candidates {
+        &self.cur
+    }
+
+    /// The seed `dist` is using (the resolved random one when the default was given).
+    pub fn seed(&self) -> Option<u32> {
+        self.samplers.iter().rev().find_map(|s| match s {
+            Sampler::Dist(d) => Some(d.seed()),
+            _ => None,
+        })
+    }
+
+    pub fn samplers(&self) -> &[Sampler] {
+        &self.samplers
+    }
+
+    /// `logits -> logit-bias -> penalties -> ... -> dist`, like `common_sampler_print`.
+    pub fn describe(&self) -> String {
+        let mut s = String::from("logits ");
+        for smpl in &self.samplers {
+            s.push_str("-> ");
+            s.push_str(smpl.name());
+            s.push(' ');
+        }
+        s
+    }
+}

@@ -1,0 +1,681 @@
+//! Request bodies: reading them (size limit, UTF-8, nesting depth), decoding them into
+//! typed requests with the offending parameter named on error, and validating what the
+//! server can check without the model.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode, header};
+use lamina_sample::SamplingParams;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::engine::{ChatMessage, Token};
+use crate::error::ApiError;
+use crate::scheduler::{EmbedInput, Prompt};
+
+/// Most choices (`n` times the number of prompts) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+/// Most alternatives per token for `top_logprobs` / `logprobs`.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most alternatives per token for llama-server's `n_probs`.
+pub const MAX_N_PROBS: u32 = 100;
+/// Most stop strings, and the longest one, in bytes.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Most inputs one embeddings request may hold.
+pub const MAX_EMBED_INPUTS: usize = 256;
+
+/// Reads a body of at most `limit` bytes and parses it as a JSON object. serde_json's
+/// recursion limit (128) bounds nesting, so deep input cannot overflow the stack.
+pub async fn read_json(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Map<String, Value>, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+        .with_code("body_too_large")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&dyn std::error::Error> = Some(&e);
+        while let Some(s) = source {
+            if s.to_string().contains("length limit") {
+                return too_large();
+            }
+            source = s.source();
+        }
+        ApiError::bad_request(format!("cannot read the request body: {e}"))
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("the request body is empty").with_code("invalid_json"));
+    }
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+            .with_code("invalid_json")
+    })?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(
+            ApiError::bad_request("the request body must be a JSON object")
+                .with_code("invalid_json"),
+        ),
+    }
+}
+
+/// Decodes `map` into `T`, naming the field at fault.
+pub fn decode<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
+    let value = Value::Object(map.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let mut err = ApiError::bad_request(e.inner().to_string()).with_code("invalid_value");
+        err.param = param;
+        err
+    })
+}
+
+/// Sampling settings from a request, with llama-server's names and defaults. Nulls
+/// mean "default"; `logit_bias` (OpenAI's map or llama's pairs) is decoded here.
+pub fn sampling(map: &Map<String, Value>, n_vocab: usize) -> Result<SamplingParams, ApiError> {
+    let mut m: Map<String, Value> = map
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let bias = m.remove("logit_bias");
+    let mut params: SamplingParams = decode(&m)?;
+    if let Some(bias) = bias {
+        params.logit_bias = logit_bias(&bias, n_vocab)?;
+    }
+    if params.n_probs > MAX_N_PROBS {
+        return Err(ApiError::invalid_param(
+            "n_probs",
+            format!("n_probs must be between 0 and {MAX_N_PROBS}"),
+        ));
+    }
+    Ok(params)
+}
+
+fn logit_bias(v: &Value, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| ApiError::invalid_param("logit_bias", msg);
+    let token = |t: &Value| -> Result<u32, ApiError> {
+        let id = match t {
+            Value::String(s) => s.parse::<u64>().ok(),
+            Value::Number(n) => n.as_u64(),
+            _ => None,
+        };
+        match id {
+            Some(id) if (id as usize) < n_vocab => Ok(id as u32),
+            _ => Err(bad(format!("{t} is not a token id of this model"))),
+        }
+    };
+    let bias = |b: &Value| -> Result<f32, ApiError> {
+        match b {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(|x| x as f32)
+                .ok_or_else(|| bad(format!("bad bias {b}"))),
+            _ => Err(bad(format!("bad bias {b}"))),
+        }
+    };
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, b)| Ok((token(&Value::String(k.clone()))?, bias(b)?)))
+            .collect(),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item.as_array().map(Vec::as_slice) {
+                Some([t, b]) => Ok((token(t)?, bias(b)?)),
+                _ => Err(bad("each entry must be [token, bias]".into())),
+            })
+            .collect(),
+        _ => Err(bad(
+            "logit_bias must be an object or an array of pairs".into()
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields generation endpoints share (each endpoint reads the ones it knows).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub n_predict: Option<i64>,
+    pub n: Option<i64>,
+    pub stop: Option<StopField>,
+    pub ignore_eos: Option<bool>,
+    pub cache_prompt: Option<bool>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    pub messages: Option<Vec<InMessage>>,
+    pub prompt: Option<Value>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+    pub tools: Option<Value>,
+    pub functions: Option<Value>,
+    pub response_format: Option<Value>,
+    pub grammar: Option<Value>,
+    pub json_schema: Option<Value>,
+}
+
+#[derive(Deserialize)]
+pub struct InMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl GenRequest {
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+
+    /// Rejects features whose absence would silently change the answer.
+    pub fn reject_unsupported(&self) -> Result<(), ApiError> {
+        let unsupported = |param: &str, what: &str| {
+            Err(
+                ApiError::invalid_param(param, format!("{what} is not supported by this server"))
+                    .with_code("unsupported_parameter"),
+            )
+        };
+        let present = |v: &Option<Value>| match v {
+            None | Some(Value::Null) => false,
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        if present(&self.tools) {
+            return unsupported("tools", "tool calling");
+        }
+        if present(&self.functions) {
+            return unsupported("functions", "function calling");
+        }
+        if present(&self.grammar) {
+            return unsupported("grammar", "grammar-constrained sampling");
+        }
+        if present(&self.json_schema) {
+            return unsupported("json_schema", "schema-constrained sampling");
+        }
+        if let Some(rf) = &self.response_format {
+            let kind = rf.get("type").and_then(Value::as_str);
+            if !rf.is_null() && kind != Some("text") {
+                return unsupported("response_format", "a response_format other than text");
+            }
+        }
+        if self.echo == Some(true) {
+            return unsupported("echo", "echo");
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return unsupported("suffix", "suffix (infill)");
+        }
+        if self.best_of.is_some_and(|b| b > 1) {
+            return unsupported("best_of", "best_of");
+        }
+        Ok(())
+    }
+
+    /// OpenAI's `max_completion_tokens` / `max_tokens` (also llama's `n_predict`): at
+    /// least 1; absent means "until the end or the context is full".
+    pub fn openai_max_tokens(&self) -> Result<Option<u32>, ApiError> {
+        let (param, v) = match (self.max_completion_tokens, self.max_tokens, self.n_predict) {
+            (Some(v), _, _) => ("max_completion_tokens", v),
+            (None, Some(v), _) => ("max_tokens", v),
+            (None, None, Some(v)) => ("n_predict", v),
+            (None, None, None) => return Ok(None),
+        };
+        if param == "n_predict" && v == -1 {
+            return Ok(None);
+        }
+        if !(1..=i64::from(i32::MAX)).contains(&v) {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("{param} must be between 1 and {}, got {v}", i32::MAX),
+            ));
+        }
+        Ok(Some(v as u32))
+    }
+
+    /// llama-server's `n_predict` (or `max_tokens`): -1 means no limit, 0 evaluates the
+    /// prompt only.
+    pub fn native_max_tokens(&self) -> Result<Option<u32>, ApiError> {
+        let (param, v) = match (self.n_predict, self.max_tokens) {
+            (Some(v), _) => ("n_predict", v),
+            (None, Some(v)) => ("max_tokens", v),
+            (None, None) => return Ok(None),
+        };
+        match v {
+            -1 => Ok(None),
+            0..=0x7FFF_FFFF => Ok(Some(v as u32)),
+            _ => Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "{param} must be -1 (no limit) or between 0 and {}, got {v}",
+                    i32::MAX
+                ),
+            )),
+        }
+    }
+
+    pub fn n(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(ApiError::invalid_param(
+                "n",
+                format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            )),
+        }
+    }
+
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("at most {MAX_STOPS} stop strings"),
+            ));
+        }
+        if stops.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("stop strings are limited to {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+        Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// Chat: `logprobs: bool` and `top_logprobs: 0..=20` -> (want probs, n alternatives).
+    pub fn chat_logprobs(&self) -> Result<(bool, u32), ApiError> {
+        let want = match &self.logprobs {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    "logprobs must be a boolean",
+                ));
+            }
+        };
+        let top = match self.top_logprobs {
+            None => 0,
+            Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+                ));
+            }
+        };
+        if top > 0 && !want {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs requires logprobs to be true",
+            ));
+        }
+        Ok((want, top))
+    }
+
+    /// Legacy completions: `logprobs: int 0..=20` -> (want probs, n alternatives).
+    pub fn completion_logprobs(&self) -> Result<(bool, u32), ApiError> {
+        match &self.logprobs {
+            None | Some(Value::Null) => Ok((false, 0)),
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Ok((true, k as u32)),
+                _ => Err(ApiError::invalid_param(
+                    "logprobs",
+                    format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+                )),
+            },
+            Some(_) => Err(ApiError::invalid_param(
+                "logprobs",
+                "logprobs must be an integer",
+            )),
+        }
+    }
+
+    /// The chat messages, checked: at least one, known roles, text content.
+    pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        let Some(messages) = &self.messages else {
+            return Err(ApiError::invalid_param("messages", "messages is required"));
+        };
+        if messages.is_empty() {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "messages must not be empty",
+            ));
+        }
+        messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let role = match m.role.as_str() {
+                    "system" | "developer" => "system",
+                    "user" => "user",
+                    "assistant" => "assistant",
+                    "tool" => "tool",
+                    other => {
+                        return Err(ApiError::invalid_param(
+                            format!("messages[{i}].role"),
+                            format!(
+                                "unknown role {other:?} (expected system, developer, user, assistant or tool)"
+                            ),
+                        ));
+                    }
+                };
+                let content = match &m.content {
+                    None if role == "assistant" && m.tool_calls.is_some() => String::new(),
+                    None => {
+                        return Err(ApiError::invalid_param(
+                            format!("messages[{i}].content"),
+                            "content is required",
+                        ));
+                    }
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for (j, p) in parts.iter().enumerate() {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                _ => {
+                                    return Err(ApiError::invalid_param(
+                                        format!("messages[{i}].content[{j}]"),
+                                        format!("content part of type {:?} is not supported (only text)", p.kind),
+                                    ));
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(ChatMessage {
+                    role: role.to_string(),
+                    content,
+                    tool_calls: m.tool_calls.clone(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    name: m.name.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// `/v1/completions` prompts: a string, a token array, or an array of either.
+    pub fn prompts(&self, allow_many: bool) -> Result<Vec<Prompt>, ApiError> {
+        let Some(prompt) = &self.prompt else {
+            return Err(ApiError::invalid_param("prompt", "prompt is required"));
+        };
+        let many = |ps: Vec<Prompt>| {
+            if ps.len() > 1 && !allow_many {
+                Err(ApiError::invalid_param(
+                    "prompt",
+                    "this endpoint takes one prompt",
+                ))
+            } else {
+                Ok(ps)
+            }
+        };
+        match prompt {
+            Value::String(s) => Ok(vec![text_prompt(s)]),
+            Value::Array(items) if items.is_empty() => Err(ApiError::invalid_param(
+                "prompt",
+                "prompt must not be empty",
+            )),
+            Value::Array(items) if items.iter().all(Value::is_number) => {
+                Ok(vec![Prompt::Tokens(token_list(items, "prompt")?)])
+            }
+            Value::Array(items) => {
+                if items.len() > MAX_CHOICES {
+                    return Err(ApiError::invalid_param(
+                        "prompt",
+                        format!("at most {MAX_CHOICES} prompts"),
+                    ));
+                }
+                let ps = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| match item {
+                        Value::String(s) => Ok(text_prompt(s)),
+                        Value::Array(toks) if !toks.is_empty() => {
+                            Ok(Prompt::Tokens(token_list(toks, &format!("prompt[{i}]"))?))
+                        }
+                        _ => Err(ApiError::invalid_param(
+                            format!("prompt[{i}]"),
+                            "each prompt must be a string or a non-empty array of token ids",
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                many(ps)
+            }
+            _ => Err(ApiError::invalid_param(
+                "prompt",
+                "prompt must be a string, an array of token ids, or an array of those",
+            )),
+        }
+    }
+}
+
+fn text_prompt(s: &str) -> Prompt {
+    Prompt::Text {
+        text: s.to_string(),
+        add_special: true,
+    }
+}
+
+/// Token ids from JSON numbers: non-negative integers that fit a `u32`.
+pub fn token_list(items: &[Value], param: &str) -> Result<Vec<Token>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        format!("{param}[{i}]"),
+                        format!("{v} is not a valid token id"),
+                    )
+                    .with_code("invalid_token")
+                })
+        })
+        .collect()
+}
+
+#[derive(Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    #[serde(default)]
+    pub add_special: bool,
+    #[serde(default = "yes")]
+    pub parse_special: bool,
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+pub struct EmbeddingsRequest {
+    pub input: Option<Value>,
+    /// llama-server's name for `input`.
+    pub content: Option<Value>,
+    #[serde(default)]
+    pub encoding_format: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl EmbeddingsRequest {
+    pub fn inputs(&self) -> Result<Vec<EmbedInput>, ApiError> {
+        let Some(input) = self.input.as_ref().or(self.content.as_ref()) else {
+            return Err(ApiError::invalid_param("input", "input is required"));
+        };
+        let inputs = match input {
+            Value::String(s) => vec![EmbedInput::Text(s.clone())],
+            Value::Array(items) if items.is_empty() => {
+                return Err(ApiError::invalid_param("input", "input must not be empty"));
+            }
+            Value::Array(items) if items.iter().all(Value::is_number) => {
+                vec![EmbedInput::Tokens(token_list(items, "input")?)]
+            }
+            Value::Array(items) => {
+                if items.len() > MAX_EMBED_INPUTS {
+                    return Err(ApiError::invalid_param(
+                        "input",
+                        format!("at most {MAX_EMBED_INPUTS} inputs"),
+                    ));
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| match item {
+                        Value::String(s) => Ok(EmbedInput::Text(s.clone())),
+                        Value::Array(t) => {
+                            Ok(EmbedInput::Tokens(token_list(t, &format!("input[{i}]"))?))
+                        }
+                        _ => Err(ApiError::invalid_param(
+                            format!("input[{i}]"),
+                            "each input must be a string or an array of token ids",
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "input",
+                    "input must be a string, an array of strings, or token ids",
+                ));
+            }
+        };
+        if let Some(i) = inputs
+            .iter()
+            .position(|x| matches!(x, EmbedInput::Text(s) if s.is_empty()))
+        {
+            return Err(ApiError::invalid_param(
+                format!("input[{i}]"),
+                "input must not be empty",
+            ));
+        }
+        Ok(inputs)
+    }
+
+    /// `true` for base64.
+    pub fn base64(&self) -> Result<bool, ApiError> {
+        match self.encoding_format.as_deref() {
+            None | Some("float") => Ok(false),
+            Some("base64") => Ok(true),
+            Some(other) => Err(ApiError::invalid_param(
+                "encoding_format",
+                format!("encoding_format must be float or base64, got {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Standard base64 (for `encoding_format: base64` embeddings: little-endian f32s).
+pub fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(T[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Pieces for `/tokenize` `with_pieces`: text when the bytes are UTF-8, else the bytes.
+pub fn piece_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Value::String(s.to_string()),
+        Err(_) => Value::Array(bytes.iter().map(|&b| Value::from(b)).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+}

@@ -1,0 +1,295 @@
+//! A deterministic stand-in model for tests, examples and the load test.
+//!
+//! Byte-level vocabulary (ids 0..256 are bytes) plus four control tokens. Each
+//! sequence's KV cache holds a rolling hash of its tokens and positions; the logits at a
+//! position are a pure function of that hash. So a sequence's outputs depend only on its
+//! own tokens, never on which other sequences share the batch, and any scheduler slip
+//! (wrong position, wrong sequence id, stale cells after `seq_rm`) changes them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lamina_tokenizer::{CHATML_TEMPLATE, ChatTemplate};
+
+use crate::engine::{Batch, ChatMessage, Engine, EngineError, Pos, SeqId, Token};
+
+pub const BOS: Token = 256;
+pub const EOS: Token = 257;
+pub const IM_START: Token = 258;
+pub const IM_END: Token = 259;
+pub const N_VOCAB: usize = 260;
+pub const N_EMBD: usize = 16;
+
+const SPECIALS: [(&str, Token); 4] = [
+    ("<s>", BOS),
+    ("</s>", EOS),
+    ("<|im_start|>", IM_START),
+    ("<|im_end|>", IM_END),
+];
+
+/// Bytes the fake "prefers" to emit: text-like output with an occasional `é` (two bytes,
+/// so streaming must hold back half a character).
+const ALPHABET: &[u8] = b"etaoinshrdlu etaoinsh ,.\xC3";
+
+/// What the fake engine has done, shared with tests.
+#[derive(Debug, Default)]
+pub struct FakeStats {
+    pub decode_calls: AtomicU64,
+    pub tokens_decoded: AtomicU64,
+    /// Largest number of distinct sequences seen in one batch.
+    pub max_seqs_per_batch: AtomicU64,
+}
+
+/// The fake model; see the module doc.
+pub struct FakeEngine {
+    n_ctx: u32,
+    n_seq: u32,
+    /// Per sequence, the rolling hash after each position.
+    kv: Vec<Vec<u64>>,
+    logits: Vec<f32>,
+    template: ChatTemplate,
+    decode_base: Duration,
+    decode_per_token: Duration,
+    stats: Arc<FakeStats>,
+}
+
+impl FakeEngine {
+    /// `n_ctx` KV cells in all, split evenly over `n_seq` sequences.
+    pub fn new(n_ctx: u32, n_seq: u32) -> FakeEngine {
+        let n_seq = n_seq.max(1);
+        FakeEngine {
+            n_ctx,
+            n_seq,
+            kv: vec![Vec::new(); n_seq as usize],
+            logits: Vec::new(),
+            template: ChatTemplate::new(CHATML_TEMPLATE, "<s>", "</s>")
+                .expect("the built-in ChatML template compiles"),
+            decode_base: Duration::ZERO,
+            decode_per_token: Duration::ZERO,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Makes each `decode` take `base + per_token * batch_len` of wall time, to imitate a
+    /// real model's cost profile (a fixed per-pass cost that batching amortizes).
+    pub fn with_decode_cost(mut self, base: Duration, per_token: Duration) -> FakeEngine {
+        self.decode_base = base;
+        self.decode_per_token = per_token;
+        self
+    }
+
+    pub fn stats(&self) -> Arc<FakeStats> {
+        self.stats.clone()
+    }
+
+    /// Occupied cells of `seq_id` (for tests).
+    pub fn seq_len(&self, seq_id: SeqId) -> usize {
+        self.kv.get(seq_id as usize).map_or(0, Vec::len)
+    }
+
+    /// The logits after a sequence whose rolling hash is `h` and whose last token was `last`.
+    pub fn logits_for(h: u64, last: Token, out: &mut [f32]) {
+        for (i, l) in out.iter_mut().enumerate() {
+            *l = unit(mix(h ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))) * 2.0;
+        }
+        if last == 0xC3 {
+            // Complete the two-byte character.
+            out[0xA9] += 20.0;
+            return;
+        }
+        let r = mix(h.wrapping_add(0x5151));
+        let first = ALPHABET[(r % ALPHABET.len() as u64) as usize];
+        let second = ALPHABET[((r >> 16) % ALPHABET.len() as u64) as usize];
+        out[first as usize] += 8.0;
+        out[second as usize] += 6.5;
+        if (r >> 32).is_multiple_of(19) {
+            out[IM_END as usize] += 12.0;
+        }
+    }
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64 finalizer.
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn unit(x: u64) -> f32 {
+    (x >> 40) as f32 / (1u64 << 24) as f32
+}
+
+fn step_hash(prev: u64, token: Token, pos: Pos) -> u64 {
+    mix(prev ^ (u64::from(token) << 20) ^ u64::from(pos))
+}
+
+const HASH_SEED: u64 = 0x1234_5678_9ABC_DEF0;
+
+impl Engine for FakeEngine {
+    fn model_name(&self) -> String {
+        "lamina-fake".to_string()
+    }
+
+    fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        N_VOCAB
+    }
+
+    fn n_seq_max(&self) -> u32 {
+        self.n_seq
+    }
+
+    fn n_embd(&self) -> usize {
+        N_EMBD
+    }
+
+    fn bos(&self) -> Option<Token> {
+        Some(BOS)
+    }
+
+    fn is_eog(&self, token: Token) -> bool {
+        token == EOS || token == IM_END
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token> {
+        let mut out = Vec::with_capacity(text.len() + 1);
+        if add_special {
+            out.push(BOS);
+        }
+        let mut rest = text.as_bytes();
+        'outer: while let Some((&b, tail)) = rest.split_first() {
+            if parse_special && b == b'<' {
+                for (s, id) in SPECIALS {
+                    if rest.starts_with(s.as_bytes()) {
+                        out.push(id);
+                        rest = &rest[s.len()..];
+                        continue 'outer;
+                    }
+                }
+            }
+            out.push(Token::from(b));
+            rest = tail;
+        }
+        out
+    }
+
+    fn token_to_piece(&self, token: Token) -> Vec<u8> {
+        match token {
+            0..=255 => vec![token as u8],
+            _ => SPECIALS
+                .iter()
+                .find(|(_, id)| *id == token)
+                .map(|(s, _)| s.as_bytes().to_vec())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        self.template
+            .render(messages, None, add_generation_prompt)
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+
+    fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        // Validate everything first, so a bad batch changes nothing.
+        let n_ctx_seq = self.n_ctx_seq();
+        let mut lens: Vec<usize> = self.kv.iter().map(Vec::len).collect();
+        let mut seqs_seen = vec![false; self.kv.len()];
+        for e in batch.entries() {
+            if e.token as usize >= N_VOCAB {
+                return Err(EngineError::InvalidBatch(format!(
+                    "token {} outside the vocabulary",
+                    e.token
+                )));
+            }
+            let Some(len) = lens.get_mut(e.seq_id as usize) else {
+                return Err(EngineError::InvalidBatch(format!(
+                    "sequence {} out of range",
+                    e.seq_id
+                )));
+            };
+            if e.pos as usize != *len {
+                return Err(EngineError::InvalidBatch(format!(
+                    "sequence {} expects position {}, got {}",
+                    e.seq_id, len, e.pos
+                )));
+            }
+            if e.pos >= n_ctx_seq {
+                return Err(EngineError::ContextFull {
+                    seq_id: e.seq_id,
+                    pos: e.pos,
+                });
+            }
+            *len += 1;
+            seqs_seen[e.seq_id as usize] = true;
+        }
+        let n_out = batch.n_outputs();
+        self.logits.clear();
+        self.logits.resize(n_out * N_VOCAB, 0.0);
+        let mut row = 0;
+        for e in batch.entries() {
+            let cells = &mut self.kv[e.seq_id as usize];
+            let prev = cells.last().copied().unwrap_or(HASH_SEED);
+            let h = step_hash(prev, e.token, e.pos);
+            cells.push(h);
+            if e.want_logits {
+                let out = &mut self.logits[row * N_VOCAB..(row + 1) * N_VOCAB];
+                FakeEngine::logits_for(h, e.token, out);
+                row += 1;
+            }
+        }
+        let n_seqs = seqs_seen.iter().filter(|&&s| s).count() as u64;
+        self.stats.decode_calls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .tokens_decoded
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.stats
+            .max_seqs_per_batch
+            .fetch_max(n_seqs, Ordering::Relaxed);
+        let cost = self.decode_base + self.decode_per_token * batch.len() as u32;
+        if !cost.is_zero() {
+            std::thread::sleep(cost);
+        }
+        Ok(())
+    }
+
+    fn logits(&self, i: usize) -> &[f32] {
+        self.logits
+            .get(i * N_VOCAB..(i + 1) * N_VOCAB)
+            .unwrap_or(&[])
+    }
+
+    fn seq_rm(&mut self, seq_id: SeqId, p0: Pos, p1: Option<Pos>) {
+        let Some(cells) = self.kv.get_mut(seq_id as usize) else {
+            return;
+        };
+        // Positions after p0 hash over the removed ones, so they are stale either way:
+        // the fake drops everything from p0 on (the server only ever truncates).
+        let _ = p1;
+        cells.truncate(p0 as usize);
+    }
+
+    fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidBatch("no tokens to embed".into()));
+        }
+        let mut v = vec![0.0f32; N_EMBD];
+        for &t in tokens {
+            for (j, x) in v.iter_mut().enumerate() {
+                *x += unit(mix((u64::from(t) << 8) ^ j as u64)) - 0.5;
+            }
+        }
+        let n = tokens.len() as f32;
+        v.iter_mut().for_each(|x| *x /= n);
+        Ok(v)
+    }
+}

@@ -1,0 +1,145 @@
+//! Counters behind `/metrics` (Prometheus text format, llama-server's metric names under
+//! a `lamina:` prefix). The engine thread and the HTTP handlers update them lock-free.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub prompt_tokens_total: AtomicU64,
+    pub prompt_ms_total: AtomicU64,
+    pub tokens_predicted_total: AtomicU64,
+    pub predicted_ms_total: AtomicU64,
+    pub n_decode_total: AtomicU64,
+    /// Sum over decode steps of the slots in that step's batch.
+    pub n_busy_slots_total: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub requests_rejected_total: AtomicU64,
+    pub requests_cancelled_total: AtomicU64,
+    pub requests_processing: AtomicU64,
+    pub requests_deferred: AtomicU64,
+}
+
+impl Metrics {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn set(gauge: &AtomicU64, v: u64) {
+        gauge.store(v, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let decodes = get(&self.n_decode_total);
+        let busy = get(&self.n_busy_slots_total);
+        let prompt_ms = get(&self.prompt_ms_total);
+        let predicted_ms = get(&self.predicted_ms_total);
+        let per_sec = |n: u64, ms: u64| {
+            if ms == 0 {
+                0.0
+            } else {
+                n as f64 * 1e3 / ms as f64
+            }
+        };
+        let rows: [(&str, &str, &str, f64); 11] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                get(&self.prompt_tokens_total) as f64,
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time.",
+                prompt_ms as f64 / 1e3,
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                get(&self.tokens_predicted_total) as f64,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time.",
+                predicted_ms as f64 / 1e3,
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of decode calls.",
+                decodes as f64,
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per decode call.",
+                if decodes == 0 {
+                    0.0
+                } else {
+                    busy as f64 / decodes as f64
+                },
+            ),
+            (
+                "requests_total",
+                "counter",
+                "Generation requests accepted.",
+                get(&self.requests_total) as f64,
+            ),
+            (
+                "requests_rejected_total",
+                "counter",
+                "Requests refused with 503 because the wait queue was full.",
+                get(&self.requests_rejected_total) as f64,
+            ),
+            (
+                "requests_cancelled_total",
+                "counter",
+                "Requests whose client went away before the end.",
+                get(&self.requests_cancelled_total) as f64,
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                get(&self.requests_processing) as f64,
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                get(&self.requests_deferred) as f64,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            let _ = writeln!(out, "# HELP lamina:{name} {help}");
+            let _ = writeln!(out, "# TYPE lamina:{name} {kind}");
+            let _ = writeln!(out, "lamina:{name} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP lamina:prompt_tokens_seconds Average prompt throughput in tokens/s."
+        );
+        let _ = writeln!(out, "# TYPE lamina:prompt_tokens_seconds gauge");
+        let _ = writeln!(
+            out,
+            "lamina:prompt_tokens_seconds {}",
+            per_sec(get(&self.prompt_tokens_total), prompt_ms)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP lamina:predicted_tokens_seconds Average generation throughput in tokens/s."
+        );
+        let _ = writeln!(out, "# TYPE lamina:predicted_tokens_seconds gauge");
+        let _ = writeln!(
+            out,
+            "lamina:predicted_tokens_seconds {}",
+            per_sec(get(&self.tokens_predicted_total), predicted_ms)
+        );
+        out
+    }
+}

@@ -1,0 +1,883 @@
+//! The HTTP routes: request handling, response shapes (OpenAI's and llama-server's),
+//! SSE streaming, API-key checks and the chat page.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use futures_util::stream::{self, BoxStream};
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::ServerConfig;
+use crate::api::{self, GenRequest, MAX_CHOICES};
+use crate::engine::{Engine, Token};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{
+    self, Command, Done, EngineInfo, Event, GenParams, Job, Prompt, TokenProbs, TopProb,
+};
+
+const CHAT_PAGE: &str = include_str!("chat.html");
+
+#[derive(Clone)]
+struct AppState(Arc<Inner>);
+
+struct Inner {
+    cmd: Sender<Command>,
+    info: EngineInfo,
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    permits: Arc<Semaphore>,
+    capacity: usize,
+    next_id: AtomicU64,
+    created: u64,
+}
+
+pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<Router> {
+    let metrics = Arc::new(Metrics::default());
+    let (cmd, info) = scheduler::spawn(engine, config.n_batch, metrics.clone())?;
+    let capacity = info.n_slots as usize + config.queue_size;
+    let state = AppState(Arc::new(Inner {
+        cmd,
+        info,
+        config: config.clone(),
+        metrics,
+        permits: Arc::new(Semaphore::new(capacity)),
+        capacity,
+        next_id: AtomicU64::new(1),
+        created: unix_now(),
+    }));
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completion", post(native_completion))
+        .route("/completions", post(native_completion))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
+        .route("/metrics", get(metrics_text))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Ok(Router::new()
+        .route("/", get(page))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.0.config.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .with_code("method_not_allowed")
+}
+
+async fn page() -> Html<&'static str> {
+    Html(CHAT_PAGE)
+}
+
+async fn health() -> axum::Json<Value> {
+    axum::Json(json!({"status": "ok"}))
+}
+
+fn respond(r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The requests of one HTTP call in flight: one receiver per choice.
+struct Run {
+    choices: Vec<Choice>,
+    _permit: OwnedSemaphorePermit,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+struct Choice {
+    rx: mpsc::UnboundedReceiver<Event>,
+    prompt_index: usize,
+    prompt_tokens: usize,
+}
+
+impl AppState {
+    fn deadline(&self) -> Option<Instant> {
+        self.0.config.timeout.map(|t| Instant::now() + t)
+    }
+
+    /// Takes room in the queue for every choice (503 when there is none), submits the
+    /// jobs and waits until the engine accepted them all (validation errors come back here).
+    async fn start(
+        &self,
+        prompts: Vec<Prompt>,
+        n: usize,
+        params: GenParams,
+        prefix: &str,
+    ) -> Result<Run, ApiError> {
+        let total = prompts.len() * n;
+        if total > MAX_CHOICES || total > self.0.capacity {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!(
+                    "{total} choices requested; at most {} at once",
+                    MAX_CHOICES.min(self.0.capacity)
+                ),
+            ));
+        }
+        let permit = self
+            .0
+            .permits
+            .clone()
+            .try_acquire_many_owned(total as u32)
+            .map_err(|_| {
+                Metrics::add(&self.0.metrics.requests_rejected_total, 1);
+                ApiError::unavailable("the server is busy: every slot and the wait queue are full")
+                    .with_code("queue_full")
+            })?;
+        let mut choices = Vec::with_capacity(total);
+        for (prompt_index, prompt) in prompts.iter().enumerate() {
+            for k in 0..n {
+                let mut p = params.clone();
+                if k > 0 && p.sampling.seed != lamina_sample::rng::DEFAULT_SEED {
+                    p.sampling.seed = p.sampling.seed.wrapping_add(k as u32);
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.0
+                    .cmd
+                    .send(Command::Generate(Job {
+                        prompt: prompt.clone(),
+                        params: p,
+                        events: tx,
+                    }))
+                    .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+                choices.push(Choice {
+                    rx,
+                    prompt_index,
+                    prompt_tokens: 0,
+                });
+            }
+        }
+        for c in &mut choices {
+            match c.rx.recv().await {
+                Some(Event::Accepted { prompt_tokens }) => c.prompt_tokens = prompt_tokens,
+                Some(Event::Error(e)) => return Err(e),
+                _ => return Err(ApiError::internal("the engine stopped")),
+            }
+        }
+        Ok(Run {
+            choices,
+            _permit: permit,
+            id: format!(
+                "{prefix}-{:x}",
+                self.0.next_id.fetch_add(1, Ordering::Relaxed)
+            ),
+            created: unix_now(),
+            model: self.0.info.model_name.clone(),
+        })
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.0
+            .cmd
+            .send(make(tx))
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+        rx.await
+            .map_err(|_| ApiError::internal("the engine stopped"))
+    }
+}
+
+/// Which response shapes to produce.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completions,
+    Native,
+}
+
+struct Output {
+    text: String,
+    tokens: Vec<Token>,
+    probs: Vec<TokenProbs>,
+    done: Done,
+}
+
+async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Output, ApiError> {
+    let mut out = Output {
+        text: String::new(),
+        tokens: Vec::new(),
+        probs: Vec::new(),
+        done: Done {
+            stop_type: scheduler::StopType::Limit,
+            stopping_word: String::new(),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            prompt_ms: 0.0,
+            predicted_ms: 0.0,
+            slot: 0,
+        },
+    };
+    loop {
+        match rx.recv().await {
+            Some(Event::Delta(d)) => {
+                out.text.push_str(&d.text);
+                out.tokens.extend(d.tokens);
+                out.probs.extend(d.probs);
+            }
+            Some(Event::Done(d)) => {
+                out.done = d;
+                return Ok(out);
+            }
+            Some(Event::Error(e)) => return Err(e),
+            Some(Event::Accepted { .. }) => {}
+            None => return Err(ApiError::internal("the engine stopped")),
+        }
+    }
+}
+
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() { lp } else { -9999.0 }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn oai_top(t: &TopProb) -> Value {
+    json!({"token": lossy(&t.bytes), "logprob": finite(t.logprob), "bytes": t.bytes})
+}
+
+fn chat_logprobs(probs: &[TokenProbs]) -> Value {
+    let content: Vec<Value> = probs
+        .iter()
+        .map(|p| {
+            let mut o = oai_top(&p.chosen);
+            o["top_logprobs"] = p.top.iter().map(oai_top).collect();
+            o
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+fn completion_logprobs(probs: &[TokenProbs], offset0: usize) -> Value {
+    let mut offset = offset0;
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for p in probs {
+        let s = lossy(&p.chosen.bytes);
+        offsets.push(offset);
+        offset += s.chars().count();
+        tokens.push(s);
+        token_logprobs.push(finite(p.chosen.logprob));
+        let m: serde_json::Map<String, Value> = p
+            .top
+            .iter()
+            .map(|t| (lossy(&t.bytes), json!(finite(t.logprob))))
+            .collect();
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+fn native_probs(probs: &[TokenProbs]) -> Value {
+    let entry = |t: &TopProb| json!({"id": t.token, "token": lossy(&t.bytes), "bytes": t.bytes, "logprob": finite(t.logprob)});
+    probs
+        .iter()
+        .map(|p| {
+            let mut o = entry(&p.chosen);
+            o["top_logprobs"] = p.top.iter().map(entry).collect();
+            o
+        })
+        .collect()
+}
+
+fn timings(d: &Done) -> Value {
+    let per = |n: usize, ms: f64| {
+        if n == 0 || ms <= 0.0 {
+            0.0
+        } else {
+            n as f64 * 1e3 / ms
+        }
+    };
+    let prompt_n = d.prompt_tokens - d.cached_tokens;
+    json!({
+        "prompt_n": prompt_n,
+        "prompt_ms": d.prompt_ms,
+        "prompt_per_second": per(prompt_n, d.prompt_ms),
+        "predicted_n": d.completion_tokens,
+        "predicted_ms": d.predicted_ms,
+        "predicted_per_second": per(d.completion_tokens, d.predicted_ms),
+        "cache_n": d.cached_tokens,
+    })
+}
+
+/// Usage over all choices: each distinct prompt counted once.
+fn usage(prompt_tokens: &[(usize, usize)], completion: usize, cached: usize) -> Value {
+    let mut seen = Vec::new();
+    let mut prompt = 0;
+    for &(idx, n) in prompt_tokens {
+        if !seen.contains(&idx) {
+            seen.push(idx);
+            prompt += n;
+        }
+    }
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// Per-endpoint options that shape the output.
+#[derive(Clone, Copy)]
+struct Shape {
+    api: Api,
+    want_probs: bool,
+    include_usage: bool,
+}
+
+async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, ApiError> {
+    if stream {
+        return Ok(stream_response(run, shape));
+    }
+    let Run {
+        choices,
+        id,
+        created,
+        model,
+        _permit,
+    } = run;
+    let prompt_tokens: Vec<(usize, usize)> = choices
+        .iter()
+        .map(|c| (c.prompt_index, c.prompt_tokens))
+        .collect();
+    let outs = futures_util::future::join_all(choices.into_iter().map(|c| collect(c.rx))).await;
+    let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let completion: usize = outs.iter().map(|o| o.done.completion_tokens).sum();
+    let cached: usize = outs.iter().map(|o| o.done.cached_tokens).sum();
+    let body = match shape.api {
+        Api::Chat => {
+            let choices: Vec<Value> = outs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    json!({
+                        "index": i,
+                        "message": {"role": "assistant", "content": o.text},
+                        "logprobs": if shape.want_probs { chat_logprobs(&o.probs) } else { Value::Null },
+                        "finish_reason": o.done.stop_type.finish_reason(),
+                    })
+                })
+                .collect();
+            json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "system_fingerprint": "lamina",
+                "choices": choices,
+                "usage": usage(&prompt_tokens, completion, cached),
+                "timings": timings(&outs[0].done),
+            })
+        }
+        Api::Completions => {
+            let choices: Vec<Value> = outs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    json!({
+                        "index": i,
+                        "text": o.text,
+                        "logprobs": if shape.want_probs { completion_logprobs(&o.probs, 0) } else { Value::Null },
+                        "finish_reason": o.done.stop_type.finish_reason(),
+                    })
+                })
+                .collect();
+            json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": "lamina",
+                "choices": choices,
+                "usage": usage(&prompt_tokens, completion, cached),
+                "timings": timings(&outs[0].done),
+            })
+        }
+        Api::Native => {
+            let o = &outs[0];
+            let mut v = native_final(o.done.clone(), &model);
+            v["content"] = json!(o.text);
+            v["tokens"] = json!(o.tokens);
+            if shape.want_probs {
+                v["completion_probabilities"] = native_probs(&o.probs);
+            }
+            v
+        }
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+fn native_final(d: Done, model: &str) -> Value {
+    json!({
+        "index": 0,
+        "content": "",
+        "tokens": [],
+        "id_slot": d.slot,
+        "stop": true,
+        "model": model,
+        "tokens_predicted": d.completion_tokens,
+        "tokens_evaluated": d.prompt_tokens,
+        "tokens_cached": d.cached_tokens,
+        "truncated": false,
+        "stop_type": d.stop_type.name(),
+        "stopping_word": d.stopping_word,
+        "timings": timings(&d),
+    })
+}
+
+/// Streams a run as server-sent events. A task turns engine events into SSE lines; when
+/// the client goes away the body (and the task's sender) is dropped, the task ends,
+/// and with it the engine's receivers, which cancels generation.
+fn stream_response(run: Run, shape: Shape) -> Response {
+    let (tx, rx) = mpsc::channel::<String>(32);
+    tokio::spawn(drive_stream(run, shape, tx));
+    let body = stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|s| (Ok::<_, Infallible>(SseEvent::default().data(s)), rx))
+    });
+    Sse::new(body).into_response()
+}
+
+async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
+    let Run {
+        choices,
+        id,
+        created,
+        model,
+        _permit,
+    } = run;
+    let n = choices.len();
+    let prompt_tokens: Vec<(usize, usize)> = choices
+        .iter()
+        .map(|c| (c.prompt_index, c.prompt_tokens))
+        .collect();
+    let streams: Vec<BoxStream<'static, (usize, Event)>> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            stream::unfold(
+                c.rx,
+                |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+            )
+            .map(move |e| (i, e))
+            .boxed()
+        })
+        .collect();
+    let mut merged = stream::select_all(streams);
+    let usage_null = shape.include_usage;
+    let chunk = |choices: Value| -> String {
+        let object = match shape.api {
+            Api::Chat => "chat.completion.chunk",
+            _ => "text_completion",
+        };
+        let mut v = json!({
+            "id": id, "object": object, "created": created, "model": model,
+            "system_fingerprint": "lamina", "choices": choices,
+        });
+        if usage_null {
+            v["usage"] = Value::Null;
+        }
+        v.to_string()
+    };
+    if shape.api == Api::Chat {
+        for i in 0..n {
+            let first = chunk(json!([{
+                "index": i, "delta": {"role": "assistant", "content": ""},
+                "logprobs": null, "finish_reason": null,
+            }]));
+            if tx.send(first).await.is_err() {
+                return;
+            }
+        }
+    }
+    let mut n_done = 0;
+    let mut completion = 0;
+    let mut cached = 0;
+    let mut text_offsets = vec![0usize; n];
+    while n_done < n {
+        let next = tokio::select! {
+            _ = tx.closed() => return,
+            e = merged.next() => e,
+        };
+        let failed = matches!(next, None | Some((_, Event::Error(_))));
+        let line = match next {
+            None => ApiError::internal("the engine stopped").body().to_string(),
+            Some((_, Event::Error(e))) => e.body().to_string(),
+            Some((_, Event::Accepted { .. })) => continue,
+            Some((i, Event::Delta(d))) => match shape.api {
+                Api::Chat => chunk(json!([{
+                    "index": i, "delta": {"content": d.text},
+                    "logprobs": if shape.want_probs { chat_logprobs(&d.probs) } else { Value::Null },
+                    "finish_reason": null,
+                }])),
+                Api::Completions => {
+                    let lp = if shape.want_probs {
+                        completion_logprobs(&d.probs, text_offsets[i])
+                    } else {
+                        Value::Null
+                    };
+                    text_offsets[i] += d.text.chars().count();
+                    chunk(json!([{
+                        "index": i, "text": d.text, "logprobs": lp, "finish_reason": null,
+                    }]))
+                }
+                Api::Native => {
+                    let mut v =
+                        json!({"index": 0, "content": d.text, "tokens": d.tokens, "stop": false});
+                    if shape.want_probs {
+                        v["completion_probabilities"] = native_probs(&d.probs);
+                    }
+                    v.to_string()
+                }
+            },
+            Some((i, Event::Done(d))) => {
+                n_done += 1;
+                completion += d.completion_tokens;
+                cached += d.cached_tokens;
+                let reason = d.stop_type.finish_reason();
+                match shape.api {
+                    Api::Chat => chunk(json!([{
+                        "index": i, "delta": {}, "logprobs": null, "finish_reason": reason,
+                    }])),
+                    Api::Completions => chunk(json!([{
+                        "index": i, "text": "", "logprobs": null, "finish_reason": reason,
+                    }])),
+                    Api::Native => native_final(d, &model).to_string(),
+                }
+            }
+        };
+        if tx.send(line).await.is_err() || failed {
+            return;
+        }
+    }
+    if shape.include_usage && shape.api != Api::Native {
+        let mut v: Value = serde_json::from_str(&chunk(json!([]))).unwrap_or_default();
+        v["usage"] = usage(&prompt_tokens, completion, cached);
+        if tx.send(v.to_string()).await.is_err() {
+            return;
+        }
+    }
+    if shape.api != Api::Native {
+        let _ = tx.send("[DONE]".to_string()).await;
+    }
+}
+
+fn base_params(
+    st: &AppState,
+    req: &GenRequest,
+    map: &serde_json::Map<String, Value>,
+) -> Result<GenParams, ApiError> {
+    Ok(GenParams {
+        sampling: api::sampling(map, st.0.info.n_vocab)?,
+        max_tokens: None,
+        stop: req.stops()?,
+        n_probs: 0,
+        want_probs: false,
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+        cache_prompt: req.cache_prompt.unwrap_or(true),
+        deadline: st.deadline(),
+    })
+}
+
+async fn chat(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(chat_inner(st, headers, body).await)
+}
+
+async fn chat_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: GenRequest = api::decode(&map)?;
+    req.reject_unsupported()?;
+    let messages = req.chat_messages()?;
+    let (want_probs, n_probs) = req.chat_logprobs()?;
+    let mut params = base_params(&st, &req, &map)?;
+    params.max_tokens = req.openai_max_tokens()?;
+    params.want_probs = want_probs;
+    params.n_probs = n_probs;
+    let n = req.n()?;
+    let run = st
+        .start(vec![Prompt::Chat(messages)], n, params, "chatcmpl")
+        .await?;
+    let shape = Shape {
+        api: Api::Chat,
+        want_probs,
+        include_usage: req.include_usage(),
+    };
+    finish_run(run, req.stream(), shape).await
+}
+
+async fn completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(completions_inner(st, headers, body).await)
+}
+
+async fn completions_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: GenRequest = api::decode(&map)?;
+    req.reject_unsupported()?;
+    let prompts = req.prompts(true)?;
+    let (want_probs, n_probs) = req.completion_logprobs()?;
+    let mut params = base_params(&st, &req, &map)?;
+    params.max_tokens = req.openai_max_tokens()?;
+    params.want_probs = want_probs;
+    params.n_probs = n_probs;
+    let n = req.n()?;
+    let run = st.start(prompts, n, params, "cmpl").await?;
+    let shape = Shape {
+        api: Api::Completions,
+        want_probs,
+        include_usage: req.include_usage(),
+    };
+    finish_run(run, req.stream(), shape).await
+}
+
+async fn native_completion(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(native_inner(st, headers, body).await)
+}
+
+async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: GenRequest = api::decode(&map)?;
+    req.reject_unsupported()?;
+    let prompts = req.prompts(false)?;
+    let mut params = base_params(&st, &req, &map)?;
+    params.max_tokens = req.native_max_tokens()?;
+    params.n_probs = params.sampling.n_probs;
+    params.want_probs = params.n_probs > 0;
+    let want_probs = params.want_probs;
+    let run = st.start(prompts, 1, params, "cmpl").await?;
+    let shape = Shape {
+        api: Api::Native,
+        want_probs,
+        include_usage: false,
+    };
+    finish_run(run, req.stream(), shape).await
+}
+
+async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(embeddings_inner(st, headers, body).await)
+}
+
+async fn embeddings_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: api::EmbeddingsRequest = api::decode(&map)?;
+    let inputs = req.inputs()?;
+    let b64 = req.base64()?;
+    let _permit = st.0.permits.clone().try_acquire_owned().map_err(|_| {
+        Metrics::add(&st.0.metrics.requests_rejected_total, 1);
+        ApiError::unavailable("the server is busy: every slot and the wait queue are full")
+            .with_code("queue_full")
+    })?;
+    let results = st.ask(|reply| Command::Embed { inputs, reply }).await??;
+    let mut total = 0;
+    let data: Vec<Value> = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut v, n_tokens))| {
+            total += n_tokens;
+            let norm = v
+                .iter()
+                .map(|x| f64::from(*x) * f64::from(*x))
+                .sum::<f64>()
+                .sqrt();
+            if norm > 0.0 {
+                v.iter_mut()
+                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+            }
+            let embedding = if b64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(api::base64(&bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": st.0.info.model_name,
+        "usage": {"prompt_tokens": total, "total_tokens": total},
+    }))
+    .into_response())
+}
+
+async fn tokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(tokenize_inner(st, headers, body).await)
+}
+
+async fn tokenize_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: api::TokenizeRequest = api::decode(&map)?;
+    let with_pieces = req.with_pieces;
+    let pieces = st
+        .ask(|reply| Command::Tokenize {
+            text: req.content,
+            add_special: req.add_special,
+            parse_special: req.parse_special,
+            reply,
+        })
+        .await?;
+    let tokens: Vec<Value> = pieces
+        .into_iter()
+        .map(|(id, bytes)| {
+            if with_pieces {
+                json!({"id": id, "piece": api::piece_json(&bytes)})
+            } else {
+                json!(id)
+            }
+        })
+        .collect();
+    Ok(axum::Json(json!({ "tokens": tokens })).into_response())
+}
+
+async fn detokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(detokenize_inner(st, headers, body).await)
+}
+
+async fn detokenize_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: api::DetokenizeRequest = api::decode(&map)?;
+    let tokens = api::token_list(&req.tokens, "tokens")?;
+    let n_vocab = st.0.info.n_vocab;
+    if let Some((i, t)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| **t as usize >= n_vocab)
+    {
+        return Err(ApiError::invalid_param(
+            format!("tokens[{i}]"),
+            format!("token id {t} is outside the vocabulary (n_vocab = {n_vocab})"),
+        )
+        .with_code("invalid_token"));
+    }
+    let content = st
+        .ask(|reply| Command::Detokenize { tokens, reply })
+        .await?;
+    Ok(axum::Json(json!({ "content": content })).into_response())
+}
+
+async fn models(State(st): State<AppState>) -> Response {
+    let i = &st.0.info;
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": i.model_name,
+            "object": "model",
+            "created": st.0.created,
+            "owned_by": "lamina",
+            "meta": {"n_vocab": i.n_vocab, "n_ctx_train": i.n_ctx_train, "n_embd": i.n_embd},
+        }],
+    }))
+    .into_response()
+}
+
+async fn props(State(st): State<AppState>) -> Response {
+    let i = &st.0.info;
+    axum::Json(json!({
+        "default_generation_settings": {"n_ctx": i.n_ctx_seq, "params": {"n_predict": -1}},
+        "total_slots": i.n_slots,
+        "n_ctx": i.n_ctx,
+        "model_alias": i.model_name,
+        "model_path": i.model_name,
+        "build_info": concat!("lamina ", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
+
+async fn slots(State(st): State<AppState>) -> Response {
+    respond(
+        st.ask(|reply| Command::Slots { reply })
+            .await
+            .map(|s| axum::Json(s).into_response()),
+    )
+}
+
+async fn metrics_text(State(st): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.0.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,962 @@
+//! The engine thread: owns the [`Engine`], the slots and the wait queue, and runs
+//! continuous batching. Each step it drops requests whose client went away or whose
+//! deadline passed, admits queued requests into free slots, builds one batch holding
+//! every generating slot's next token plus chunks of prompts being processed (up to
+//! `n_batch` tokens), decodes it, samples per slot and pushes text deltas to each
+//! request's channel. HTTP handlers talk to it only through [`Command`]s.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::Instant;
+
+use lamina_sample::{SamplerChain, SamplingParams, token_prob, top_probs};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{Batch, ChatMessage, Engine, EngineError, Token};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Text tokenized with control tokens parsed; `add_special` adds BOS as the model says.
+    Text { text: String, add_special: bool },
+    /// Already tokenized; ids are checked against the vocabulary.
+    Tokens(Vec<Token>),
+    /// A conversation rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+/// Everything about one generation besides its prompt.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    pub sampling: SamplingParams,
+    /// `None`: until end of generation or the context is full.
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    /// Top alternatives reported per token (0: none).
+    pub n_probs: u32,
+    /// Whether to report the chosen tokens' log-probabilities at all.
+    pub want_probs: bool,
+    pub ignore_eos: bool,
+    /// Reuse the KV cells of a slot's previous prompt when it shares a prefix.
+    pub cache_prompt: bool,
+    pub deadline: Option<Instant>,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            n_probs: 0,
+            want_probs: false,
+            ignore_eos: false,
+            cache_prompt: true,
+            deadline: None,
+        }
+    }
+}
+
+/// One generation request.
+pub struct Job {
+    pub prompt: Prompt,
+    pub params: GenParams,
+    /// The first event is `Accepted` or `Error`; then `Delta`s and one `Done` (or `Error`).
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// One alternative at a position: token, its bytes, natural-log probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopProb {
+    pub token: Token,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// The chosen token at one position and the top alternatives (pre-sampling softmax, as
+/// llama-server reports by default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenProbs {
+    pub chosen: TopProb,
+    pub top: Vec<TopProb>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Delta {
+    pub text: String,
+    pub tokens: Vec<Token>,
+    pub probs: Vec<TokenProbs>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopType {
+    /// End-of-generation token.
+    Eos,
+    /// A stop string matched.
+    Word,
+    /// max_tokens, the context or the deadline.
+    Limit,
+}
+
+impl StopType {
+    pub fn finish_reason(self) -> &'static str {
+        match self {
+            StopType::Eos | StopType::Word => "stop",
+            StopType::Limit => "length",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StopType::Eos => "eos",
+            StopType::Word => "word",
+            StopType::Limit => "limit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Done {
+    pub stop_type: StopType,
+    pub stopping_word: String,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV cells were reused from the slot's previous request.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_ms: f64,
+    pub predicted_ms: f64,
+    pub slot: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Accepted { prompt_tokens: usize },
+    Delta(Delta),
+    Done(Done),
+    Error(ApiError),
+}
+
+/// What `/slots` shows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SlotInfo {
+    pub id: u32,
+    pub n_ctx: u32,
+    pub is_processing: bool,
+    pub n_past: usize,
+    pub n_prompt_tokens: usize,
+    pub n_decoded: usize,
+}
+
+/// Each input's embedding (not normalized) and its token count.
+pub type Embeddings = Vec<(Vec<f32>, usize)>;
+
+/// An embedding input.
+#[derive(Clone, Debug)]
+pub enum EmbedInput {
+    Text(String),
+    Tokens(Vec<Token>),
+}
+
+// Commands are moved once through the channel; boxing the large variant buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Command {
+    Generate(Job),
+    Tokenize {
+        text: String,
+        add_special: bool,
+        parse_special: bool,
+        reply: oneshot::Sender<Vec<(Token, Vec<u8>)>>,
+    },
+    Detokenize {
+        tokens: Vec<Token>,
+        reply: oneshot::Sender<String>,
+    },
+    /// Returns each input's embedding and token count.
+    Embed {
+        inputs: Vec<EmbedInput>,
+        reply: oneshot::Sender<Result<Embeddings, ApiError>>,
+    },
+    Slots {
+        reply: oneshot::Sender<Vec<SlotInfo>>,
+    },
+}
+
+/// Facts about the model the HTTP side needs without asking the thread.
+#[derive(Clone, Debug)]
+pub struct EngineInfo {
+    pub model_name: String,
+    pub n_ctx: u32,
+    pub n_ctx_seq: u32,
+    pub n_ctx_train: u32,
+    pub n_vocab: usize,
+    pub n_slots: u32,
+    pub n_embd: usize,
+}
+
+/// Starts the engine thread. It ends when every `Sender` is dropped and its work is done.
+pub fn spawn(
+    engine: Box<dyn Engine>,
+    n_batch: u32,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(Sender<Command>, EngineInfo)> {
+    let info = EngineInfo {
+        model_name: engine.model_name(),
+        n_ctx: engine.n_ctx(),
+        n_ctx_seq: engine.n_ctx_seq(),
+        n_ctx_train: engine.n_ctx_train(),
+        n_vocab: engine.n_vocab(),
+        n_slots: engine.n_seq_max().max(1),
+        n_embd: engine.n_embd(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sched = Scheduler::new(engine, n_batch, metrics);
+    std::thread::Builder::new()
+        .name("lamina-engine".into())
+        .spawn(move || sched.run(rx))?;
+    Ok((tx, info))
+}
+
+/// A request in a slot.
+struct Active {
+    events: mpsc::UnboundedSender<Event>,
+    params: GenParams,
+    sampler: SamplerChain,
+    prompt: Vec<Token>,
+    cached_tokens: usize,
+    /// Sampled but not yet decoded (fed in the next batch).
+    next_token: Option<Token>,
+    n_decoded: usize,
+    stops: Vec<Vec<u8>>,
+    /// Generated text so far (bytes; may end inside a character).
+    bytes: Vec<u8>,
+    /// Bytes of `bytes` already sent.
+    n_sent: usize,
+    pending_tokens: Vec<Token>,
+    pending_probs: Vec<TokenProbs>,
+    t_admit: Instant,
+    t_prompt_done: Option<Instant>,
+}
+
+struct Slot {
+    id: u32,
+    /// Tokens whose KV cells this slot's sequence holds, in position order.
+    cache: Vec<Token>,
+    active: Option<Active>,
+}
+
+/// A validated job waiting for a slot.
+struct Queued {
+    job: Job,
+    tokens: Vec<Token>,
+    sampler: SamplerChain,
+}
+
+pub struct Scheduler {
+    engine: Box<dyn Engine>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Queued>,
+    n_batch: usize,
+    n_ctx_seq: usize,
+    n_vocab: usize,
+    metrics: Arc<Metrics>,
+    batch: Batch,
+    /// Slot index of each output row of the current batch.
+    rows: Vec<usize>,
+    /// Every end-of-generation token, for `ignore_eos` (biased to -inf, as llama.cpp does).
+    eog_tokens: Vec<Token>,
+}
+
+impl Scheduler {
+    pub fn new(engine: Box<dyn Engine>, n_batch: u32, metrics: Arc<Metrics>) -> Scheduler {
+        let n_slots = engine.n_seq_max().max(1);
+        let n_vocab = engine.n_vocab();
+        let eog_tokens = (0..n_vocab as u32).filter(|&t| engine.is_eog(t)).collect();
+        Scheduler {
+            slots: (0..n_slots)
+                .map(|id| Slot {
+                    id,
+                    cache: Vec::new(),
+                    active: None,
+                })
+                .collect(),
+            queue: VecDeque::new(),
+            n_batch: n_batch.max(1) as usize,
+            n_ctx_seq: engine.n_ctx_seq() as usize,
+            n_vocab,
+            metrics,
+            batch: Batch::with_capacity(n_batch as usize),
+            rows: Vec::new(),
+            eog_tokens,
+            engine,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.queue.is_empty() && self.slots.iter().all(|s| s.active.is_none())
+    }
+
+    /// The thread's main loop: blocks for commands when idle, else drains them between steps.
+    pub fn run(mut self, rx: Receiver<Command>) {
+        let mut open = true;
+        loop {
+            if self.idle() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(cmd) => self.guarded(|s| s.handle(cmd)),
+                    Err(_) => return,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok(cmd) => self.guarded(|s| s.handle(cmd)),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.guarded(Scheduler::step);
+        }
+    }
+
+    /// Runs `f`; if the engine panics, every request in flight fails with a 500 and the
+    /// KV cache is cleared, and the server goes on.
+    fn guarded(&mut self, f: impl FnOnce(&mut Scheduler)) {
+        if catch_unwind(AssertUnwindSafe(|| f(self))).is_err() {
+            tracing::error!("the engine panicked; failing the requests in flight");
+            let err = ApiError::internal("the engine failed while processing this request");
+            for i in 0..self.slots.len() {
+                self.fail_slot(i, err.clone());
+            }
+            for q in self.queue.drain(..) {
+                let _ = q.job.events.send(Event::Error(err.clone()));
+            }
+            self.update_gauges();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Generate(job) => match self.prepare(&job) {
+                Ok((tokens, sampler)) => {
+                    if job
+                        .events
+                        .send(Event::Accepted {
+                            prompt_tokens: tokens.len(),
+                        })
+                        .is_ok()
+                    {
+                        Metrics::add(&self.metrics.requests_total, 1);
+                        self.queue.push_back(Queued {
+                            job,
+                            tokens,
+                            sampler,
+                        });
+                    }
+                }
+                Err(e) => {
+                    let _ = job.events.send(Event::Error(e));
+                }
+            },
+            Command::Tokenize {
+                text,
+                add_special,
+                parse_special,
+                reply,
+            } => {
+                let tokens = self.engine.tokenize(&text, add_special, parse_special);
+                let out = tokens
+                    .into_iter()
+                    .map(|t| (t, self.engine.token_to_piece(t)))
+                    .collect();
+                let _ = reply.send(out);
+            }
+            Command::Detokenize { tokens, reply } => {
+                let _ = reply.send(self.engine.detokenize(&tokens));
+            }
+            Command::Embed { inputs, reply } => {
+                let _ = reply.send(self.embed(inputs));
+            }
+            Command::Slots { reply } => {
+                let info = self
+                    .slots
+                    .iter()
+                    .map(|s| SlotInfo {
+                        id: s.id,
+                        n_ctx: self.n_ctx_seq as u32,
+                        is_processing: s.active.is_some(),
+                        n_past: s.cache.len(),
+                        n_prompt_tokens: s.active.as_ref().map_or(0, |a| a.prompt.len()),
+                        n_decoded: s.active.as_ref().map_or(0, |a| a.n_decoded),
+                    })
+                    .collect();
+                let _ = reply.send(info);
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn check_tokens(&self, tokens: &[Token], param: &str) -> Result<(), ApiError> {
+        match tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            Some(t) => Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "token id {t} is outside the vocabulary (n_vocab = {})",
+                    self.n_vocab
+                ),
+            )
+            .with_code("invalid_token")),
+            None => Ok(()),
+        }
+    }
+
+    /// Tokenizes and validates a job and builds its sampler: every client mistake is
+    /// found here, before the request is queued.
+    fn prepare(&self, job: &Job) -> Result<(Vec<Token>, SamplerChain), ApiError> {
+        let tokens = match &job.prompt {
+            Prompt::Text { text, add_special } => self.engine.tokenize(text, *add_special, true),
+            Prompt::Tokens(tokens) => {
+                self.check_tokens(tokens, "prompt")?;
+                tokens.clone()
+            }
+            Prompt::Chat(messages) => {
+                let text =
+                    self.engine
+                        .apply_chat_template(messages, true)
+                        .map_err(|e| match e {
+                            EngineError::Template(m) => {
+                                ApiError::invalid_param("messages", format!("chat template: {m}"))
+                            }
+                            other => ApiError::internal(other.to_string()),
+                        })?;
+                self.engine.tokenize(&text, true, true)
+            }
+        };
+        if tokens.is_empty() {
+            return Err(
+                ApiError::invalid_param("prompt", "the prompt is empty").with_code("empty_prompt")
+            );
+        }
+        if tokens.len() >= self.n_ctx_seq {
+            return Err(ApiError::bad_request(format!(
+                "the prompt has {} tokens, the context of a slot holds {}",
+                tokens.len(),
+                self.n_ctx_seq
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        let mut sampling = job
+            .params
+            .sampling
+            .clone()
+            .with_n_ctx(self.n_ctx_seq as u32);
+        if let Some(bad) = sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= self.n_vocab)
+        {
+            return Err(ApiError::invalid_param(
+                "logit_bias",
+                format!("token id {} is outside the vocabulary", bad.0),
+            ));
+        }
+        if job.params.ignore_eos {
+            sampling
+                .logit_bias
+                .extend(self.eog_tokens.iter().map(|&t| (t, f32::NEG_INFINITY)));
+        }
+        let sampler = SamplerChain::new(&sampling, self.n_vocab)
+            .map_err(|e| ApiError::bad_request(e.to_string()).with_code("unsupported_sampler"))?;
+        Ok((tokens, sampler))
+    }
+
+    fn embed(&mut self, inputs: Vec<EmbedInput>) -> Result<Embeddings, ApiError> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.into_iter().enumerate() {
+            let tokens = match input {
+                EmbedInput::Text(text) => self.engine.tokenize(&text, true, true),
+                EmbedInput::Tokens(tokens) => {
+                    self.check_tokens(&tokens, &format!("input[{i}]"))?;
+                    tokens
+                }
+            };
+            if tokens.is_empty() {
+                return Err(ApiError::invalid_param(
+                    format!("input[{i}]"),
+                    "input is empty",
+                ));
+            }
+            if tokens.len() > self.n_ctx_seq {
+                return Err(ApiError::invalid_param(
+                    format!("input[{i}]"),
+                    format!(
+                        "input has {} tokens, the context holds {}",
+                        tokens.len(),
+                        self.n_ctx_seq
+                    ),
+                )
+                .with_code("context_length_exceeded"));
+            }
+            let v = self.engine.embed(&tokens).map_err(|e| match e {
+                EngineError::Unsupported(_) => ApiError::bad_request(e.to_string()),
+                e => ApiError::internal(e.to_string()),
+            })?;
+            out.push((v, tokens.len()));
+        }
+        Ok(out)
+    }
+
+    fn update_gauges(&self) {
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        Metrics::set(&self.metrics.requests_processing, busy as u64);
+        Metrics::set(&self.metrics.requests_deferred, self.queue.len() as u64);
+    }
+
+    /// One scheduling step: reap, admit, batch, decode, sample.
+    fn step(&mut self) {
+        self.reap();
+        self.admit();
+        self.update_gauges();
+
+        self.batch.clear();
+        self.rows.clear();
+        // Generating slots first, one token each, so that generation never stalls behind
+        // a long prompt; then prompt chunks in the remaining room.
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(tok) = slot.active.as_ref().and_then(|a| a.next_token) {
+                self.batch.push(tok, slot.cache.len() as u32, slot.id, true);
+                self.rows.push(i);
+            }
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(a) = &slot.active else { continue };
+            let room = self.n_batch.saturating_sub(self.batch.len());
+            let done = slot.cache.len();
+            if a.next_token.is_some() || done >= a.prompt.len() || room == 0 {
+                continue;
+            }
+            let end = a.prompt.len().min(done + room);
+            for (k, &tok) in a.prompt[done..end].iter().enumerate() {
+                let pos = done + k;
+                let last = pos + 1 == a.prompt.len();
+                self.batch.push(tok, pos as u32, slot.id, last);
+                if last {
+                    self.rows.push(i);
+                }
+            }
+        }
+        if self.batch.is_empty() {
+            return;
+        }
+
+        if let Err(e) = self.engine.decode(&self.batch) {
+            tracing::warn!("decode of {} tokens failed: {e}", self.batch.len());
+            let err = match e {
+                EngineError::ContextFull { .. } => None,
+                e => Some(ApiError::internal(e.to_string())),
+            };
+            let in_batch: Vec<usize> = {
+                let mut v: Vec<usize> = self
+                    .batch
+                    .entries()
+                    .iter()
+                    .filter_map(|e| self.slots.iter().position(|s| s.id == e.seq_id))
+                    .collect();
+                v.dedup();
+                v
+            };
+            for i in in_batch {
+                match &err {
+                    Some(err) => self.fail_slot(i, err.clone()),
+                    // The cache ran out of room: end as llama-server does, with "length".
+                    None => self.finish(i, StopType::Limit, None),
+                }
+            }
+            self.update_gauges();
+            return;
+        }
+
+        let mut busy = 0u64;
+        for e in self.batch.entries() {
+            let slot = &mut self.slots[e.seq_id as usize];
+            if slot.cache.len() == e.pos as usize {
+                slot.cache.push(e.token);
+            }
+        }
+        for slot in &mut self.slots {
+            if let Some(a) = &mut slot.active {
+                busy += 1;
+                a.next_token = None;
+            }
+        }
+        let n_prompt: usize = self
+            .batch
+            .entries()
+            .iter()
+            .filter(|e| {
+                let s = &self.slots[e.seq_id as usize];
+                s.active
+                    .as_ref()
+                    .is_some_and(|a| (e.pos as usize) < a.prompt.len())
+            })
+            .count();
+        Metrics::add(&self.metrics.n_decode_total, 1);
+        Metrics::add(&self.metrics.n_busy_slots_total, busy);
+        Metrics::add(&self.metrics.prompt_tokens_total, n_prompt as u64);
+
+        let rows = std::mem::take(&mut self.rows);
+        for (row, &i) in rows.iter().enumerate() {
+            self.sample_slot(i, row);
+        }
+        self.rows = rows;
+        self.update_gauges();
+    }
+
+    /// Drops requests whose client is gone and ends those past their deadline.
+    fn reap(&mut self) {
+        let now = Instant::now();
+        let metrics = &self.metrics;
+        self.queue.retain(|q| {
+            if q.job.events.is_closed() {
+                Metrics::add(&metrics.requests_cancelled_total, 1);
+                return false;
+            }
+            if q.job.params.deadline.is_some_and(|d| d <= now) {
+                let _ = q.job.events.send(Event::Error(
+                    ApiError::unavailable("timed out waiting for a free slot").with_code("timeout"),
+                ));
+                return false;
+            }
+            true
+        });
+        for i in 0..self.slots.len() {
+            let Some(a) = &self.slots[i].active else {
+                continue;
+            };
+            if a.events.is_closed() {
+                self.cancel_slot(i);
+            } else if a.params.deadline.is_some_and(|d| d <= now) {
+                self.finish(i, StopType::Limit, None);
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while !self.queue.is_empty() {
+            let free: Vec<usize> = (0..self.slots.len())
+                .filter(|&i| self.slots[i].active.is_none())
+                .collect();
+            if free.is_empty() {
+                return;
+            }
+            let Some(q) = self.queue.pop_front() else {
+                return;
+            };
+            // Prefer the free slot whose cached tokens share the longest prefix with the prompt.
+            let common = |cache: &[Token]| {
+                cache
+                    .iter()
+                    .zip(&q.tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            };
+            let (i, n_common) = if q.job.params.cache_prompt {
+                free.iter()
+                    .map(|&i| (i, common(&self.slots[i].cache)))
+                    .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+                    .unwrap_or((free[0], 0))
+            } else {
+                (free[0], 0)
+            };
+            // At least the last prompt token is evaluated again, for its logits.
+            let keep = n_common.min(q.tokens.len() - 1);
+            let slot = &mut self.slots[i];
+            self.engine.seq_rm(slot.id, keep as u32, None);
+            slot.cache.truncate(keep);
+            let mut sampler = q.sampler;
+            // As llama-server does, the penalties see the prompt.
+            for &t in &q.tokens {
+                sampler.accept(t);
+            }
+            let stops = q
+                .job
+                .params
+                .stop
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| s.as_bytes().to_vec())
+                .collect();
+            slot.active = Some(Active {
+                events: q.job.events,
+                params: q.job.params,
+                sampler,
+                prompt: q.tokens,
+                cached_tokens: keep,
+                next_token: None,
+                n_decoded: 0,
+                stops,
+                bytes: Vec::new(),
+                n_sent: 0,
+                pending_tokens: Vec::new(),
+                pending_probs: Vec::new(),
+                t_admit: Instant::now(),
+                t_prompt_done: None,
+            });
+        }
+    }
+
+    fn sample_slot(&mut self, i: usize, row: usize) {
+        match self.sample_into(i, row) {
+            After::Continue => {}
+            After::Fail(e) => self.fail_slot(i, e),
+            After::Finish(stop_type, word) => self.finish(i, stop_type, word),
+            After::Cancel => self.cancel_slot(i),
+        }
+    }
+
+    /// Samples slot `i` from output row `row`, records the token and sends what text can
+    /// be sent; says what should happen to the slot next.
+    fn sample_into(&mut self, i: usize, row: usize) -> After {
+        let Scheduler {
+            engine,
+            slots,
+            metrics,
+            n_vocab,
+            n_ctx_seq,
+            ..
+        } = self;
+        let n_cached = slots[i].cache.len();
+        let Some(a) = slots[i].active.as_mut() else {
+            return After::Continue;
+        };
+        if a.params.max_tokens == Some(0) {
+            // n_predict 0: the prompt is evaluated (and cached), nothing is generated.
+            a.t_prompt_done = Some(Instant::now());
+            return After::Finish(StopType::Limit, None);
+        }
+        let logits = engine.logits(row);
+        if logits.len() != *n_vocab {
+            let msg = format!(
+                "engine returned {} logits, expected {n_vocab}",
+                logits.len()
+            );
+            return After::Fail(ApiError::internal(msg));
+        }
+        let tok = match a.sampler.sample(logits) {
+            Ok(t) => t,
+            Err(e) => return After::Fail(ApiError::internal(e.to_string())),
+        };
+        a.sampler.accept(tok);
+        if a.t_prompt_done.is_none() {
+            a.t_prompt_done = Some(Instant::now());
+        }
+        if a.params.want_probs {
+            let prob = |t: Token, lp: f32| TopProb {
+                token: t,
+                bytes: engine.token_to_piece(t),
+                logprob: lp,
+            };
+            let p = token_prob(logits, tok).unwrap_or(0.0);
+            let top = if a.params.n_probs > 0 {
+                top_probs(logits, a.params.n_probs as usize)
+                    .into_iter()
+                    .map(|d| prob(d.id, d.p.ln()))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            a.pending_probs.push(TokenProbs {
+                chosen: prob(tok, p.ln()),
+                top,
+            });
+        }
+        a.n_decoded += 1;
+        Metrics::add(&metrics.tokens_predicted_total, 1);
+
+        if engine.is_eog(tok) {
+            return After::Finish(StopType::Eos, None);
+        }
+        a.bytes.extend_from_slice(&engine.token_to_piece(tok));
+        a.pending_tokens.push(tok);
+        if let Some((at, word)) = find_stop(&a.bytes, a.n_sent, &a.stops) {
+            a.bytes.truncate(at);
+            return After::Finish(
+                StopType::Word,
+                Some(String::from_utf8_lossy(&word).into_owned()),
+            );
+        }
+        let limit = a
+            .params
+            .max_tokens
+            .is_some_and(|m| a.n_decoded >= m as usize);
+        // The sampled token would go to position n_cached: there must be a cell for it.
+        if limit || n_cached >= *n_ctx_seq {
+            return After::Finish(StopType::Limit, None);
+        }
+        a.next_token = Some(tok);
+        let end = sendable_end(&a.bytes, a.n_sent, &a.stops);
+        if end > a.n_sent {
+            let delta = Delta {
+                text: String::from_utf8_lossy(&a.bytes[a.n_sent..end]).into_owned(),
+                tokens: std::mem::take(&mut a.pending_tokens),
+                probs: std::mem::take(&mut a.pending_probs),
+            };
+            a.n_sent = end;
+            if a.events.send(Event::Delta(delta)).is_err() {
+                return After::Cancel;
+            }
+        }
+        After::Continue
+    }
+
+    /// Ends a slot's request: flushes the text not yet sent, then `Done`.
+    fn finish(&mut self, i: usize, stop_type: StopType, word: Option<String>) {
+        let slot = &mut self.slots[i];
+        let Some(a) = slot.active.take() else { return };
+        let now = Instant::now();
+        let t_prompt = a.t_prompt_done.unwrap_or(now);
+        let prompt_ms = t_prompt.duration_since(a.t_admit).as_secs_f64() * 1e3;
+        let predicted_ms = now.duration_since(t_prompt).as_secs_f64() * 1e3;
+        Metrics::add(&self.metrics.prompt_ms_total, prompt_ms as u64);
+        Metrics::add(&self.metrics.predicted_ms_total, predicted_ms as u64);
+        let rest = &a.bytes[a.n_sent.min(a.bytes.len())..];
+        if !rest.is_empty() || !a.pending_probs.is_empty() || !a.pending_tokens.is_empty() {
+            let _ = a.events.send(Event::Delta(Delta {
+                text: String::from_utf8_lossy(rest).into_owned(),
+                tokens: a.pending_tokens,
+                probs: a.pending_probs,
+            }));
+        }
+        let _ = a.events.send(Event::Done(Done {
+            stop_type,
+            stopping_word: word.unwrap_or_default(),
+            prompt_tokens: a.prompt.len(),
+            cached_tokens: a.cached_tokens,
+            completion_tokens: a.n_decoded,
+            prompt_ms,
+            predicted_ms,
+            slot: slot.id,
+        }));
+    }
+
+    /// Frees a slot whose client went away.
+    fn cancel_slot(&mut self, i: usize) {
+        if self.slots[i].active.take().is_some() {
+            Metrics::add(&self.metrics.requests_cancelled_total, 1);
+        }
+    }
+
+    /// Fails a slot's request and forgets its KV cells (their state is unknown).
+    fn fail_slot(&mut self, i: usize, err: ApiError) {
+        let slot = &mut self.slots[i];
+        if let Some(a) = slot.active.take() {
+            let _ = a.events.send(Event::Error(err));
+        }
+        slot.cache.clear();
+        let id = slot.id;
+        // The engine itself may be what failed; a panic here must not escape.
+        let engine = &mut self.engine;
+        let _ = catch_unwind(AssertUnwindSafe(|| engine.seq_rm(id, 0, None)));
+    }
+}
+
+enum After {
+    Continue,
+    Fail(ApiError),
+    Finish(StopType, Option<String>),
+    Cancel,
+}
+
+/// The earliest stop string fully present in `bytes` at or after `from`.
+fn find_stop(bytes: &[u8], from: usize, stops: &[Vec<u8>]) -> Option<(usize, Vec<u8>)> {
+    let mut best: Option<(usize, &Vec<u8>)> = None;
+    for stop in stops {
+        let start = from.min(bytes.len());
+        if let Some(p) = bytes[start..]
+            .windows(stop.len())
+            .position(|w| w == stop.as_slice())
+        {
+            let at = start + p;
+            if best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, stop));
+            }
+        }
+    }
+    best.map(|(at, s)| (at, s.clone()))
+}
+
+/// How far `bytes` may be sent: not into an unfinished UTF-8 character, and not into a
+/// tail that could still become a stop string (llama-server's partial-stop holdback).
+fn sendable_end(bytes: &[u8], n_sent: usize, stops: &[Vec<u8>]) -> usize {
+    let end = complete_utf8_len(bytes).max(n_sent);
+    let unsent = &bytes[n_sent..end];
+    let hold = stops
+        .iter()
+        .map(|s| partial_suffix_len(unsent, s))
+        .max()
+        .unwrap_or(0);
+    end - hold
+}
+
+/// Length of the longest proper prefix of `stop` that `text` ends with.
+fn partial_suffix_len(text: &[u8], stop: &[u8]) -> usize {
+    let max = stop.len().saturating_sub(1).min(text.len());
+    (1..=max)
+        .rev()
+        .find(|&k| text.ends_with(&stop[..k]))
+        .unwrap_or(0)
+}
+
+/// `bytes.len()` minus a trailing incomplete UTF-8 sequence.
+fn complete_utf8_len(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=n.min(4) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match b {
+            0xF0..=0xFF => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        return if need > back { n - back } else { n };
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_holdback() {
+        assert_eq!(complete_utf8_len(b"abc"), 3);
+        assert_eq!(complete_utf8_len(b"ab\xC3"), 2);
+        assert_eq!(complete_utf8_len(b"ab\xC3\xA9"), 4);
+        assert_eq!(complete_utf8_len(b"\xE2\x82"), 0);
+        assert_eq!(complete_utf8_len(b"\xE2\x82\xAC"), 3);
+        assert_eq!(complete_utf8_len(b"\xF0\x9F\x98"), 0);
+        assert_eq!(complete_utf8_len(b""), 0);
+    }
+
+    #[test]
+    fn stop_holdback_and_match() {
+        let stops = vec![b"END".to_vec(), b"xyz".to_vec()];
+        assert_eq!(sendable_end(b"hello E", 0, &stops), 6);
+        assert_eq!(sendable_end(b"hello EN", 0, &stops), 6);
+        assert_eq!(sendable_end(b"hello ENx", 0, &stops), 8);
+        assert_eq!(sendable_end(b"hello x", 3, &stops), 6);
+        assert_eq!(
+            find_stop(b"hello END more", 0, &stops),
+            Some((6, b"END".to_vec()))
+        );
+        assert_eq!(find_stop(b"axyzEND", 0, &stops), Some((1, b"xyz".to_vec())));
+        assert_eq!(find_stop(b"hello", 0, &stops), None);
+    }
+}

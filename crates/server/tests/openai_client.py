@@ -1,0 +1,114 @@
+"""Drives a running `lamina serve` with the official `openai` Python package.
+
+Usage: python3 openai_client.py BASE_URL [EXPECTED_JSON]
+
+EXPECTED_JSON (optional) holds what the server's model must answer, computed by the
+caller: {"chat": str, "completion": str}, both greedy (temperature 0, max_tokens 32).
+Prints "ok" and exits 0 when every check passes; any failure raises.
+"""
+
+import json
+import sys
+
+import openai
+
+base_url = sys.argv[1]
+expected = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+client = openai.OpenAI(base_url=base_url, api_key="test-key", max_retries=0, timeout=60)
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say something."},
+]
+
+# Models.
+models = client.models.list()
+assert len(models.data) == 1, models
+model = models.data[0].id
+
+# Chat, not streamed.
+chat = client.chat.completions.create(
+    model=model, messages=MESSAGES, temperature=0, max_tokens=32
+)
+choice = chat.choices[0]
+assert choice.message.role == "assistant"
+assert choice.finish_reason in ("stop", "length"), choice.finish_reason
+assert chat.usage.prompt_tokens > 0
+assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+if "chat" in expected:
+    assert choice.message.content == expected["chat"], (choice.message.content, expected["chat"])
+
+# Chat, streamed, with usage: same text as the non-streamed answer.
+stream = client.chat.completions.create(
+    model=model,
+    messages=MESSAGES,
+    temperature=0,
+    max_tokens=32,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+parts, finish, usage = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+assert "".join(parts) == choice.message.content, ("".join(parts), choice.message.content)
+assert finish == choice.finish_reason
+assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
+
+# n > 1 with a seed.
+multi = client.chat.completions.create(
+    model=model, messages=MESSAGES, temperature=1.0, seed=5, n=2, max_tokens=16
+)
+assert [c.index for c in multi.choices] == [0, 1]
+
+# Legacy completions.
+cmpl = client.completions.create(model=model, prompt="Once upon a time", temperature=0, max_tokens=32)
+assert cmpl.choices[0].finish_reason in ("stop", "length")
+if "completion" in expected:
+    assert cmpl.choices[0].text == expected["completion"], (cmpl.choices[0].text, expected["completion"])
+streamed = "".join(
+    c.choices[0].text
+    for c in client.completions.create(
+        model=model, prompt="Once upon a time", temperature=0, max_tokens=32, stream=True
+    )
+    if c.choices
+)
+assert streamed == cmpl.choices[0].text
+
+# Logprobs.
+lp = client.chat.completions.create(
+    model=model, messages=MESSAGES, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens
+for entry in content:
+    assert len(entry.top_logprobs) == 3
+    assert entry.logprob <= 0.0
+    assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely
+clp = client.completions.create(model=model, prompt="Once", temperature=0, max_tokens=4, logprobs=2)
+assert len(clp.choices[0].logprobs.token_logprobs) == 4
+
+# Embeddings.
+emb = client.embeddings.create(model=model, input=["one", "two"])
+assert len(emb.data) == 2 and len(emb.data[0].embedding) > 0
+emb64 = client.embeddings.create(model=model, input="one")  # the package asks for base64
+assert abs(sum(x * x for x in emb64.data[0].embedding) - 1.0) < 1e-4
+
+# Errors surface as the package's typed exceptions.
+try:
+    client.chat.completions.create(model=model, messages=[], max_tokens=4)
+    raise AssertionError("empty messages accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400
+bad = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
+try:
+    bad.models.list()
+    raise AssertionError("wrong key accepted")
+except openai.AuthenticationError as e:
+    assert e.status_code == 401
+
+print("ok")
