@@ -5,7 +5,10 @@ use std::process::{Command, Output};
 use lamina_gguf::pull::model_for_test;
 
 fn lamina(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lamina")).args(args).output().expect("run lamina")
+    Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(args)
+        .output()
+        .expect("run lamina")
 }
 
 fn stdout(o: &Output) -> String {
@@ -18,37 +21,91 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn run_generates_llama_cpp_greedy_text() {
-    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
     let path = path.to_str().unwrap();
-    let o = lamina(&["run", "-m", path, "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]);
+    let o = lamina(&[
+        "run",
+        "-m",
+        path,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     // llama.cpp's greedy continuation of this prompt starts " Paris.\n\nThe United States".
-    assert!(stdout(&o).starts_with("The capital of France is Paris.\n\nThe United States"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("The capital of France is Paris.\n\nThe United States"),
+        "{}",
+        stdout(&o)
+    );
     let err = stderr(&o);
-    assert!(err.contains("prompt eval time") && err.contains("tokens per second"), "{err}");
+    assert!(
+        err.contains("prompt eval time") && err.contains("tokens per second"),
+        "{err}"
+    );
 }
 
 #[test]
 fn run_refuses_a_prompt_longer_than_the_context() {
-    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
     let long = "word ".repeat(100);
-    let o = lamina(&["run", "-m", path.to_str().unwrap(), "-c", "32", "-p", &long, "-n", "1"]);
+    let o = lamina(&[
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "-c",
+        "32",
+        "-p",
+        &long,
+        "-n",
+        "1",
+    ]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("does not fit in the context of 32"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("does not fit in the context of 32"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn chat_answers_through_the_template() {
     use std::io::Write;
-    let Some(path) = model_for_test("smollm2-135m") else { return };
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_lamina"))
-        .args(["chat", "-m", path.to_str().unwrap(), "--temp", "0", "-n", "12", "-t", "2"])
+        .args([
+            "chat",
+            "-m",
+            path.to_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            "12",
+            "-t",
+            "2",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"What is 2+2?\n/exit\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is 2+2?\n/exit\n")
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     // llama.cpp's greedy reply to this chat prompt (reference outputs) is "The answer is: 4" or
@@ -58,18 +115,33 @@ fn chat_answers_through_the_template() {
 
 #[test]
 fn tokenize_prints_llama_tokenize_ids() {
-    let Some(path) = model_for_test("smollm2-135m") else { return };
-    let o = lamina(&["tokenize", "-m", path.to_str().unwrap(), "-p", "Hello world", "--ids"]);
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let o = lamina(&[
+        "tokenize",
+        "-m",
+        path.to_str().unwrap(),
+        "-p",
+        "Hello world",
+        "--ids",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), "[19556, 905]");
 }
 
 #[test]
 fn inspect_and_devices() {
-    let Some(path) = model_for_test("gemma3-270m") else { return };
+    let Some(path) = model_for_test("gemma3-270m") else {
+        return;
+    };
     let o = lamina(&["inspect", path.to_str().unwrap(), "--no-tensors"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("gemma3.attention.sliding_window"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("gemma3.attention.sliding_window"),
+        "{}",
+        stdout(&o)
+    );
 
     let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
         .arg("--list-devices")
@@ -87,7 +159,11 @@ fn inspect_and_devices() {
 fn bad_input_is_a_clear_error() {
     let o = lamina(&["run", "-m", "/nonexistent/model.gguf", "-p", "x"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("neither a file nor a known model name"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("neither a file nor a known model name"),
+        "{}",
+        stderr(&o)
+    );
 
     let o = lamina(&["run", "-p", "x", "--no-such-flag"]);
     assert_eq!(o.status.code(), Some(2));
@@ -102,10 +178,80 @@ fn bad_input_is_a_clear_error() {
     assert!(stderr(&o).contains("not a GGUF file"), "{}", stderr(&o));
 
     // A vocab-only file has no weights: the missing tensor is named.
-    let vocab = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vocab/ggml-vocab-llama-bpe.gguf");
+    let vocab = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/vocab/ggml-vocab-llama-bpe.gguf"
+    );
     if std::path::Path::new(vocab).exists() {
         let o = lamina(&["run", "-m", vocab, "-p", "x"]);
         assert_eq!(o.status.code(), Some(1));
-        assert!(stderr(&o).contains("tensor \"token_embd.weight\" is missing"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("tensor \"token_embd.weight\" is missing"),
+            "{}",
+            stderr(&o)
+        );
     }
+}
+
+/// `lamina serve` with a real model, driven by the official `openai` Python package (chat,
+/// streaming, completions, logprobs, embeddings, errors).
+#[test]
+fn serve_answers_the_openai_client() {
+    use std::io::{BufRead, BufReader};
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../server/tests/openai_client.py"
+    );
+    let has_openai = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_openai {
+        assert!(
+            std::env::var_os("LAMINA_REQUIRE_OPENAI").is_none(),
+            "the openai package is required"
+        );
+        eprintln!("skipping: python3 cannot import openai");
+        return;
+    }
+    let mut server = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args([
+            "serve",
+            "-m",
+            path.to_str().unwrap(),
+            "--port",
+            "0",
+            "-np",
+            "2",
+            "-c",
+            "1024",
+            "-t",
+            "2",
+        ])
+        .args(["--api-key", "test-key"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("server exited before listening")
+            .unwrap();
+        if let Some(url) = line.split("listening on ").nth(1) {
+            break url.trim().to_string();
+        }
+    };
+    let o = Command::new("python3")
+        .arg(script)
+        .arg(format!("{url}/v1"))
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    assert_eq!(stdout(&o).trim(), "ok");
 }

@@ -1,14 +1,17 @@
 //! `lamina-cpu` owns the CPU backend: CPU devices (one, or N virtual devices `CPU0…` with
 //! `LAMINA_CPU_DEVICES=N`), each with its own buffer types, worker pool, asynchronous queue and
 //! events, implementing `lamina-backend`'s traits; graph execution; and the kernels of every op
-//! of the graph IR (scalar reference kernels for now, with mul_mat structured so per-type SIMD
-//! dot kernels plug in).
+//! of the graph IR. The numeric kernels (`kernels`) replicate llama.cpp's x86 AVX2 CPU arithmetic
+//! bit for bit — activation quantizers, dot products and their accumulation order, the choice
+//! between ggml's vec_dot, repacked gemv/gemm and tinyBLAS paths, softmax/SiLU exp, the GELU
+//! table, RoPE — with AVX2 code where the CPU has it and a scalar emulation giving the same bits
+//! elsewhere (`LAMINA_FORCE_SCALAR=1` forces it).
 
 mod device;
 mod exec;
+pub mod kernels;
 mod ops;
 mod pool;
-pub mod kernels;
 pub mod quant;
 
 use std::sync::{Arc, OnceLock};

@@ -106,8 +106,8 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
                 *o *= s;
             }
         }),
-        Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, |x, y| kernels::silu_row(x, y)),
-        Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, |x, y| kernels::gelu_row(x, y)),
+        Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, kernels::silu_row),
+        Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, kernels::gelu_row),
         Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),

@@ -133,6 +133,7 @@ impl Context {
             n_tokens: params.n_ubatch,
             n_kv: params.n_ctx,
             n_outputs: params.n_ubatch,
+            embeddings: false,
         };
         let built = build_graph(&ctx.build_context(), worst)?;
         ctx.allocator.reserve(&built.graph)?;
@@ -220,17 +221,22 @@ impl Context {
             }));
         }
         for ubatch in batch.tokens.chunks(self.params.n_ubatch) {
-            self.decode_ubatch(ubatch)?;
+            let rows = self.decode_ubatch(ubatch, false)?;
+            self.logits.extend_from_slice(&rows);
         }
         Ok(())
     }
 
-    fn decode_ubatch(&mut self, ubatch: &[BatchToken]) -> Result<(), ModelError> {
-        let hp = &self.model.hparams;
-        let n_vocab = hp.n_vocab as usize;
+    /// Computes one micro-batch; returns the wanted output rows (logits, or final-normed hidden
+    /// states when `embeddings`), in batch order.
+    fn decode_ubatch(
+        &mut self,
+        ubatch: &[BatchToken],
+        embeddings: bool,
+    ) -> Result<Vec<f32>, ModelError> {
         let placement: Vec<(i32, usize)> = ubatch.iter().map(|t| (t.pos, t.seq)).collect();
         let cells = self.kv.place(&placement)?;
-        let result = self.compute_ubatch(ubatch, &placement, &cells, n_vocab);
+        let result = self.compute_ubatch(ubatch, &placement, &cells, embeddings);
         if result.is_err() {
             self.kv.release(&cells);
         }
@@ -242,11 +248,17 @@ impl Context {
         ubatch: &[BatchToken],
         placement: &[(i32, usize)],
         cells: &[usize],
-        n_vocab: usize,
-    ) -> Result<(), ModelError> {
+        embeddings: bool,
+    ) -> Result<Vec<f32>, ModelError> {
         let hp = &self.model.hparams;
         let n_tokens = ubatch.len();
-        let n_kv = self.kv.n_kv();
+        // Attend over the used cells padded to 256, as llama.cpp's `get_n_kv` does: the padding
+        // is masked out, but it decides which kernels run and how their sums are grouped, and
+        // matching llama.cpp bit for bit needs the same.
+        let n_kv = self
+            .kv
+            .size()
+            .min(self.kv.n_kv().next_multiple_of(256).max(256));
         let out_ids: Vec<i32> = (0..n_tokens)
             .filter(|&i| ubatch[i].logits)
             .map(|i| i as i32)
@@ -257,6 +269,7 @@ impl Context {
             n_tokens,
             n_kv,
             n_outputs,
+            embeddings,
         };
         let mut built = build_graph(&self.build_context(), shape)?;
         self.allocator.allocate(&mut built.graph)?;
@@ -294,10 +307,69 @@ impl Context {
             .stream
             .get_async(&BufferSlice::of_tensor(&graph, built.logits)?)?;
         self.stream.synchronize()?;
-        let logits = pending.wait_f32()?;
+        let mut rows = pending.wait_f32()?;
+        let width = if embeddings { hp.n_embd } else { hp.n_vocab } as usize;
         let wanted = ubatch.iter().filter(|t| t.logits).count();
-        self.logits.extend_from_slice(&logits[..wanted * n_vocab]);
-        Ok(())
+        rows.truncate(wanted * width);
+        Ok(rows)
+    }
+
+    /// The mean over `tokens` of the model's final-normed hidden states, L2-normalised (what
+    /// llama-server returns for mean pooling). Runs in a sequence of its own that is removed
+    /// afterwards, so no other sequence's cache is touched.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        const SCRATCH_SEQ: usize = MAX_SEQUENCES - 1;
+        let hp = &self.model.hparams;
+        let n_embd = hp.n_embd as usize;
+        if tokens.is_empty() {
+            return Err(ModelError::BadBatch("nothing to embed".into()));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t >= hp.n_vocab) {
+            return Err(ModelError::BadBatch(format!(
+                "token id {t} is outside the vocabulary of {}",
+                hp.n_vocab
+            )));
+        }
+        if self.params.n_seq_max > SCRATCH_SEQ {
+            return Err(ModelError::BadBatch(
+                "no sequence is free for embeddings".into(),
+            ));
+        }
+        let batch: Vec<BatchToken> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchToken {
+                token,
+                pos: i as i32,
+                seq: SCRATCH_SEQ,
+                logits: true,
+            })
+            .collect();
+        let mut sum = vec![0f64; n_embd];
+        let mut result = Ok(());
+        for ubatch in batch.chunks(self.params.n_ubatch) {
+            match self.decode_ubatch(ubatch, true) {
+                Ok(rows) => {
+                    for row in rows.chunks_exact(n_embd) {
+                        sum.iter_mut()
+                            .zip(row)
+                            .for_each(|(s, &v)| *s += f64::from(v));
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.kv.seq_rm(Some(SCRATCH_SEQ), None, None);
+        result?;
+        let mean: Vec<f64> = sum.iter().map(|s| s / tokens.len() as f64).collect();
+        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt();
+        Ok(mean
+            .iter()
+            .map(|v| if norm > 0.0 { (v / norm) as f32 } else { 0.0 })
+            .collect())
     }
 
     /// Logits of the `i`-th token of the last batch, if it asked for them.

@@ -45,6 +45,11 @@ pub enum PerplexityError {
     EmptyRow,
     #[error("target token {token} is outside the vocabulary of {n_vocab} entries")]
     TargetOutOfRange { token: u32, n_vocab: usize },
+    /// The model failed to evaluate a chunk (the message of its `ModelError`).
+    #[error("{0}")]
+    Model(String),
+    #[error("the context returned {got} rows of logits, fewer than asked for")]
+    MissingLogits { got: usize },
 }
 
 /// Errors reading or writing a `--kl-divergence-base` logits file.
@@ -1285,4 +1290,44 @@ impl KldAccumulator {
         })();
         Some(o)
     }
+}
+
+impl From<crate::ModelError> for PerplexityError {
+    fn from(e: crate::ModelError) -> Self {
+        PerplexityError::Model(e.to_string())
+    }
+}
+
+/// Evaluates the chunks of `group` together, one sequence each (as llama-perplexity does with
+/// `n_seq` chunks per batch), and hands each scored position's logits to
+/// `score(chunk_in_group, position, logits)`, in chunk then position order.
+pub fn eval_chunk_group<E: From<PerplexityError>>(
+    ctx: &mut crate::Context,
+    plan: &PerplexityPlan,
+    group: std::ops::Range<usize>,
+    mut score: impl FnMut(usize, usize, &[f32]) -> Result<(), E>,
+) -> Result<(), E> {
+    ctx.clear();
+    let chunks: Vec<_> = group.clone().filter_map(|i| plan.chunk(i)).collect();
+    let mut batch = crate::Batch::default();
+    let mut wanted = Vec::new();
+    for (seq, chunk) in chunks.iter().enumerate() {
+        for (pos, &token) in chunk.input.iter().enumerate() {
+            let logits = chunk.needs_logits(pos);
+            batch.push(token, pos as i32, seq, logits);
+            if logits {
+                wanted.push((seq, pos));
+            }
+        }
+    }
+    ctx.decode(&batch).map_err(PerplexityError::from)?;
+    for (row, &(seq, pos)) in wanted.iter().enumerate() {
+        if chunks[seq].scored_positions().contains(&pos) {
+            let logits = ctx
+                .output_logits(row)
+                .ok_or(PerplexityError::MissingLogits { got: row })?;
+            score(seq, pos, logits)?;
+        }
+    }
+    Ok(())
 }

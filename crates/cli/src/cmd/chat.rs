@@ -51,7 +51,10 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         messages.push(ChatMessage::new("system", system.as_str()));
     }
     let mut cached: Vec<u32> = Vec::new();
-    eprintln!("lamina chat: {} — type a message; Ctrl-C stops a reply, Ctrl-D or /exit leaves.", ctx.model().name());
+    eprintln!(
+        "lamina chat: {} — type a message; Ctrl-C stops a reply, Ctrl-D or /exit leaves.",
+        ctx.model().name()
+    );
 
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -75,10 +78,21 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         let tokens = tok.tokenize(&prompt, true, true);
         if tokens.len() >= ctx.n_ctx() {
             messages.pop();
-            eprintln!("lamina: the conversation ({} tokens) no longer fits in the context of {} (raise -c)", tokens.len(), ctx.n_ctx());
+            eprintln!(
+                "lamina: the conversation ({} tokens) no longer fits in the context of {} (raise -c)",
+                tokens.len(),
+                ctx.n_ctx()
+            );
             continue;
         }
-        let reply = reply(&mut ctx, &tok, &mut sampler, &mut cached, &tokens, args.n_predict)?;
+        let reply = reply(
+            &mut ctx,
+            &tok,
+            &mut sampler,
+            &mut cached,
+            &tokens,
+            args.n_predict,
+        )?;
         messages.push(ChatMessage::new("assistant", reply));
     }
 }
@@ -93,7 +107,12 @@ fn reply(
     n_predict: i64,
 ) -> anyhow::Result<String> {
     // Reuse the cached prefix; at least the last token is decoded again to get its logits.
-    let keep = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+    let keep = cached
+        .iter()
+        .zip(tokens)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(tokens.len() - 1);
     ctx.seq_rm(Some(0), Some(keep as i32), None);
     cached.truncate(keep);
     ctx.decode(&Batch::sequence(&tokens[keep..], keep as i32, 0))?;
@@ -117,7 +136,10 @@ fn reply(
             let _ = std::io::stdout().flush();
             produced += 1;
             if cached.len() >= ctx.n_ctx() {
-                eprintln!("\nlamina: the context of {} tokens is full; the reply stops here", ctx.n_ctx());
+                eprintln!(
+                    "\nlamina: the context of {} tokens is full; the reply stops here",
+                    ctx.n_ctx()
+                );
                 break;
             }
             ctx.decode(&Batch::sequence(&[token], cached.len() as i32, 0))?;

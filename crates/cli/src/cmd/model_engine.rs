@@ -90,9 +90,7 @@ impl Engine for ModelEngine {
         let p1 = p1.map(|p| i32::try_from(p).unwrap_or(i32::MAX));
         self.ctx.seq_rm(Some(seq_id as usize), Some(p0), p1);
     }
-    fn embed(&mut self, _tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
-        Err(EngineError::Unsupported(
-            "embeddings from this model (not implemented yet)",
-        ))
+    fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
+        self.ctx.embed(tokens).map_err(engine_error)
     }
 }

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use lamina_model::ContextParams;
 use lamina_model::perplexity::{
     KldAccumulator, LogitsFileReader, LogitsFileWriter, PerplexityPlan, PerplexityStats,
+    eval_chunk_group,
 };
-use lamina_model::{Batch, Context, ContextParams};
 
 use super::{LoadArgs, emit, load_with};
 
@@ -35,37 +36,6 @@ pub struct PerplexityArgs {
     pub kl_divergence: bool,
 }
 
-/// Evaluates one group of chunks as parallel sequences and hands each scored position's
-/// logits (chunk, position) to `score`.
-fn eval_chunks(
-    ctx: &mut Context,
-    plan: &PerplexityPlan,
-    group: std::ops::Range<usize>,
-    mut score: impl FnMut(usize, usize, &[f32]) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    ctx.clear();
-    let chunks: Vec<_> = group.clone().filter_map(|i| plan.chunk(i)).collect();
-    let mut batch = Batch::default();
-    let mut wanted = Vec::new();
-    for (seq, chunk) in chunks.iter().enumerate() {
-        for (pos, &token) in chunk.input.iter().enumerate() {
-            let logits = chunk.needs_logits(pos);
-            batch.push(token, pos as i32, seq, logits);
-            if logits {
-                wanted.push((seq, pos));
-            }
-        }
-    }
-    ctx.decode(&batch)?;
-    for (row, &(seq, pos)) in wanted.iter().enumerate() {
-        if chunks[seq].scored_positions().contains(&pos) {
-            let logits = ctx.output_logits(row).context("missing logits row")?;
-            score(seq, pos, logits)?;
-        }
-    }
-    Ok(())
-}
-
 pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     let n_ctx = args.load.ctx_size;
     if n_ctx < 4 {
@@ -73,12 +43,17 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     }
     let base_reader = match (&args.kl_divergence_base, args.kl_divergence) {
         (Some(path), true) => Some(
-            LogitsFileReader::open(path).with_context(|| format!("cannot read {}", path.display()))?,
+            LogitsFileReader::open(path)
+                .with_context(|| format!("cannot read {}", path.display()))?,
         ),
         _ => None,
     };
     // Size the context for the sequences evaluated together, as llama-perplexity does.
-    let n_seq = if base_reader.is_some() { 1 } else { (args.batch_size / n_ctx).max(1) };
+    let n_seq = if base_reader.is_some() {
+        1
+    } else {
+        (args.batch_size / n_ctx).max(1)
+    };
     let params = ContextParams {
         n_ctx: n_ctx * n_seq,
         n_ubatch: args.load.ubatch_size,
@@ -91,14 +66,21 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     let bos = tok.add_bos().then(|| tok.bos()).flatten();
 
     if let Some(mut reader) = base_reader {
-        let header = reader.header().clone();
+        let header = *reader.header();
         if header.n_vocab != n_vocab {
-            bail!("the base logits have {} vocabulary entries, the model {n_vocab}", header.n_vocab);
+            bail!(
+                "the base logits have {} vocabulary entries, the model {n_vocab}",
+                header.n_vocab
+            );
         }
         if header.n_ctx != n_ctx {
-            bail!("the base logits were made with -c {}; use the same -c", header.n_ctx);
+            bail!(
+                "the base logits were made with -c {}; use the same -c",
+                header.n_ctx
+            );
         }
-        let mut plan = PerplexityPlan::for_kl_divergence(reader.tokens(), n_ctx, args.batch_size, bos)?;
+        let mut plan =
+            PerplexityPlan::for_kl_divergence(reader.tokens(), n_ctx, args.batch_size, bos)?;
         if let Some(c) = args.chunks {
             plan = plan.with_max_chunks(c)?;
         }
@@ -107,12 +89,17 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
         for i in 0..plan.n_chunk() {
             let base = reader.next_chunk()?.context("the base file ends early")?;
             let chunk = plan.chunk(i).context("chunk")?;
-            eval_chunks(&mut ctx, &plan, i..i + 1, |_, pos, logits| {
-                let k = pos - chunk.first;
-                let row = base.row(k).context("base row")?;
-                kld.add_token(&row, logits, chunk.targets[k])?;
-                Ok(())
-            })?;
+            eval_chunk_group(
+                &mut ctx,
+                &plan,
+                i..i + 1,
+                |_, pos, logits| -> anyhow::Result<()> {
+                    let k = pos - chunk.first;
+                    let row = base.row(k).context("base row")?;
+                    kld.add_token(&row, logits, chunk.targets[k])?;
+                    Ok(())
+                },
+            )?;
             emit(&kld.chunk_report(i))?;
         }
         match kld.report() {
@@ -123,7 +110,8 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     }
 
     let path = args.file.as_ref().context("give the text with -f FILE")?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let tokens = tok.tokenize(&text, true, false);
     let mut plan = PerplexityPlan::new(&tokens, n_ctx, args.batch_size, bos)?;
     if let Some(c) = args.chunks {
@@ -138,8 +126,14 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     );
     let mut writer = match &args.kl_divergence_base {
         Some(p) => {
-            let file = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-            Some(LogitsFileWriter::new(BufWriter::new(file), n_ctx, n_vocab, plan.tokens())?)
+            let file = std::fs::File::create(p)
+                .with_context(|| format!("cannot create {}", p.display()))?;
+            Some(LogitsFileWriter::new(
+                BufWriter::new(file),
+                n_ctx,
+                n_vocab,
+                plan.tokens(),
+            )?)
         }
         None => None,
     };
@@ -148,16 +142,21 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     for group in groups {
         let first_chunk = group.start;
         let mut per_chunk: Vec<Vec<(usize, f64)>> = vec![Vec::new(); group.len()];
-        eval_chunks(&mut ctx, &plan, group.clone(), |seq, pos, logits| {
-            let chunk = plan.chunk(first_chunk + seq).context("chunk")?;
-            let target = chunk.targets[pos - chunk.first];
-            let nll = match writer.as_mut() {
-                Some(w) => w.write_row(logits, target)?,
-                None => lamina_model::perplexity::token_nll(logits, target)?,
-            };
-            per_chunk[seq].push((pos, nll));
-            Ok(())
-        })?;
+        eval_chunk_group(
+            &mut ctx,
+            &plan,
+            group.clone(),
+            |seq, pos, logits| -> anyhow::Result<()> {
+                let chunk = plan.chunk(first_chunk + seq).context("chunk")?;
+                let target = chunk.targets[pos - chunk.first];
+                let nll = match writer.as_mut() {
+                    Some(w) => w.write_row(logits, target)?,
+                    None => lamina_model::perplexity::token_nll(logits, target)?,
+                };
+                per_chunk[seq].push((pos, nll));
+                Ok(())
+            },
+        )?;
         for (seq, mut nlls) in per_chunk.into_iter().enumerate() {
             nlls.sort_by_key(|&(pos, _)| pos);
             for (_, nll) in nlls {

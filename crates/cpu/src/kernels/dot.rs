@@ -39,6 +39,7 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q5_K => dot_q5_k,
         DType::Q2_K => dot_q2_k,
         DType::IQ4_XS => dot_iq4_xs,
+        DType::Q3_K => dot_q3_k,
         _ => return None,
     })
 }
@@ -429,6 +430,61 @@ pub fn dot_q2_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
     hsum8(&acc)
 }
 
+/// `ggml_vec_dot_q3_K_q8_K` (AVX2): lanes like Q2_K with the signed 3-bit values (`low2 - 4`
+/// unless the high bit is set) and 6-bit scales minus 32.
+#[inline(always)]
+pub fn dot_q3_k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(110).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 108);
+        let aux: [u32; 3] = std::array::from_fn(|i| {
+            u32::from_le_bytes([
+                xb[96 + 4 * i],
+                xb[97 + 4 * i],
+                xb[98 + 4 * i],
+                xb[99 + 4 * i],
+            ])
+        });
+        const KMASK1: u32 = 0x0303_0303;
+        const KMASK2: u32 = 0x0f0f_0f0f;
+        let words = [
+            (aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4),
+            (aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4),
+            ((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4),
+            ((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4),
+        ];
+        let scale = |i: usize| i32::from(words[i / 4].to_le_bytes()[i % 4] as i8) - 32;
+        let hmask = &xb[0..32];
+        let q3 = &xb[32..96];
+        let q8 = as_i8(&yb[4..260]);
+        let mut sumi = [0i32; 8];
+        for j in 0..2 {
+            let bits = &q3[32 * j..32 * j + 32];
+            for k in 0..4 {
+                let bit = 4 * j + k;
+                let v: [i8; 32] = std::array::from_fn(|i| {
+                    let low = ((bits[i] >> (2 * k)) & 3) as i8;
+                    if (hmask[i] >> bit) & 1 == 1 {
+                        low
+                    } else {
+                        low - 4
+                    }
+                });
+                let y8 = &q8[128 * j + 32 * k..128 * j + 32 * k + 32];
+                for (l, s) in sumi.iter_mut().enumerate() {
+                    let sc = scale(8 * j + 2 * k + usize::from(l >= 4));
+                    let b = 4 * l;
+                    let dot: i32 = (b..b + 4).map(|t| i32::from(v[t]) * i32::from(y8[t])).sum();
+                    *s = s.wrapping_add(sc * dot);
+                }
+            }
+        }
+        fma8(&mut acc, d, |l| sumi[l]);
+    }
+    hsum8(&acc)
+}
+
 /// `ggml_vec_dot_iq4_xs_q8_K` (AVX2): per 32-value block, lanes of the non-linear values
 /// (sign trick) times the block's 6-bit scale minus 32; one FMA per superblock.
 #[inline(always)]
@@ -476,6 +532,7 @@ mod avx2 {
             DType::Q5_K => |n, x, y| check(n, x, y, 176, 292, 256, q5_k),
             DType::Q2_K => |n, x, y| check(n, x, y, 84, 292, 256, q2_k),
             DType::IQ4_XS => |n, x, y| check(n, x, y, 136, 292, 256, iq4_xs),
+            DType::Q3_K => |n, x, y| check(n, x, y, 110, 292, 256, q3_k),
             _ => return None,
         })
     }
@@ -510,6 +567,7 @@ mod avx2 {
         q5_k => dot_q5_k, 176, 292, 256;
         q2_k => dot_q2_k, 84, 292, 256;
         iq4_xs => dot_iq4_xs, 136, 292, 256;
+        q3_k => dot_q3_k, 110, 292, 256;
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

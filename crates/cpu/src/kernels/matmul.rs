@@ -2,21 +2,21 @@
 //! tiled K-quant path) uses for a product, on an x86 AVX2 build with default settings, and the
 //! per-output arithmetic of that kernel:
 //!
-//! 1. Q4_K weights with a multiple of 8 rows live in the `CPU_REPACK` buffer: rows of the
-//!    activation plane in groups of 4 go to `ggml_gemm_q4_K_8x8_q8_K` (activations quantized by
-//!    `ggml_quantize_mat_q8_K_4x8`), the rest to the gemv kernel ([`super::repack`]).
-//! 2. Else K-quant weights (Q2_K, Q4_K, Q5_K, Q6_K, IQ4_XS here) with at least 8 activation rows
-//!    take the tiled path.
+//! 1. Q4_K, Q4_0 and IQ4_NL weights with a multiple of 8 rows live in the `CPU_REPACK` buffer:
+//!    for Q4_K, rows of the activation plane in groups of 4 go to `ggml_gemm_q4_K_8x8_q8_K`
+//!    (activations quantized by `ggml_quantize_mat_q8_K_4x8`), the rest to the gemv kernel;
+//!    Q4_0/IQ4_NL use the 8x8 gemv/gemm pair, which agree per output ([`super::repack`]).
+//! 2. Else K-quant weights (Q2_K…Q6_K, IQ4_XS) with at least 8 activation rows take the tiled
+//!    path.
 //! 3. Else llamafile's tinyBLAS when it accepts the product: f32 (activations contiguous) and,
 //!    after converting activations to f16, f16 weights when `n >= 2`, `k % 8 == 0`,
 //!    `m % 4 == 0`; Q8_0/Q4_0/Q5_0/IQ4_NL weights when `n >= 2` (one FMA chain per output, the
 //!    same arithmetic as `ggml_vec_dot_*` except for IQ4_NL).
 //! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
 //!
-//! Not replicated exactly (a close approximation is used instead): Q4_0, IQ4_NL and MXFP4
-//! weights repacked to 8x8 layouts, tiled Q3_K products (at least 8 activation rows), and dot
-//! products of Q3_K, the IQ types other than IQ4_NL/IQ4_XS, TQ and
-//! MXFP4 (for which [`MatMul::plan`] returns `None`).
+//! Not replicated exactly (a close approximation is used instead): MXFP4 weights repacked to
+//! 8x8. Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, MXFP4, BF16): `plan`
+//! returns `None`.
 
 use lamina_core::DType;
 
@@ -46,10 +46,13 @@ enum DotKind {
     /// tinyBLAS_Q0 for IQ4_NL (one FMA chain, unlike `ggml_vec_dot_iq4_nl_q8_0`).
     TinyIq4Nl,
     Q4KRepack,
+    /// Q4_0 (`false`) or IQ4_NL (`true`) repacked to 8x8 (gemv/gemm agree per output).
+    Q0Repack(bool),
     Q6KTiled,
     Q4KTiled,
     Q5KTiled,
     Q2KTiled,
+    Q3KTiled,
     Iq4XsTiled,
 }
 
@@ -105,7 +108,7 @@ impl MatMul {
                 gemm_rows: repack::q4_k_gemm_rows(n),
                 exact: true,
             },
-            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q2_K | DType::IQ4_XS
+            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
                 if repack::tiled_applies(weight, false, n) =>
             {
                 let kind = match weight {
@@ -113,14 +116,15 @@ impl MatMul {
                     DType::Q4_K => DotKind::Q4KTiled,
                     DType::Q5_K => DotKind::Q5KTiled,
                     DType::Q2_K => DotKind::Q2KTiled,
+                    DType::Q3_K => DotKind::Q3KTiled,
                     _ => DotKind::Iq4XsTiled,
                 };
                 simple(ActKind::Q8K, kind)
             }
-            DType::IQ4_NL if n >= 2 => MatMul {
-                exact: !(weight_2d && m.is_multiple_of(8)),
-                ..simple(ActKind::Q8_0, DotKind::TinyIq4Nl)
-            },
+            DType::Q4_0 | DType::IQ4_NL if weight_2d && repack::q0_repacked(weight, m) => {
+                simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
+            }
+            DType::IQ4_NL if n >= 2 => simple(ActKind::Q8_0, DotKind::TinyIq4Nl),
             _ => {
                 let act = match lamina_core::quant::vec_dot_type(weight)? {
                     DType::Q8_0 => ActKind::Q8_0,
@@ -129,9 +133,7 @@ impl MatMul {
                     _ => return None,
                 };
                 let f = dot::dot_fn(weight)?;
-                let repacked = weight_2d
-                    && m.is_multiple_of(8)
-                    && matches!(weight, DType::Q4_0 | DType::IQ4_NL | DType::MXFP4);
+                let repacked = weight_2d && m.is_multiple_of(8) && weight == DType::MXFP4;
                 let tiled = repack::tiled_applies(weight, false, n);
                 MatMul {
                     exact: !repacked && !tiled,
@@ -201,10 +203,12 @@ impl MatMul {
                     repack::dot_q4_k_gemv(k, w, act)
                 }
             }
+            DotKind::Q0Repack(iq4nl) => repack::dot_q0_repacked(iq4nl, k, w, act),
             DotKind::Q6KTiled => repack::dot_q6_k_tiled(k, w, act),
             DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
             DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
             DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
+            DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
             DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
         }
     }

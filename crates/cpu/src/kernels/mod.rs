@@ -29,10 +29,18 @@ pub use fdot::{tinyblas_dot_f16, tinyblas_dot_f32, tinyblas_f_applies, vec_dot_f
 pub use matmul::MatMul;
 pub use quantize::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 
-/// Whether the AVX2 implementations may run (AVX2, FMA and F16C present); checked once.
+/// Environment variable that, set to `1`, makes every kernel use its scalar emulation (same
+/// results, slower; for checking machine independence).
+pub const FORCE_SCALAR_ENV: &str = "LAMINA_FORCE_SCALAR";
+
+/// Whether the AVX2 implementations may run (AVX2, FMA and F16C present, and
+/// [`FORCE_SCALAR_ENV`] not set to `1`); checked once.
 pub fn simd_available() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
+        if std::env::var(FORCE_SCALAR_ENV).is_ok_and(|v| v == "1") {
+            return false;
+        }
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx2")

@@ -296,3 +296,88 @@ pub fn dot_iq4_xs_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
     }
     acc
 }
+
+/// Whether llama.cpp repacks a Q4_0 or IQ4_NL weight with `rows` rows on AVX2 (`ne[1] % 8 == 0`).
+pub fn q0_repacked(dtype: lamina_core::DType, rows: usize) -> bool {
+    matches!(dtype, lamina_core::DType::Q4_0 | lamina_core::DType::IQ4_NL) && rows.is_multiple_of(8)
+}
+
+/// `gemv_q4_b32_8x8_q8_0_lut_avx` / `gemm_q4_b32_8x8_q8_0_lut_avx`'s value (both kernels agree
+/// per output) for one repacked Q4_0 (`iq4nl = false`) or IQ4_NL weight row against one Q8_0
+/// activation row: per block `acc = fma((float)Σ q·q8, d_w*d_a, acc)`, one scalar chain.
+pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    #[inline(always)]
+    fn imp(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+        const KV: [i32; 16] = [
+            -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+        ];
+        let mut acc = 0f32;
+        for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / 32) {
+            let mut sumi = 0i32;
+            for i in 0..16 {
+                let (lo, hi) = (usize::from(xb[2 + i] & 15), usize::from(xb[2 + i] >> 4));
+                let (vl, vh) = if iq4nl {
+                    (KV[lo], KV[hi])
+                } else {
+                    (lo as i32 - 8, hi as i32 - 8)
+                };
+                sumi += vl * i32::from(yb[2 + i] as i8) + vh * i32::from(yb[18 + i] as i8);
+            }
+            acc = (sumi as f32).mul_add(f16_at(xb, 0) * f16_at(yb, 0), acc);
+        }
+        acc
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+            imp(iq4nl, n, x, y)
+        }
+        if simd_available() {
+            // SAFETY: AVX2/FMA/F16C present; same operations with FMA enabled.
+            return unsafe { fast(iq4nl, n, x, y) };
+        }
+    }
+    imp(iq4nl, n, x, y)
+}
+
+/// The tiled kernel's value for one Q3_K weight row and one Q8_K activation row (signed 3-bit
+/// values, 6-bit scales minus 32, no min).
+pub fn dot_q3_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(110).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let q8 = &yb[4..260];
+        let mut s1 = 0i32;
+        for sub in 0..16 {
+            let (j, k, half) = (sub / 8, (sub % 8) / 2, sub % 2);
+            let sc = q3k_scale(&xb[96..108], sub);
+            let mut dot = 0i32;
+            for i in 0..16 {
+                let b = 16 * half + i;
+                let low = i32::from((xb[32 + 32 * j + b] >> (2 * k)) & 3);
+                let h = i32::from((xb[b] >> (4 * j + k)) & 1);
+                dot += (low - 4 + 4 * h) * i32::from(q8[16 * sub + i] as i8);
+            }
+            s1 += sc * dot;
+        }
+        acc = tiled_acc(acc, f16_at(xb, 108), None, s1, 0, yd);
+    }
+    acc
+}
+
+/// Q3_K's scale `i` (6 bits, minus 32).
+fn q3k_scale(sc: &[u8], i: usize) -> i32 {
+    let aux: [u32; 3] = std::array::from_fn(|t| {
+        u32::from_le_bytes([sc[4 * t], sc[4 * t + 1], sc[4 * t + 2], sc[4 * t + 3]])
+    });
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let w = match i / 4 {
+        0 => (aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4),
+        1 => (aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4),
+        2 => ((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4),
+        _ => ((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4),
+    };
+    i32::from(w.to_le_bytes()[i % 4] as i8) - 32
+}

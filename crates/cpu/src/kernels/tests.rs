@@ -39,6 +39,7 @@ fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
             DType::Q2_K => &[80, 82],
             DType::Q6_K => &[208],
+            DType::Q3_K => &[108],
             _ => &[],
         };
         for &o in offs {
@@ -107,6 +108,7 @@ fn dots_simd_match_scalar() {
         DType::Q8_0,
         DType::IQ4_NL,
         DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,

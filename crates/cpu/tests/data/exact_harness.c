@@ -193,7 +193,7 @@ int main(int argc, char **argv) {
     int ns[4] = { 7, 64, 67, 136 };
     for (int i = 0; i < 4; i++) unary_cases(ns[i], 2);
     softmax_case(5, 5, 0.125f); softmax_case(37, 9, 0.125f); softmax_case(256, 4, 1.0f);
-    rope_case(0, 64, 64, 3, 5, 10000.0f); rope_case(2, 64, 64, 3, 5, 10000.0f);
+    rope_case(0, 64, 64, 3, 5, 10000.0f); rope_case(2, 64, 64, 3, 3, 10000.0f);
     rope_case(0, 16, 10, 2, 3, 10000.0f); rope_case(2, 256, 256, 2, 2, 1000000.0f);
     rope_case(0, 40, 40, 2, 3, 500.0f); rope_case(0, 24, 12, 2, 3, 10000.0f);
     rope_case(0, 8, 6, 2, 6, 10000.0f); rope_case(0, 16, 14, 2, 6, 10000.0f); rope_case(0, 18, 18, 1, 6, 10000.0f);
@@ -203,8 +203,10 @@ int main(int argc, char **argv) {
     mulmat_q_case(GGML_TYPE_Q6_K, 4, 9, 256); mulmat_q_case(GGML_TYPE_Q6_K, 4, 3, 256);
     mulmat_q_case(GGML_TYPE_Q4_K, 4, 8, 256); mulmat_q_case(GGML_TYPE_Q5_K, 4, 8, 256);
     mulmat_q_case(GGML_TYPE_Q2_K, 4, 8, 256); mulmat_q_case(GGML_TYPE_IQ4_XS, 4, 8, 256);
+    mulmat_q_case(GGML_TYPE_Q3_K, 4, 8, 256);
     mulmat_repack_case(GGML_TYPE_Q4_K, 16, 1, 512); mulmat_repack_case(GGML_TYPE_Q4_K, 8, 7, 256);
     mulmat_repack_case(GGML_TYPE_Q4_K, 8, 4, 256);
+    mulmat_repack_case(GGML_TYPE_Q4_0, 8, 5, 64); mulmat_repack_case(GGML_TYPE_IQ4_NL, 8, 5, 64);
     fclose(out);
     return 0;
 }

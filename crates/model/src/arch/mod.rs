@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use lamina_core::DType;
-use lamina_core::graph::{BufferMemory, Graph, RopeMode, RopeParams, TensorId};
+use lamina_core::graph::{BufferMemory, GluOp, Graph, RopeMode, RopeParams, TensorId};
 use lamina_core::tensor::TensorFlags;
 
 use crate::kv_cache::KvCache;
-use crate::weights::WeightRef;
+use crate::weights::{LayerWeights, WeightRef};
 use crate::{Arch, HParams, ModelError, RopeType};
 
 /// The graph's inputs, written by the host before each compute.
@@ -38,7 +38,7 @@ pub struct GraphInputs {
 pub struct BuiltGraph {
     pub graph: Graph,
     pub inputs: GraphInputs,
-    /// `[n_vocab, n_outputs]` f32.
+    /// `[n_vocab, n_outputs]` f32 (`[n_embd, n_outputs]` when built for embeddings).
     pub logits: TensorId,
 }
 
@@ -50,6 +50,8 @@ pub struct GraphShape {
     pub n_kv: usize,
     /// Rows of logits computed.
     pub n_outputs: usize,
+    /// Output the final-normed hidden states (`[n_embd, n_outputs]`) instead of logits.
+    pub embeddings: bool,
 }
 
 /// What graph building reads: hyperparameters, weights and their memory, and the cache.
@@ -160,6 +162,43 @@ impl<'a> Builder<'a> {
         Ok(y)
     }
 
+    /// Layer `il`'s Q, K and V projections of `x`, as `[head_dim, n_head(_kv), n_tokens]`.
+    pub fn qkv(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        lw: &LayerWeights,
+    ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
+        let hp = self.hp();
+        let n_tokens = self.shape.n_tokens;
+        let (head_k, head_v) = (hp.n_embd_head_k as usize, hp.n_embd_head_v as usize);
+        let (n_head, n_head_kv) = (hp.n_head[il] as usize, hp.n_head_kv[il] as usize);
+        let q = self.linear(x, lw.wq, lw.bq)?;
+        let k = self.linear(x, lw.wk, lw.bk)?;
+        let v = self.linear(x, lw.wv, lw.bv)?;
+        Ok((
+            self.g.reshape(q, &[head_k, n_head, n_tokens])?,
+            self.g.reshape(k, &[head_k, n_head_kv, n_tokens])?,
+            self.g.reshape(v, &[head_v, n_head_kv, n_tokens])?,
+        ))
+    }
+
+    /// The gated feed-forward network `down(act(gate(x)) * up(x))` (llama.cpp's `LLM_FFN_PAR`).
+    pub fn gated_ffn(
+        &mut self,
+        x: TensorId,
+        lw: &LayerWeights,
+        act: GluOp,
+    ) -> Result<TensorId, ModelError> {
+        let gate = self.linear(x, lw.ffn_gate, None)?;
+        let up = self.linear(x, lw.ffn_up, None)?;
+        let h = match act {
+            GluOp::SwiGlu => self.g.swiglu_split(gate, up)?,
+            GluOp::GeGlu => self.g.geglu_split(gate, up)?,
+        };
+        self.linear(h, lw.ffn_down, None)
+    }
+
     /// Token embeddings of the batch, `[n_embd, n_tokens]`.
     pub fn embeddings(&mut self) -> Result<TensorId, ModelError> {
         let tok_embd = self.weight(self.ctx.weights.tok_embd)?;
@@ -261,10 +300,13 @@ impl<'a> Builder<'a> {
         Ok(self.g.get_rows(x, self.inputs.out_ids)?)
     }
 
-    /// Final norm and LM head.
+    /// Final norm and LM head (or, for embeddings, the final norm alone).
     pub fn logits(&mut self, x: TensorId) -> Result<TensorId, ModelError> {
         let w = self.ctx.weights;
         let x = self.rms_norm(x, w.output_norm)?;
+        if self.shape.embeddings {
+            return Ok(x);
+        }
         self.linear(x, w.lm_head(), None)
     }
 }
