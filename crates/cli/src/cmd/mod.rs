@@ -82,16 +82,14 @@ pub struct LoadArgs {
     /// Threads to compute with (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Largest micro-batch computed at once.
-    #[arg(
-        short = 'u',
-        long = "ubatch-size",
-        visible_alias = "ub",
-        default_value_t = 512
-    )]
+    /// Most tokens handed to the model in one call (the prompt is fed in such batches).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch_size: usize,
+    /// Largest micro-batch computed at once (`-ub`).
+    #[arg(long = "ubatch-size", default_value_t = 512)]
     pub ubatch_size: usize,
-    /// KV cache type: f16 or f32.
-    #[arg(long = "cache-type", visible_alias = "ctk", default_value = "f16")]
+    /// KV cache type: f16 or f32 (`-ctk`).
+    #[arg(long = "cache-type", default_value = "f16")]
     pub cache_type: String,
 }
 

@@ -22,9 +22,6 @@ pub struct PerplexityArgs {
     /// The text to score.
     #[arg(short = 'f', long)]
     pub file: Option<PathBuf>,
-    /// Tokens evaluated together; chunks that fit are evaluated as parallel sequences.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
-    pub batch_size: usize,
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
@@ -52,7 +49,7 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     let n_seq = if base_reader.is_some() {
         1
     } else {
-        (args.batch_size / n_ctx).max(1)
+        (args.load.batch_size / n_ctx).max(1)
     };
     let params = ContextParams {
         n_ctx: n_ctx * n_seq,
@@ -80,7 +77,7 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
             );
         }
         let mut plan =
-            PerplexityPlan::for_kl_divergence(reader.tokens(), n_ctx, args.batch_size, bos)?;
+            PerplexityPlan::for_kl_divergence(reader.tokens(), n_ctx, args.load.batch_size, bos)?;
         if let Some(c) = args.chunks {
             plan = plan.with_max_chunks(c)?;
         }
@@ -113,7 +110,7 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let tokens = tok.tokenize(&text, true, false);
-    let mut plan = PerplexityPlan::new(&tokens, n_ctx, args.batch_size, bos)?;
+    let mut plan = PerplexityPlan::new(&tokens, n_ctx, args.load.batch_size, bos)?;
     if let Some(c) = args.chunks {
         plan = plan.with_max_chunks(c)?;
     }

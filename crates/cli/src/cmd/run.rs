@@ -122,7 +122,10 @@ fn generate(
     out: &mut Utf8Stream,
 ) -> anyhow::Result<GenStats> {
     let t0 = Instant::now();
-    ctx.decode(&Batch::sequence(prompt, 0, 0))?;
+    for (i, part) in prompt.chunks(args.load.batch_size.max(1)).enumerate() {
+        let pos0 = (i * args.load.batch_size.max(1)) as i32;
+        ctx.decode(&Batch::sequence(part, pos0, 0))?;
+    }
     let prompt_time = t0.elapsed();
 
     let mut stats = GenStats {

@@ -56,14 +56,32 @@ impl ServeArgs {
     }
 }
 
-/// Rewrites llama.cpp's multi-letter short flags that clap cannot declare (`-np N`,
-/// `-np=N`) into their long forms.
+/// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
+const LLAMA_SHORT_FLAGS: [(&str, &str); 4] = [
+    ("-np", "--parallel"),
+    ("-ub", "--ubatch-size"),
+    ("-ctk", "--cache-type"),
+    ("-sys", "--system-prompt"),
+];
+
+/// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-sys`)
+/// into their long forms.
 pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
-        .map(|a| match a.to_str() {
-            Some("-np") => OsString::from("--parallel"),
-            Some(s) if s.starts_with("-np=") => OsString::from(format!("--parallel={}", &s[4..])),
-            _ => a,
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in LLAMA_SHORT_FLAGS {
+                if s == short {
+                    return OsString::from(long);
+                }
+                if let Some(value) = s
+                    .strip_prefix(short)
+                    .and_then(|rest| rest.strip_prefix('='))
+                {
+                    return OsString::from(format!("{long}={value}"));
+                }
+            }
+            a
         })
         .collect()
 }
