@@ -38,6 +38,8 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Perplexity of a text (llama-perplexity's method), or KL divergence against base logits.
     Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Measure prompt and generation speed (llama-bench's flags and output).
+    Bench(cmd::bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve {
         /// Model: a GGUF path or a known model name (pulled on first use).
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
         Command::Serve {
             model,
             threads,

@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share.
 
+pub mod bench;
 pub mod chat;
 pub mod devices;
 pub mod inspect;

@@ -57,8 +57,9 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 4] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 5] = [
     ("-np", "--parallel"),
+    ("-pg", "--n-gen-prompt"),
     ("-ub", "--ubatch-size"),
     ("-ctk", "--cache-type"),
     ("-sys", "--system-prompt"),
