@@ -304,8 +304,27 @@ fn time_test(
     args: &BenchArgs,
     first_token: Option<u32>,
 ) -> anyhow::Result<Vec<u64>> {
-    let n_vocab = ctx.model().hparams.n_vocab;
     let mut rng = SplitMix64(0x6c61_6d69_6e61);
+    run_once(ctx, test, test.n_gen.min(1), args, first_token, &mut rng)?;
+    let mut samples = Vec::with_capacity(args.repetitions);
+    for _ in 0..args.repetitions {
+        let start = Instant::now();
+        run_once(ctx, test, test.n_gen, args, first_token, &mut rng)?;
+        samples.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(samples)
+}
+
+/// From an empty cache: the test's prompt, then `n_gen` generated tokens.
+fn run_once(
+    ctx: &mut Context,
+    test: TestSpec,
+    n_gen: usize,
+    args: &BenchArgs,
+    first_token: Option<u32>,
+    rng: &mut SplitMix64,
+) -> anyhow::Result<()> {
+    let n_vocab = ctx.model().hparams.n_vocab;
     ctx.clear();
     if test.n_prompt > 0 {
         decode_prompt(
@@ -314,39 +333,13 @@ fn time_test(
             args.batch_size,
             first_token,
             n_vocab,
-            &mut rng,
+            rng,
         )?;
     }
-    if test.n_gen > 0 {
-        decode_gen(ctx, test.n_prompt, 1, first_token, n_vocab, &mut rng)?;
+    if n_gen > 0 {
+        decode_gen(ctx, test.n_prompt, n_gen, first_token, n_vocab, rng)?;
     }
-    let mut samples = Vec::with_capacity(args.repetitions);
-    for _ in 0..args.repetitions {
-        ctx.clear();
-        let start = Instant::now();
-        if test.n_prompt > 0 {
-            decode_prompt(
-                ctx,
-                test.n_prompt,
-                args.batch_size,
-                first_token,
-                n_vocab,
-                &mut rng,
-            )?;
-        }
-        if test.n_gen > 0 {
-            decode_gen(
-                ctx,
-                test.n_prompt,
-                test.n_gen,
-                first_token,
-                n_vocab,
-                &mut rng,
-            )?;
-        }
-        samples.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
-    }
-    Ok(samples)
+    Ok(())
 }
 
 fn decode_prompt(
