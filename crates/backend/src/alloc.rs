@@ -77,6 +77,18 @@ impl FreeList {
 
 /// Computes where each unbound tensor of `graph` goes, with `alignment`.
 pub fn plan_graph(graph: &Graph, buffer_type: &BufferType) -> Result<AllocPlan, BackendError> {
+    plan_graph_where(graph, buffer_type, &|_| true, &|_| false)
+}
+
+/// As [`plan_graph`], for the unbound tensors `include` accepts (the scheduler's: those of one
+/// device); `keep` marks tensors that must stay live for the whole graph (read later by a copy
+/// to another device).
+pub fn plan_graph_where(
+    graph: &Graph,
+    buffer_type: &BufferType,
+    include: &dyn Fn(TensorId) -> bool,
+    keep: &dyn Fn(TensorId) -> bool,
+) -> Result<AllocPlan, BackendError> {
     let align = buffer_type.alignment();
     let n = graph.len();
     // Last node index reading each root (through views).
@@ -105,7 +117,9 @@ pub fn plan_graph(graph: &Graph, buffer_type: &BufferType) -> Result<AllocPlan, 
         f.contains(TensorFlags::INPUT)
             || f.contains(TensorFlags::OUTPUT)
             || graph.tensor(id).op.is_view()
+            || keep(id)
     };
+    let needs_memory = |graph: &Graph, id: TensorId| needs_memory(graph, id) && include(id);
     let mut fl = FreeList::default();
     let mut offsets = Vec::new();
     let mut placed: Vec<Option<(usize, usize)>> = vec![None; n];
@@ -185,14 +199,37 @@ impl GraphAllocator {
 
     /// Sizes the compute buffer for `graph` (the worst case); returns the size in bytes.
     pub fn reserve(&mut self, graph: &Graph) -> Result<usize, BackendError> {
-        let plan = plan_graph(graph, &self.buffer_type)?;
-        self.ensure(plan.size)?;
-        Ok(plan.size)
+        self.reserve_where(graph, &|_| true, &|_| false)
     }
 
     /// Binds every unbound tensor of `graph` into the compute buffer.
     pub fn allocate(&mut self, graph: &mut Graph) -> Result<(), BackendError> {
-        let plan = plan_graph(graph, &self.buffer_type)?;
+        self.allocate_where(graph, &|_| true, &|_| false)
+    }
+
+    /// [`GraphAllocator::reserve`] for the tensors `include` accepts (see [`plan_graph_where`]).
+    pub fn reserve_where(
+        &mut self,
+        graph: &Graph,
+        include: &dyn Fn(TensorId) -> bool,
+        keep: &dyn Fn(TensorId) -> bool,
+    ) -> Result<usize, BackendError> {
+        let plan = plan_graph_where(graph, &self.buffer_type, include, keep)?;
+        self.ensure(plan.size)?;
+        Ok(plan.size)
+    }
+
+    /// [`GraphAllocator::allocate`] for the tensors `include` accepts (see [`plan_graph_where`]).
+    pub fn allocate_where(
+        &mut self,
+        graph: &mut Graph,
+        include: &dyn Fn(TensorId) -> bool,
+        keep: &dyn Fn(TensorId) -> bool,
+    ) -> Result<(), BackendError> {
+        let plan = plan_graph_where(graph, &self.buffer_type, include, keep)?;
+        if plan.offsets.is_empty() {
+            return Ok(());
+        }
         let memory = self.ensure(plan.size)?.memory();
         for (id, off) in plan.offsets {
             graph.bind(id, memory.clone(), off)?;

@@ -3,8 +3,9 @@
 //! device), [`Buffer`]s with bounds-checked blocking access, one in-order [`Stream`] (graph
 //! compute, async set/get/copy, synchronize) and [`Event`]s (record, device-side wait, host
 //! synchronize); the generic async fallbacks; the [`CommandQueue`] that host-memory devices
-//! build their streams on; and the [`GraphAllocator`] that places a graph's intermediates.
-//! Concrete devices (the CPU in `lamina-cpu`) implement the traits; the scheduler will live here.
+//! build their streams on; the [`GraphAllocator`] that places a graph's intermediates; and the
+//! [`Scheduler`] that runs one graph over several devices (placement, splits, copies with
+//! events, pipeline parallelism). Concrete devices (the CPU in `lamina-cpu`) implement the traits.
 
 pub mod alloc;
 pub mod buffer;
@@ -12,9 +13,10 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod queue;
+pub mod sched;
 pub mod stream;
 
-pub use alloc::{AllocPlan, GraphAllocator, plan_graph};
+pub use alloc::{AllocPlan, GraphAllocator, plan_graph, plan_graph_where};
 pub use buffer::{
     Buffer, BufferGuard, BufferSlice, BufferType, BufferUsage, HOST_ALIGNMENT, HostMemory,
     bytes_to_f32, f32_to_bytes, lock_buffers, tensor_get, tensor_get_f32, tensor_set,
@@ -24,4 +26,8 @@ pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryIn
 pub use error::BackendError;
 pub use event::Event;
 pub use queue::{Command, CommandQueue};
-pub use stream::{PendingRead, Stream, StreamImpl, copy_async};
+pub use sched::{
+    Assignment, DeviceHint, PIPELINE_COPIES, ScheduledGraph, Scheduler, Split, SplitCopy,
+    assign_devices, split_graph,
+};
+pub use stream::{PendingRead, Stream, StreamImpl, copy_async, copy_async_unfenced};

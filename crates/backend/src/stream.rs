@@ -7,6 +7,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
 
 use lamina_core::graph::Graph;
@@ -26,7 +27,17 @@ pub trait StreamImpl: Send + Sync + Any {
     fn is_async(&self) -> bool;
     fn supports_events(&self) -> bool;
     /// Queues a graph; every tensor must be bound to memory this device accepts.
-    fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError>;
+    fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
+        let n = graph.len();
+        self.compute_nodes_async(graph, 0..n)
+    }
+    /// Queues the compute nodes of `graph` whose index is in `nodes` (one split of a scheduled
+    /// graph); every tensor those nodes touch must be bound to memory this device accepts.
+    fn compute_nodes_async(
+        &self,
+        graph: Arc<Graph>,
+        nodes: Range<usize>,
+    ) -> Result<(), BackendError>;
     fn set_async(&self, dst: BufferSlice, data: Vec<u8>) -> Result<(), BackendError>;
     fn get_async(&self, src: BufferSlice, into: PendingRead) -> Result<(), BackendError>;
     /// Called on the *destination* stream. Queues `src → dst` after everything queued on
@@ -38,6 +49,18 @@ pub trait StreamImpl: Send + Sync + Any {
         src: &BufferSlice,
         dst: &BufferSlice,
     ) -> Result<bool, BackendError>;
+    /// As [`StreamImpl::copy_async`], but the caller has already ordered the copy after every
+    /// reader of `dst` on this stream (the scheduler's per-copy-slot events), so the copy need
+    /// only follow `src_stream`'s work and need not wait for this stream's queue to drain.
+    /// Defaults to the fenced copy, which is always correct.
+    fn copy_async_unfenced(
+        &self,
+        src_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+    ) -> Result<bool, BackendError> {
+        self.copy_async(src_stream, src, dst)
+    }
     fn synchronize(&self) -> Result<(), BackendError>;
     fn record(&self, event: &Event) -> Result<(), BackendError>;
     fn wait(&self, event: &Event) -> Result<(), BackendError>;
@@ -144,6 +167,15 @@ impl Stream {
         self.0.compute_async(graph)
     }
 
+    /// Queues the compute nodes of `graph` with an index in `nodes`.
+    pub fn compute_nodes_async(
+        &self,
+        graph: Arc<Graph>,
+        nodes: Range<usize>,
+    ) -> Result<(), BackendError> {
+        self.0.compute_nodes_async(graph, nodes)
+    }
+
     /// Computes `graph` and waits for it.
     pub fn compute(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
         self.0.compute_async(graph)?;
@@ -227,6 +259,28 @@ pub fn copy_async(
     src: &BufferSlice,
     dst: &BufferSlice,
 ) -> Result<(), BackendError> {
+    copy_async_impl(src_stream, dst_stream, src, dst, true)
+}
+
+/// [`copy_async`] for a caller that has itself ordered the copy after every earlier reader of
+/// `dst` on `dst_stream` (by making `src_stream` wait for an event recorded after them): the copy
+/// then waits only for `src_stream`'s work. Falls back like [`copy_async`].
+pub fn copy_async_unfenced(
+    src_stream: &Stream,
+    dst_stream: &Stream,
+    src: &BufferSlice,
+    dst: &BufferSlice,
+) -> Result<(), BackendError> {
+    copy_async_impl(src_stream, dst_stream, src, dst, false)
+}
+
+fn copy_async_impl(
+    src_stream: &Stream,
+    dst_stream: &Stream,
+    src: &BufferSlice,
+    dst: &BufferSlice,
+    fenced: bool,
+) -> Result<(), BackendError> {
     src_stream.check_owned(src)?;
     dst_stream.check_owned(dst)?;
     if src.len != dst.len {
@@ -236,7 +290,12 @@ pub fn copy_async(
             actual: src.len,
         });
     }
-    if dst_stream.0.copy_async(src_stream, src, dst)? {
+    let queued = if fenced {
+        dst_stream.0.copy_async(src_stream, src, dst)?
+    } else {
+        dst_stream.0.copy_async_unfenced(src_stream, src, dst)?
+    };
+    if queued {
         return Ok(());
     }
     src_stream.synchronize()?;

@@ -49,6 +49,8 @@ enum Command {
         #[arg(short = 't', long)]
         threads: Option<usize>,
         #[command(flatten)]
+        devices: cmd::DeviceArgs,
+        #[command(flatten)]
         args: cmd::serve::ServeArgs,
     },
     /// Tokenize text with a model's vocabulary (vocab-only files work too).
@@ -82,8 +84,9 @@ fn main() -> ExitCode {
         Command::Serve {
             model,
             threads,
+            devices,
             args,
-        } => serve(&model, threads, &args),
+        } => serve(&model, threads, &devices, &args),
         Command::Tokenize { model, args } => {
             cmd::resolve_model(&model).and_then(|path| cmd::tokenize::run(&args, &path))
         }
@@ -100,14 +103,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(model: &str, threads: Option<usize>, args: &cmd::serve::ServeArgs) -> anyhow::Result<()> {
+fn serve(
+    model: &str,
+    threads: Option<usize>,
+    devices: &cmd::DeviceArgs,
+    args: &cmd::serve::ServeArgs,
+) -> anyhow::Result<()> {
     let params = lamina_model::ContextParams {
         n_ctx: args.ctx_size as usize,
         n_ubatch: args.batch_size.max(1) as usize,
         n_seq_max: args.parallel.max(1) as usize,
         ..Default::default()
     };
-    let loaded = cmd::load_with(model, threads, params)?;
+    let loaded = cmd::load_with(model, threads, params, devices)?;
     let engine = cmd::model_engine::ModelEngine::new(loaded.context, loaded.tokenizer)?;
     cmd::serve::run(args, Box::new(engine))
 }

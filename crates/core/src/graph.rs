@@ -299,6 +299,11 @@ impl Graph {
         self.tensors.is_empty()
     }
 
+    /// The id the next tensor created will get.
+    pub fn next_id(&self) -> TensorId {
+        TensorId(self.tensors.len() as u32)
+    }
+
     pub fn ids(&self) -> impl Iterator<Item = TensorId> + use<> {
         (0..self.tensors.len() as u32).map(TensorId)
     }
@@ -404,6 +409,54 @@ impl Graph {
             name: String::new(),
             binding: None,
         })
+    }
+
+    // ----- rewriting (the scheduler's) -----
+
+    /// A new unbound leaf with `id`'s layout (dtype, shape and strides) and name suffixed
+    /// `suffix`: the destination of a copy of `id`'s memory.
+    pub fn new_leaf_like(&mut self, id: TensorId, suffix: &str) -> Result<TensorId, GraphError> {
+        let t = self.check(id)?;
+        let (layout, name) = (t.layout, format!("{}{suffix}", t.name));
+        let new = self.node(layout, Op::Leaf, [None; 3])?;
+        self.tensors[new.index()].name = name;
+        Ok(new)
+    }
+
+    /// A copy of view `v` (same op, layout and offset) aliasing `root` instead of `v`'s root.
+    /// `root` must have the layout of `v`'s root; the copy's sources become `root`.
+    pub fn view_onto(&mut self, v: TensorId, root: TensorId) -> Result<TensorId, GraphError> {
+        let t = self.check(v)?.clone();
+        let old_root = t.view_src.ok_or_else(|| shape_err("VIEW", "not a view"))?;
+        if self.check(root)?.layout != self.tensors[old_root.index()].layout {
+            return Err(shape_err("VIEW", "new root differs in layout"));
+        }
+        self.push(Tensor {
+            src: [Some(root), None, None],
+            view_src: Some(root),
+            binding: None,
+            ..t
+        })
+    }
+
+    /// Points every source of `node` that is `from` at `to`.
+    pub fn replace_source(
+        &mut self,
+        node: TensorId,
+        from: TensorId,
+        to: TensorId,
+    ) -> Result<(), GraphError> {
+        self.check(to)?;
+        let t = self
+            .tensors
+            .get_mut(node.index())
+            .ok_or(GraphError::UnknownTensor(node))?;
+        for s in t.src.iter_mut().flatten() {
+            if *s == from {
+                *s = to;
+            }
+        }
+        Ok(())
     }
 
     /// A new leaf tensor of shape `ne` (1 to 4 dims), densely packed.

@@ -1,6 +1,7 @@
 //! The CPU device (one of N virtual devices) and its stream.
 
 use std::any::Any;
+use std::ops::Range;
 use std::sync::Arc;
 
 use lamina_backend::{
@@ -183,6 +184,75 @@ impl CpuStream {
     }
 }
 
+impl CpuStream {
+    /// A copy between CPU queues. Fenced: the seed's protocol (1) a fence on the destination
+    /// queue, behind its queued work; (2) on the source queue, one command that waits for the
+    /// fence, copies and signals (signal and copy in the same command); (3) the destination
+    /// waits for that signal. Unfenced: step (1) is left out, the caller having ordered the copy
+    /// after the destination's readers with an event.
+    fn copy(
+        &self,
+        src_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+        fenced: bool,
+    ) -> Result<bool, BackendError> {
+        let Some(src_impl) = src_stream
+            .implementation()
+            .as_any()
+            .downcast_ref::<CpuStream>()
+        else {
+            return Ok(false);
+        };
+        if !self.queue.is_async() || !src_impl.queue.is_async() {
+            return Ok(false);
+        }
+        let (src, dst) = (src.clone(), dst.clone());
+        if std::ptr::eq(src_impl, self) {
+            self.queue.submit(move |_| dst.copy_from(&src))?;
+            return Ok(true);
+        }
+        // (1) The fence: behind the destination's queued work (its readers of `dst`).
+        let fence = if fenced {
+            let fence_ev = self.ev_sync.clone();
+            let v = fence_ev.record_with(|v| {
+                let ev = fence_ev.clone();
+                self.queue
+                    .submit(move |_| {
+                        ev.signal(v);
+                        Ok(())
+                    })
+                    .map(|_| v)
+            })?;
+            Some((fence_ev, v))
+        } else {
+            None
+        };
+        let done_ev = src_impl.ev_cpy.clone();
+        let done = done_ev.record_with(|v| {
+            let (fence, done_ev) = (fence.clone(), done_ev.clone());
+            // (2) On the source queue: wait for the fence, copy, signal, as one command.
+            src_impl
+                .queue
+                .submit(move |_| {
+                    if let Some((fence_ev, v)) = fence {
+                        fence_ev.wait_for(v);
+                    }
+                    let r = dst.copy_from(&src);
+                    done_ev.signal(v);
+                    r
+                })
+                .map(|_| v)
+        })?;
+        // (3) Later work on the destination waits for the copy.
+        self.queue.submit(move |_| {
+            done_ev.wait_for(done);
+            Ok(())
+        })?;
+        Ok(true)
+    }
+}
+
 impl StreamImpl for CpuStream {
     fn device(&self) -> DeviceKey {
         self.key
@@ -197,8 +267,12 @@ impl StreamImpl for CpuStream {
         self.queue.is_async()
     }
 
-    fn compute_async(&self, graph: Arc<Graph>) -> Result<(), BackendError> {
-        let prepared = exec::prepare(graph, self.key, &self.name)?;
+    fn compute_nodes_async(
+        &self,
+        graph: Arc<Graph>,
+        nodes: Range<usize>,
+    ) -> Result<(), BackendError> {
+        let prepared = exec::prepare(graph, nodes, self.key, &self.name)?;
         let name = self.name.clone();
         self.queue
             .submit(move |state| exec::execute(state, &prepared, &name))
@@ -223,52 +297,16 @@ impl StreamImpl for CpuStream {
         src: &BufferSlice,
         dst: &BufferSlice,
     ) -> Result<bool, BackendError> {
-        let Some(src_impl) = src_stream
-            .implementation()
-            .as_any()
-            .downcast_ref::<CpuStream>()
-        else {
-            return Ok(false);
-        };
-        if !self.queue.is_async() || !src_impl.queue.is_async() {
-            return Ok(false);
-        }
-        let (src, dst) = (src.clone(), dst.clone());
-        if std::ptr::eq(src_impl, self) {
-            self.queue.submit(move |_| dst.copy_from(&src))?;
-            return Ok(true);
-        }
-        // The seed's protocol: (1) a fence on the destination queue, behind its queued work;
-        // (2) on the source queue, one command that waits for the fence, copies and signals
-        // (signal and copy in the same command); (3) the destination waits for that signal.
-        let fence_ev = self.ev_sync.clone();
-        let fence = fence_ev.record_with(|v| {
-            let ev = fence_ev.clone();
-            self.queue
-                .submit(move |_| {
-                    ev.signal(v);
-                    Ok(())
-                })
-                .map(|_| v)
-        })?;
-        let done_ev = src_impl.ev_cpy.clone();
-        let done = done_ev.record_with(|v| {
-            let (fence_ev, done_ev) = (fence_ev.clone(), done_ev.clone());
-            src_impl
-                .queue
-                .submit(move |_| {
-                    fence_ev.wait_for(fence);
-                    let r = dst.copy_from(&src);
-                    done_ev.signal(v);
-                    r
-                })
-                .map(|_| v)
-        })?;
-        self.queue.submit(move |_| {
-            done_ev.wait_for(done);
-            Ok(())
-        })?;
-        Ok(true)
+        self.copy(src_stream, src, dst, true)
+    }
+
+    fn copy_async_unfenced(
+        &self,
+        src_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+    ) -> Result<bool, BackendError> {
+        self.copy(src_stream, src, dst, false)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

@@ -239,6 +239,8 @@ pub(crate) fn unravel_row(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
 /// A graph checked against a device: where each tensor lives.
 pub(crate) struct Prepared {
     pub graph: Arc<Graph>,
+    /// Indices of the nodes to run (compute nodes in this range, in order).
+    pub nodes: Range<usize>,
     pub buffers: Vec<Buffer>,
     /// Per tensor: index into `buffers` and byte offset, for tensors the compute touches.
     pub loc: Vec<Option<(usize, usize)>>,
@@ -257,9 +259,12 @@ fn elem_align(dtype: DType) -> usize {
 /// bounds, aligned, and that outputs are writable and do not overlap their inputs.
 pub(crate) fn prepare(
     graph: Arc<Graph>,
+    nodes: Range<usize>,
     device: DeviceKey,
     device_name: &str,
 ) -> Result<Prepared, BackendError> {
+    let nodes = nodes.start.min(graph.len())..nodes.end.min(graph.len());
+    let node_ids = || graph.ids().skip(nodes.start).take(nodes.len());
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut loc = vec![None; graph.len()];
     let mut locate = |id: TensorId,
@@ -311,7 +316,7 @@ pub(crate) fn prepare(
         loc[id.index()] = Some((bi, offset));
         Ok((bi, offset))
     };
-    for id in graph.ids() {
+    for id in node_ids() {
         let t = graph.tensor(id);
         if !t.op.is_compute() {
             continue;
@@ -332,7 +337,7 @@ pub(crate) fn prepare(
             }
         }
     }
-    for id in graph.ids() {
+    for id in node_ids() {
         let t = graph.tensor(id);
         if t.op.is_compute()
             && let Some((bi, _)) = loc[id.index()]
@@ -343,6 +348,7 @@ pub(crate) fn prepare(
     }
     Ok(Prepared {
         graph,
+        nodes,
         buffers,
         loc,
     })
@@ -386,7 +392,7 @@ pub(crate) fn execute(
     let nth = state.pool.threads();
     let mut nodes = Vec::new();
     let mut work_bytes = 0usize;
-    for id in graph.ids() {
+    for id in graph.ids().skip(p.nodes.start).take(p.nodes.len()) {
         let t = graph.tensor(id);
         if !t.op.is_compute() {
             continue;

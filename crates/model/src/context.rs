@@ -1,9 +1,10 @@
-//! The inference context: a KV cache, a compute buffer and a stream on the model's device, and
-//! `decode`, which turns a batch of tokens into logits (llama.cpp's `llama_context`).
+//! The inference context: a KV cache (each layer's on its device), a scheduler over the model's
+//! devices, and `decode`, which turns a batch of tokens into logits (llama.cpp's
+//! `llama_context`).
 
 use std::sync::Arc;
 
-use lamina_backend::{BufferSlice, GraphAllocator, Stream, tensor_set_f32, tensor_set_i32};
+use lamina_backend::{PendingRead, Scheduler};
 use lamina_core::DType;
 use lamina_core::graph::BufferMemory;
 
@@ -74,6 +75,8 @@ pub struct ContextParams {
     pub kv_type: DType,
     /// Sequences the cache can hold (`-np`).
     pub n_seq_max: usize,
+    /// With several devices, keep several micro-batches in flight (pipeline parallelism).
+    pub pipeline_parallel: bool,
 }
 
 impl Default for ContextParams {
@@ -83,6 +86,7 @@ impl Default for ContextParams {
             n_ubatch: 512,
             kv_type: DType::F16,
             n_seq_max: 1,
+            pipeline_parallel: true,
         }
     }
 }
@@ -91,9 +95,9 @@ pub struct Context {
     model: Arc<Model>,
     params: ContextParams,
     kv: KvCache,
-    kv_memory: Arc<dyn BufferMemory>,
-    allocator: GraphAllocator,
-    stream: Stream,
+    /// Per device of the model's plan, its cache buffer as graphs bind to it.
+    kv_memory: Vec<Option<Arc<dyn BufferMemory>>>,
+    sched: Scheduler,
     /// Logits of the last decode, one row of n_vocab per output.
     logits: Vec<f32>,
     /// For each token of the last batch, its row in `logits`.
@@ -111,17 +115,20 @@ impl Context {
             )));
         }
         params.n_ubatch = params.n_ubatch.min(params.n_ctx);
-        let device = model.device().clone();
-        let kv = KvCache::new(
-            device.as_ref(),
+        let plan = model.plan();
+        let kv = KvCache::new_placed(
+            &plan.devices,
+            &plan.layers,
             &model.hparams,
             params.n_ctx,
             params.kv_type,
         )?;
+        let sched = Scheduler::new(plan.devices.clone(), params.pipeline_parallel)?;
         let mut ctx = Context {
-            kv_memory: kv.buffer().memory(),
-            allocator: GraphAllocator::new(device.buffer_type()),
-            stream: device.stream(),
+            kv_memory: (0..plan.devices.len())
+                .map(|d| kv.buffer(d).map(|b| b.memory()))
+                .collect(),
+            sched,
             model,
             params,
             kv,
@@ -136,7 +143,7 @@ impl Context {
             embeddings: false,
         };
         let built = build_graph(&ctx.build_context(), worst)?;
-        ctx.allocator.reserve(&built.graph)?;
+        ctx.sched.reserve(built.graph, &built.hints)?;
         Ok(ctx)
     }
 
@@ -156,11 +163,17 @@ impl Context {
         &self.kv
     }
 
+    /// The scheduler running this context's graphs.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
     fn build_context(&self) -> BuildContext<'_> {
         BuildContext {
             hp: &self.model.hparams,
             weights: &self.model.weights,
             weight_memory: self.model.weight_memory(),
+            plan: self.model.plan(),
             kv: &self.kv,
             kv_memory: &self.kv_memory,
         }
@@ -220,36 +233,93 @@ impl Context {
                 next_row - 1
             }));
         }
+        // Every micro-batch is queued before any is waited for: with several devices the
+        // scheduler pipelines them (micro-batch k+1 starts on the first device while k is on the
+        // next). Host-side, each one's cells are claimed before the next is built, so its mask
+        // sees them.
+        let mut in_flight = Vec::new();
+        let mut result = Ok(());
         for ubatch in batch.tokens.chunks(self.params.n_ubatch) {
-            let rows = self.decode_ubatch(ubatch, false)?;
-            self.logits.extend_from_slice(&rows);
+            match self.submit_ubatch(ubatch, false) {
+                Ok(f) => in_flight.push(f),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let result = result.and_then(|()| self.sched.synchronize().map_err(ModelError::from));
+        let mut rows = Vec::new();
+        let result = result.and_then(|()| {
+            for f in &in_flight {
+                rows.push(f.finish(self.model.hparams.n_vocab as usize)?);
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            // What was queued may have half-run: forget all of this batch's cells.
+            let _ = self.sched.synchronize();
+            for f in &in_flight {
+                self.kv.release(&f.cells);
+            }
+            return Err(e);
+        }
+        for r in rows {
+            self.logits.extend_from_slice(&r);
         }
         Ok(())
     }
 
-    /// Computes one micro-batch; returns the wanted output rows (logits, or final-normed hidden
-    /// states when `embeddings`), in batch order.
+    /// Computes one micro-batch and waits for it; returns the wanted output rows (logits, or
+    /// final-normed hidden states when `embeddings`), in batch order.
     fn decode_ubatch(
         &mut self,
         ubatch: &[BatchToken],
         embeddings: bool,
     ) -> Result<Vec<f32>, ModelError> {
-        let placement: Vec<(i32, usize)> = ubatch.iter().map(|t| (t.pos, t.seq)).collect();
-        let cells = self.kv.place(&placement)?;
-        let result = self.compute_ubatch(ubatch, &placement, &cells, embeddings);
-        if result.is_err() {
-            self.kv.release(&cells);
+        let hp = &self.model.hparams;
+        let width = if embeddings { hp.n_embd } else { hp.n_vocab } as usize;
+        let f = self.submit_ubatch(ubatch, embeddings)?;
+        let r = self
+            .sched
+            .synchronize()
+            .map_err(ModelError::from)
+            .and_then(|()| f.finish(width));
+        if r.is_err() {
+            self.kv.release(&f.cells);
         }
-        result
+        r
     }
 
-    fn compute_ubatch(
+    /// Claims cells for one micro-batch, builds and schedules its graph, writes its inputs and
+    /// queues it; the result is read when the devices are done.
+    fn submit_ubatch(
+        &mut self,
+        ubatch: &[BatchToken],
+        embeddings: bool,
+    ) -> Result<InFlight, ModelError> {
+        let placement: Vec<(i32, usize)> = ubatch.iter().map(|t| (t.pos, t.seq)).collect();
+        let cells = self.kv.place(&placement)?;
+        match self.queue_ubatch(ubatch, &placement, &cells, embeddings) {
+            Ok((pending, wanted)) => Ok(InFlight {
+                pending,
+                wanted,
+                cells,
+            }),
+            Err(e) => {
+                self.kv.release(&cells);
+                Err(e)
+            }
+        }
+    }
+
+    fn queue_ubatch(
         &mut self,
         ubatch: &[BatchToken],
         placement: &[(i32, usize)],
         cells: &[usize],
         embeddings: bool,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<(PendingRead, usize), ModelError> {
         let hp = &self.model.hparams;
         let n_tokens = ubatch.len();
         // Attend over the used cells padded to 256, as llama.cpp's `get_n_kv` does: the padding
@@ -271,21 +341,20 @@ impl Context {
             n_outputs,
             embeddings,
         };
-        let mut built = build_graph(&self.build_context(), shape)?;
-        self.allocator.allocate(&mut built.graph)?;
-
-        let g = &built.graph;
+        let built = build_graph(&self.build_context(), shape)?;
         let io = built.inputs;
+        let sg = self.sched.schedule(built.graph, &built.hints)?;
+        let sched = &self.sched;
         let tokens: Vec<i32> = ubatch.iter().map(|t| t.token as i32).collect();
         let pos: Vec<i32> = ubatch.iter().map(|t| t.pos).collect();
-        tensor_set_i32(g, io.tokens, &tokens)?;
-        tensor_set_i32(g, io.pos, &pos)?;
-        tensor_set_f32(g, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
+        sched.set_input_i32(&sg, io.tokens, &tokens)?;
+        sched.set_input_i32(&sg, io.pos, &pos)?;
+        sched.set_input_f32(&sg, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
         if let Some(swa) = io.kq_mask_swa {
-            tensor_set_f32(g, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
+            sched.set_input_f32(&sg, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
         }
         let k_idxs: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
-        tensor_set_i32(g, io.k_idxs, &k_idxs)?;
+        sched.set_input_i32(&sg, io.k_idxs, &k_idxs)?;
         // Transposed V: element (d, token t) goes to row d * size + cell(t).
         let n_embd_v = hp.n_embd_v_gqa(0) as usize;
         let size = self.kv.size();
@@ -293,25 +362,17 @@ impl Context {
             .iter()
             .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32))
             .collect();
-        tensor_set_i32(g, io.v_idxs, &v_idxs)?;
+        sched.set_input_i32(&sg, io.v_idxs, &v_idxs)?;
         let out_ids = if out_ids.is_empty() {
             vec![n_tokens as i32 - 1]
         } else {
             out_ids
         };
-        tensor_set_i32(g, io.out_ids, &out_ids)?;
-
-        let graph = Arc::new(built.graph);
-        self.stream.compute_async(graph.clone())?;
-        let pending = self
-            .stream
-            .get_async(&BufferSlice::of_tensor(&graph, built.logits)?)?;
-        self.stream.synchronize()?;
-        let mut rows = pending.wait_f32()?;
-        let width = if embeddings { hp.n_embd } else { hp.n_vocab } as usize;
+        sched.set_input_i32(&sg, io.out_ids, &out_ids)?;
+        sched.compute_async(&sg)?;
+        let pending = sched.get_async(&sg, built.logits)?;
         let wanted = ubatch.iter().filter(|t| t.logits).count();
-        rows.truncate(wanted * width);
-        Ok(rows)
+        Ok((pending, wanted))
     }
 
     /// The mean over `tokens` of the model's final-normed hidden states, L2-normalised (what
@@ -390,5 +451,22 @@ impl Context {
     pub fn last_logits(&self) -> Option<&[f32]> {
         let i = self.output_rows.iter().rposition(Option::is_some)?;
         self.logits(i)
+    }
+}
+
+/// A queued micro-batch: the read of its output and the cells it claimed.
+struct InFlight {
+    pending: PendingRead,
+    /// Rows of output wanted (the graph computes at least one).
+    wanted: usize,
+    cells: Vec<usize>,
+}
+
+impl InFlight {
+    /// The wanted rows of width `width`, once the devices are done.
+    fn finish(&self, width: usize) -> Result<Vec<f32>, ModelError> {
+        let mut rows = self.pending.wait_f32()?;
+        rows.truncate(self.wanted * width);
+        Ok(rows)
     }
 }

@@ -19,6 +19,8 @@ pub enum ModelError {
     },
     #[error("tensor {name:?} has type {dtype}, which Lamina cannot compute with")]
     UnsupportedType { name: String, dtype: DType },
+    #[error("device placement: {0}")]
+    Placement(String),
     #[error("invalid batch: {0}")]
     BadBatch(String),
     #[error(

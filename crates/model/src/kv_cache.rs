@@ -4,6 +4,8 @@
 //! remember the position and the sequences of the token they hold; the attention mask is built
 //! from them.
 
+use std::sync::Arc;
+
 use lamina_backend::{Buffer, Device};
 use lamina_core::DType;
 
@@ -29,9 +31,11 @@ impl Cell {
     }
 }
 
-/// Where layer `il`'s K and V live inside the cache buffer.
+/// Where layer `il`'s K and V live: a device (index into the devices the cache was made for)
+/// and offsets inside that device's cache buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerCache {
+    pub device: usize,
     pub k_offset: usize,
     pub v_offset: usize,
     pub n_embd_k: usize,
@@ -40,7 +44,8 @@ pub struct LayerCache {
 
 #[derive(Debug)]
 pub struct KvCache {
-    buffer: Buffer,
+    /// Per device: the buffer holding the layers on that device (`None` if none are).
+    buffers: Vec<Option<Buffer>>,
     dtype: DType,
     size: usize,
     layers: Vec<LayerCache>,
@@ -50,11 +55,30 @@ pub struct KvCache {
 impl KvCache {
     /// A zeroed cache of `size` cells of type `dtype` (f16 or f32) on `device`.
     pub fn new(
-        device: &dyn Device,
+        device: &Arc<dyn Device>,
         hp: &HParams,
         size: usize,
         dtype: DType,
     ) -> Result<KvCache, ModelError> {
+        let layers = vec![0; hp.n_layer as usize];
+        KvCache::new_placed(std::slice::from_ref(device), &layers, hp, size, dtype)
+    }
+
+    /// A zeroed cache whose layer `il` lives on `devices[layer_device[il]]`.
+    pub fn new_placed(
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+        hp: &HParams,
+        size: usize,
+        dtype: DType,
+    ) -> Result<KvCache, ModelError> {
+        if layer_device.len() != hp.n_layer as usize
+            || layer_device.iter().any(|&d| d >= devices.len())
+        {
+            return Err(ModelError::Placement(
+                "the KV cache needs a device for every layer".into(),
+            ));
+        }
         if !matches!(dtype, DType::F16 | DType::F32) {
             return Err(ModelError::BadBatch(format!(
                 "KV cache type {dtype} is not supported (f16 or f32)"
@@ -68,23 +92,36 @@ impl KvCache {
         let align = |x: usize| x.next_multiple_of(64);
         let ts = dtype.type_size() as usize;
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
-        let mut end = 0usize;
-        for il in 0..hp.n_layer as usize {
+        let mut ends = vec![0usize; devices.len()];
+        for (il, &device) in layer_device.iter().enumerate() {
             let n_embd_k = hp.n_embd_k_gqa(il) as usize;
             let n_embd_v = hp.n_embd_v_gqa(il) as usize;
-            let k_offset = end;
-            let v_offset = align(k_offset + n_embd_k * size * ts);
-            end = align(v_offset + n_embd_v * size * ts);
+            let bytes = |n: usize| {
+                n.checked_mul(size)
+                    .and_then(|x| x.checked_mul(ts))
+                    .ok_or_else(|| ModelError::BadBatch("the KV cache is too large".into()))
+            };
+            let k_offset = ends[device];
+            let v_offset = align(k_offset + bytes(n_embd_k)?);
+            ends[device] = align(v_offset + bytes(n_embd_v)?);
             layers.push(LayerCache {
+                device,
                 k_offset,
                 v_offset,
                 n_embd_k,
                 n_embd_v,
             });
         }
-        let buffer = device.buffer_type().alloc_buffer(end)?;
+        let mut buffers = Vec::with_capacity(devices.len());
+        for (device, &end) in devices.iter().zip(&ends) {
+            buffers.push(if end > 0 {
+                Some(device.buffer_type().alloc_buffer(end)?)
+            } else {
+                None
+            });
+        }
         Ok(KvCache {
-            buffer,
+            buffers,
             dtype,
             size,
             layers,
@@ -92,8 +129,14 @@ impl KvCache {
         })
     }
 
-    pub fn buffer(&self) -> &Buffer {
-        &self.buffer
+    /// The cache buffer of device `device` (if any layer is there).
+    pub fn buffer(&self, device: usize) -> Option<&Buffer> {
+        self.buffers.get(device)?.as_ref()
+    }
+
+    /// Bytes of all cache buffers.
+    pub fn size_bytes(&self) -> usize {
+        self.buffers.iter().flatten().map(Buffer::size).sum()
     }
 
     pub fn dtype(&self) -> DType {

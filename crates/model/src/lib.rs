@@ -9,9 +9,11 @@ pub mod hparams;
 pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
+pub mod placement;
 pub mod weights;
 
 pub use context::{Batch, BatchToken, Context, ContextParams};
 pub use error::ModelError;
 pub use hparams::{Arch, HParams, RopeType};
 pub use model::Model;
+pub use placement::{LayerPlan, Placement, SplitMode};

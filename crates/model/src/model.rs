@@ -8,7 +8,7 @@ use lamina_core::graph::BufferMemory;
 use lamina_gguf::GgufFile;
 
 use crate::weights::Weights;
-use crate::{HParams, ModelError};
+use crate::{HParams, LayerPlan, ModelError, Placement};
 
 /// The model file's mapping, handed to a device as host memory (no copy).
 #[derive(Debug)]
@@ -25,9 +25,12 @@ pub struct Model {
     pub file: GgufFile,
     pub hparams: HParams,
     pub weights: Weights,
-    device: Arc<dyn Device>,
-    weight_buffer: Buffer,
-    weight_memory: Arc<dyn BufferMemory>,
+    /// Which device each layer is on.
+    plan: LayerPlan,
+    /// Per device of the plan: the file's mapping as that device's read-only buffer (the same
+    /// bytes, no copy; each layer's weights are bound through its device's buffer).
+    weight_buffers: Vec<Buffer>,
+    weight_memory: Vec<Arc<dyn BufferMemory>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -35,7 +38,15 @@ impl std::fmt::Debug for Model {
         f.debug_struct("Model")
             .field("path", &self.file.path())
             .field("arch", &self.hparams.arch)
-            .field("device", &self.device.name())
+            .field(
+                "devices",
+                &self
+                    .plan
+                    .devices
+                    .iter()
+                    .map(|d| d.name())
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -43,32 +54,51 @@ impl std::fmt::Debug for Model {
 impl Model {
     /// Opens `path`, checks every hyperparameter and weight, and maps the weights onto `device`.
     pub fn load(path: impl AsRef<Path>, device: Arc<dyn Device>) -> Result<Model, ModelError> {
+        Model::load_placed(path, &Placement::single(device))
+    }
+
+    /// Opens `path`, checks every hyperparameter and weight, and maps each layer's weights onto
+    /// the device `placement` gives it.
+    pub fn load_placed(path: impl AsRef<Path>, placement: &Placement) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         let hparams = HParams::from_gguf(&file)?;
         let weights = Weights::find(&file, &hparams)?;
-        let weight_buffer = device.buffer_from_host_memory(Arc::new(MappedFile(file.mapping())))?;
-        weight_buffer.set_usage(BufferUsage::Weights);
-        let weight_memory = weight_buffer.memory();
+        let plan = placement.plan(hparams.n_layer as usize)?;
+        let mapping = Arc::new(MappedFile(file.mapping()));
+        let mut weight_buffers = Vec::with_capacity(plan.devices.len());
+        for device in &plan.devices {
+            let b = device.buffer_from_host_memory(mapping.clone())?;
+            b.set_usage(BufferUsage::Weights);
+            weight_buffers.push(b);
+        }
+        let weight_memory = weight_buffers.iter().map(Buffer::memory).collect();
         Ok(Model {
             file,
             hparams,
             weights,
-            device,
-            weight_buffer,
+            plan,
+            weight_buffers,
             weight_memory,
         })
     }
 
+    /// The host device (input layer).
     pub fn device(&self) -> &Arc<dyn Device> {
-        &self.device
+        &self.plan.devices[self.plan.input]
     }
 
+    /// The devices the model is on and each layer's device.
+    pub fn plan(&self) -> &LayerPlan {
+        &self.plan
+    }
+
+    /// The weight buffer of the host device.
     pub fn weight_buffer(&self) -> &Buffer {
-        &self.weight_buffer
+        &self.weight_buffers[self.plan.input]
     }
 
-    /// The weight buffer as graph tensors bind to it.
-    pub fn weight_memory(&self) -> &Arc<dyn BufferMemory> {
+    /// Per device of the plan, the weight buffer as graph tensors bind to it.
+    pub fn weight_memory(&self) -> &[Arc<dyn BufferMemory>] {
         &self.weight_memory
     }
 

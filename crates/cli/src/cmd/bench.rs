@@ -58,6 +58,8 @@ pub struct BenchArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
     pub output: OutputFormat,
+    #[command(flatten)]
+    pub devices: super::DeviceArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,7 +248,7 @@ pub fn measure(args: &BenchArgs) -> anyhow::Result<Vec<BenchResult>> {
                 n_ubatch: args.ubatch_size,
                 ..Default::default()
             };
-            let loaded = load_with(model, Some(n_threads), params)?;
+            let loaded = load_with(model, Some(n_threads), params, &args.devices)?;
             let mut ctx = loaded.context;
             let first_token = loaded
                 .tokenizer

@@ -92,6 +92,73 @@ pub struct LoadArgs {
     /// KV cache type: f16 or f32 (`-ctk`).
     #[arg(long = "cache-type", default_value = "f16")]
     pub cache_type: String,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+}
+
+/// Where the model runs (llama.cpp's names). `LAMINA_CPU_DEVICES=N` exposes the CPU as N
+/// devices `CPU0…`; the first is the host (input layer, layers not offloaded).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeviceArgs {
+    /// Devices to offload layers to, comma-separated (`lamina devices` lists them; `none`: host
+    /// only). Default: all.
+    #[arg(long = "device", value_name = "DEV1,DEV2")]
+    pub device: Option<String>,
+    /// How to spread the model over several devices: none (all on --main-gpu) or layer (`-sm`).
+    #[arg(
+        long = "split-mode",
+        value_name = "none|layer|row",
+        default_value = "layer"
+    )]
+    pub split_mode: String,
+    /// Share of the layers per device, e.g. 3,1 (`-ts`; default: by free memory).
+    #[arg(long = "tensor-split", value_name = "N0,N1,...", value_delimiter = ',')]
+    pub tensor_split: Vec<f32>,
+    /// Layers to offload, the output layer counting as one: a number or `all` (`-ngl`).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N|all"
+    )]
+    pub n_gpu_layers: Option<String>,
+    /// The device used with --split-mode none (`-mg`).
+    #[arg(long = "main-gpu", default_value_t = 0)]
+    pub main_gpu: usize,
+    /// With several devices, run one micro-batch at a time instead of pipelining them.
+    #[arg(long = "no-pipeline")]
+    pub no_pipeline: bool,
+}
+
+impl DeviceArgs {
+    /// The placement these flags ask for over `available` devices (the first is the host).
+    pub fn placement(
+        &self,
+        available: &[std::sync::Arc<dyn lamina_backend::Device>],
+    ) -> anyhow::Result<lamina_model::Placement> {
+        let host = available
+            .first()
+            .cloned()
+            .context("no compute device is available")?;
+        let devices = match &self.device {
+            Some(list) => lamina_model::placement::devices_by_name(list, available)?,
+            None => available.to_vec(),
+        };
+        let split_mode: lamina_model::SplitMode = self.split_mode.parse()?;
+        let n_gpu_layers = match self.n_gpu_layers.as_deref() {
+            None | Some("all") | Some("auto") | Some("-1") => None,
+            Some(n) => Some(n.parse::<usize>().map_err(|_| {
+                anyhow::anyhow!("--n-gpu-layers {n:?}: use a number of layers or `all`")
+            })?),
+        };
+        Ok(lamina_model::Placement {
+            host,
+            devices,
+            split_mode,
+            tensor_split: self.tensor_split.clone(),
+            n_gpu_layers,
+            main_gpu: self.main_gpu,
+        })
+    }
 }
 
 /// Sampling flags (llama.cpp's names and defaults).
@@ -164,15 +231,18 @@ pub fn load(args: &LoadArgs) -> anyhow::Result<Loaded> {
         n_ubatch: args.ubatch_size,
         kv_type,
         n_seq_max: 1,
+        ..Default::default()
     };
-    load_with(&args.model, args.threads, params)
+    load_with(&args.model, args.threads, params, &args.devices)
 }
 
-/// Loads model `name_or_path` onto the CPU with `threads` threads and creates a context.
+/// Loads model `name_or_path` onto the CPU devices (`LAMINA_CPU_DEVICES`, `threads` threads in
+/// all) as `devices` places it, and creates a context.
 pub fn load_with(
     name_or_path: &str,
     threads: Option<usize>,
-    params: lamina_model::ContextParams,
+    mut params: lamina_model::ContextParams,
+    devices: &DeviceArgs,
 ) -> anyhow::Result<Loaded> {
     use std::sync::Arc;
     let path = resolve_model(name_or_path)?;
@@ -182,8 +252,14 @@ pub fn load_with(
         config = config.with_threads(t);
     }
     let reg = lamina_cpu::CpuBackendReg::new(config)?;
-    let device: Arc<dyn lamina_backend::Device> = reg.cpu_devices()[0].clone();
-    let model = lamina_model::Model::load(&path, device)
+    let available: Vec<Arc<dyn lamina_backend::Device>> = reg
+        .cpu_devices()
+        .iter()
+        .map(|d| d.clone() as Arc<dyn lamina_backend::Device>)
+        .collect();
+    let placement = devices.placement(&available)?;
+    params.pipeline_parallel = !devices.no_pipeline;
+    let model = lamina_model::Model::load_placed(&path, &placement)
         .with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("cannot load the vocabulary of {}", path.display()))?;

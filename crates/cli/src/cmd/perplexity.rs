@@ -57,7 +57,12 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
         n_seq_max: n_seq,
         ..Default::default()
     };
-    let loaded = load_with(&args.load.model, args.load.threads, params)?;
+    let loaded = load_with(
+        &args.load.model,
+        args.load.threads,
+        params,
+        &args.load.devices,
+    )?;
     let (mut ctx, tok) = (loaded.context, loaded.tokenizer);
     let n_vocab = tok.n_vocab();
     let bos = tok.add_bos().then(|| tok.bos()).flatten();

@@ -57,16 +57,20 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 5] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 9] = [
     ("-np", "--parallel"),
     ("-pg", "--n-gen-prompt"),
     ("-ub", "--ubatch-size"),
     ("-ctk", "--cache-type"),
     ("-sys", "--system-prompt"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-sm", "--split-mode"),
+    ("-ts", "--tensor-split"),
+    ("-mg", "--main-gpu"),
 ];
 
-/// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-sys`)
-/// into their long forms.
+/// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-sys`,
+/// `-ngl`, `-sm`, `-ts`, `-mg`) into their long forms.
 pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
         .map(|a| {

@@ -23,6 +23,7 @@ pub(super) fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
     let inp = b.embeddings()?;
     let mut inp = b.g.scale(inp, (hp.n_embd as f32).sqrt())?;
     for (il, lw) in weights.layers.iter().enumerate() {
+        b.begin_layer(il);
         let cur = b.rms_norm(inp, lw.attn_norm)?;
         let (q, k, v) = b.qkv(il, cur, lw)?;
         let q = b.rms_norm(q, need(lw.attn_q_norm, "attn_q_norm.weight", il)?)?;

@@ -12,6 +12,7 @@ pub(super) fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
 
     let mut inp = b.embeddings()?;
     for (il, lw) in weights.layers.iter().enumerate() {
+        b.begin_layer(il);
         let cur = b.rms_norm(inp, lw.attn_norm)?;
         let (q, k, v) = b.qkv(il, cur, lw)?;
         let q = b.rope(q, il)?;

@@ -7,13 +7,14 @@ mod llama;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use lamina_backend::DeviceHint;
 use lamina_core::DType;
 use lamina_core::graph::{BufferMemory, GluOp, Graph, RopeMode, RopeParams, TensorId};
 use lamina_core::tensor::TensorFlags;
 
 use crate::kv_cache::KvCache;
 use crate::weights::{LayerWeights, WeightRef};
-use crate::{Arch, HParams, ModelError, RopeType};
+use crate::{Arch, HParams, LayerPlan, ModelError, RopeType};
 
 /// The graph's inputs, written by the host before each compute.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +41,9 @@ pub struct BuiltGraph {
     pub inputs: GraphInputs,
     /// `[n_vocab, n_outputs]` f32 (`[n_embd, n_outputs]` when built for embeddings).
     pub logits: TensorId,
+    /// Which device each part of the graph belongs to (input layer, each layer, output), for
+    /// the scheduler.
+    pub hints: Vec<DeviceHint>,
 }
 
 /// The sizes one graph is built for.
@@ -54,13 +58,15 @@ pub struct GraphShape {
     pub embeddings: bool,
 }
 
-/// What graph building reads: hyperparameters, weights and their memory, and the cache.
+/// What graph building reads: hyperparameters, weights and their memory (per device), the
+/// layer placement, and the cache (its memory per device).
 pub struct BuildContext<'a> {
     pub hp: &'a HParams,
     pub weights: &'a crate::weights::Weights,
-    pub weight_memory: &'a Arc<dyn BufferMemory>,
+    pub weight_memory: &'a [Arc<dyn BufferMemory>],
+    pub plan: &'a LayerPlan,
     pub kv: &'a KvCache,
-    pub kv_memory: &'a Arc<dyn BufferMemory>,
+    pub kv_memory: &'a [Option<Arc<dyn BufferMemory>>],
 }
 
 /// Builds the forward graph of `ctx.hp.arch` for one micro-batch.
@@ -76,6 +82,7 @@ pub fn build_graph(ctx: &BuildContext<'_>, shape: GraphShape) -> Result<BuiltGra
         graph: b.g,
         inputs: b.inputs,
         logits,
+        hints: b.hints,
     })
 }
 
@@ -85,13 +92,18 @@ pub(crate) struct Builder<'a> {
     pub ctx: &'a BuildContext<'a>,
     pub shape: GraphShape,
     pub inputs: GraphInputs,
-    /// Weights already in the graph, by file offset (tied embeddings are used twice).
-    weight_ids: HashMap<usize, TensorId>,
+    /// Weights already in the graph, by file offset and device (tied embeddings are used
+    /// twice, by the input and the output layer, which may be on different devices).
+    weight_ids: HashMap<(usize, usize), TensorId>,
+    /// The device of the part being built (the input layer's until `begin_layer`).
+    device: usize,
+    hints: Vec<DeviceHint>,
 }
 
 impl<'a> Builder<'a> {
     fn new(ctx: &'a BuildContext<'a>, shape: GraphShape) -> Result<Builder<'a>, ModelError> {
         let mut g = Graph::with_capacity(64 + 40 * ctx.hp.n_layer as usize);
+        let first = g.next_id();
         let n = shape.n_tokens;
         let n_embd_v = ctx.hp.n_embd_v_gqa(0) as usize;
         let input =
@@ -119,7 +131,32 @@ impl<'a> Builder<'a> {
             shape,
             inputs,
             weight_ids: HashMap::new(),
+            device: ctx.plan.input,
+            hints: vec![DeviceHint {
+                start: first,
+                device: ctx.plan.input,
+            }],
         })
+    }
+
+    fn begin_part(&mut self, device: usize) {
+        self.device = device;
+        let start = self.g.next_id();
+        match self.hints.last_mut() {
+            Some(h) if h.start == start => h.device = device,
+            Some(h) if h.device == device => {}
+            _ => self.hints.push(DeviceHint { start, device }),
+        }
+    }
+
+    /// What is built from here on belongs to layer `il` (its weights, cache and device).
+    pub fn begin_layer(&mut self, il: usize) {
+        self.begin_part(self.ctx.plan.layers[il]);
+    }
+
+    /// What is built from here on belongs to the output layer.
+    pub fn begin_output(&mut self) {
+        self.begin_part(self.ctx.plan.output);
     }
 
     pub fn hp(&self) -> &'a HParams {
@@ -128,13 +165,15 @@ impl<'a> Builder<'a> {
 
     /// The weight as a graph leaf bound to the model's memory.
     pub fn weight(&mut self, w: WeightRef) -> Result<TensorId, ModelError> {
-        if let Some(&id) = self.weight_ids.get(&w.offset) {
+        let key = (w.offset, self.device);
+        if let Some(&id) = self.weight_ids.get(&key) {
             return Ok(id);
         }
         let id = self.g.new_tensor(w.dtype, &w.ne)?;
         self.g.add_flags(id, TensorFlags::WEIGHT)?;
-        self.g.bind(id, self.ctx.weight_memory.clone(), w.offset)?;
-        self.weight_ids.insert(w.offset, id);
+        self.g
+            .bind(id, self.ctx.weight_memory[self.device].clone(), w.offset)?;
+        self.weight_ids.insert(key, id);
         Ok(id)
     }
 
@@ -245,13 +284,14 @@ impl<'a> Builder<'a> {
         let size = kv.size();
         let ts = kv.dtype().type_size() as usize;
 
-        // The layer's cache as graph leaves over the cache buffer.
+        // The layer's cache as graph leaves over its device's cache buffer.
+        let kv_memory = self.ctx.kv_memory[lc.device]
+            .clone()
+            .ok_or_else(|| ModelError::Placement(format!("layer {il} has no cache")))?;
         let k_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_k, size])?;
-        self.g
-            .bind(k_cache, self.ctx.kv_memory.clone(), lc.k_offset)?;
+        self.g.bind(k_cache, kv_memory.clone(), lc.k_offset)?;
         let v_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_v * size])?;
-        self.g
-            .bind(v_cache, self.ctx.kv_memory.clone(), lc.v_offset)?;
+        self.g.bind(v_cache, kv_memory, lc.v_offset)?;
 
         // Store: K rows go to their cells; V, stored transposed, element by element.
         let k_rows = self.g.reshape(k, &[lc.n_embd_k, n_tokens])?;
@@ -300,8 +340,10 @@ impl<'a> Builder<'a> {
         Ok(self.g.get_rows(x, self.inputs.out_ids)?)
     }
 
-    /// Final norm and LM head (or, for embeddings, the final norm alone).
+    /// Final norm and LM head (or, for embeddings, the final norm alone), on the output layer's
+    /// device.
     pub fn logits(&mut self, x: TensorId) -> Result<TensorId, ModelError> {
+        self.begin_output();
         let w = self.ctx.weights;
         let x = self.rms_norm(x, w.output_norm)?;
         if self.shape.embeddings {
