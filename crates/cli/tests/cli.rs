@@ -52,6 +52,64 @@ fn run_generates_llama_cpp_greedy_text() {
     );
 }
 
+/// The model split over three virtual devices (layers 1:2:1, pipelined prompt) prints exactly
+/// what one device prints; the placement flags take llama.cpp's short forms; bad placements
+/// are clear errors.
+#[test]
+fn run_on_three_devices_prints_the_same_text() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let path = path.to_str().unwrap();
+    let prompt = "Areopagitica is a prose polemic by John Milton. It argues that";
+    let base = [
+        "run", "-m", path, "-p", prompt, "-n", "24", "--temp", "0", "-t", "2", "-ub", "8",
+    ];
+    let run = |devices: &str, extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .env("LAMINA_CPU_DEVICES", devices)
+            .args(base)
+            .args(extra)
+            .output()
+            .expect("run lamina");
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let one = run("1", &[]);
+    assert!(one.len() > prompt.len() + 20, "{one}");
+    assert_eq!(
+        run("3", &["--split-mode", "layer", "--tensor-split", "1,2,1"]),
+        one
+    );
+    assert_eq!(run("3", &["-sm", "none", "-mg", "1"]), one);
+    assert_eq!(
+        run("2", &["-ngl", "12", "-ts", "1,3", "--device", "CPU1,CPU0"]),
+        one
+    );
+    assert_eq!(run("4", &["--no-pipeline"]), one);
+
+    for (flags, message) in [
+        (&["--device", "GPU7"][..], "unknown device \"GPU7\""),
+        (&["-sm", "row"][..], "--split-mode row is not supported"),
+        (&["-sm", "diagonal"][..], "unknown split mode"),
+        (&["-ts", "1,1,1"][..], "3 values for 2 device(s)"),
+        (
+            &["-sm", "none", "-mg", "5"][..],
+            "--main-gpu 5 is out of range",
+        ),
+        (&["-ngl", "many"][..], "--n-gpu-layers \"many\""),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .env("LAMINA_CPU_DEVICES", "2")
+            .args(base)
+            .args(flags)
+            .output()
+            .expect("run lamina");
+        assert_eq!(o.status.code(), Some(1), "{flags:?}");
+        assert!(stderr(&o).contains(message), "{flags:?}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn run_refuses_a_prompt_longer_than_the_context() {
     let Some(path) = model_for_test("smollm2-135m") else {
