@@ -37,6 +37,11 @@ fn bench_json_reports_llama_bench_fields() {
             "n_batch",
             "n_ubatch",
             "n_threads",
+            "n_gpu_layers",
+            "split_mode",
+            "main_gpu",
+            "devices",
+            "tensor_split",
             "n_prompt",
             "n_gen",
             "test_time",
@@ -120,4 +125,39 @@ fn bench_rejects_bad_input_clearly() {
         assert!(err.contains(expected), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+/// `--device`/`-sm`/`-ts` reach the run and llama-bench's fields report them; the table gets
+/// its `sm`, `ts` and `dev` columns.
+#[test]
+fn bench_reports_the_device_split() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let path = path.to_str().unwrap();
+    let run = |format: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .env("LAMINA_CPU_DEVICES", "2")
+            .args([
+                "bench", "-m", path, "-p", "8", "-n", "0", "-r", "1", "-t", "2", "-sm", "layer",
+                "-ts", "1,3", "-o", format,
+            ])
+            .output()
+            .expect("run lamina");
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    let t = &v[0];
+    assert_eq!(t["devices"], "CPU0/CPU1", "{t}");
+    assert_eq!(t["split_mode"], "layer");
+    assert_eq!(t["tensor_split"], "1.00/3.00");
+    assert_eq!(t["n_gpu_layers"], 99);
+    let md = run("md");
+    let header = md.lines().next().unwrap();
+    assert!(
+        header.contains("| sm ") && header.contains("| ts ") && header.contains("| dev "),
+        "{md}"
+    );
+    assert!(md.contains("CPU0/CPU1"), "{md}");
 }

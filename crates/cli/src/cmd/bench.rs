@@ -131,6 +131,13 @@ pub struct BenchResult {
     pub n_batch: usize,
     pub n_ubatch: usize,
     pub n_threads: usize,
+    pub type_k: String,
+    pub type_v: String,
+    pub n_gpu_layers: i64,
+    pub split_mode: String,
+    pub main_gpu: usize,
+    pub devices: String,
+    pub tensor_split: String,
     pub n_prompt: usize,
     pub n_gen: usize,
     pub test_time: String,
@@ -167,6 +174,12 @@ pub struct RunInfo {
     pub n_ubatch: usize,
     pub n_threads: usize,
     pub cpu_info: String,
+    /// The devices the model is on, `/`-separated (llama-bench's `devices`).
+    pub devices: String,
+    pub n_gpu_layers: i64,
+    pub split_mode: String,
+    pub main_gpu: usize,
+    pub tensor_split: String,
 }
 
 impl BenchResult {
@@ -191,6 +204,13 @@ impl BenchResult {
             n_batch: info.n_batch,
             n_ubatch: info.n_ubatch,
             n_threads: info.n_threads,
+            type_k: "f16".to_string(),
+            type_v: "f16".to_string(),
+            n_gpu_layers: info.n_gpu_layers,
+            split_mode: info.split_mode.clone(),
+            main_gpu: info.main_gpu,
+            devices: info.devices.clone(),
+            tensor_split: info.tensor_split.clone(),
             n_prompt: test.n_prompt,
             n_gen: test.n_gen,
             test_time,
@@ -296,6 +316,30 @@ fn run_info(ctx: &Context, args: &BenchArgs, n_threads: usize, cpu_info: &str) -
         n_ubatch: args.ubatch_size,
         n_threads,
         cpu_info: cpu_info.to_string(),
+        devices: model
+            .plan()
+            .devices
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join("/"),
+        // llama-bench's default and "all layers" value.
+        n_gpu_layers: match args.devices.n_gpu_layers.as_deref() {
+            Some(n) => n.parse().unwrap_or(99),
+            None => 99,
+        },
+        split_mode: args.devices.split_mode.clone(),
+        main_gpu: args.devices.main_gpu,
+        tensor_split: if args.devices.tensor_split.is_empty() {
+            "0.00".to_string()
+        } else {
+            args.devices
+                .tensor_split
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join("/")
+        },
     }
 }
 
@@ -493,25 +537,41 @@ pub fn format_params(n: u64) -> String {
     }
 }
 
-/// llama-bench's markdown table.
+/// llama-bench's markdown table (with its `sm`, `ts` and `dev` columns when a run used more
+/// than one device).
 pub fn to_markdown(results: &[BenchResult]) -> String {
-    let header = [
-        "model", "size", "params", "backend", "threads", "test", "t/s",
-    ];
+    let multi = results.iter().any(|r| r.devices.contains('/'));
+    let mut header = vec!["model", "size", "params", "backend", "threads"];
     // Numbers are right-aligned, as in llama-bench.
-    let right = [false, true, true, false, true, true, true];
-    let rows: Vec<[String; 7]> = results
+    let mut right = vec![false, true, true, false, true];
+    if multi {
+        header.extend(["sm", "ts", "dev"]);
+        right.extend([false, false, false]);
+    }
+    header.extend(["test", "t/s"]);
+    right.extend([true, true]);
+    let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
-            [
+            let mut row = vec![
                 r.model_type.clone(),
                 format_size(r.model_size),
                 format_params(r.model_n_params),
                 r.backends.clone(),
                 r.n_threads.to_string(),
+            ];
+            if multi {
+                row.extend([
+                    r.split_mode.clone(),
+                    r.tensor_split.clone(),
+                    r.devices.clone(),
+                ]);
+            }
+            row.extend([
                 r.test().name(),
                 format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts),
-            ]
+            ]);
+            row
         })
         .collect();
     let widths: Vec<usize> = (0..header.len())
@@ -562,7 +622,7 @@ pub fn to_json(results: &[BenchResult]) -> anyhow::Result<String> {
 }
 
 /// The JSON fields in order, the CSV header.
-pub const CSV_FIELDS: [&str; 19] = [
+pub const CSV_FIELDS: [&str; 26] = [
     "build_commit",
     "cpu_info",
     "backends",
@@ -573,6 +633,13 @@ pub const CSV_FIELDS: [&str; 19] = [
     "n_batch",
     "n_ubatch",
     "n_threads",
+    "type_k",
+    "type_v",
+    "n_gpu_layers",
+    "split_mode",
+    "main_gpu",
+    "devices",
+    "tensor_split",
     "n_prompt",
     "n_gen",
     "test_time",
@@ -610,6 +677,13 @@ pub fn to_csv(results: &[BenchResult]) -> String {
             r.n_batch.to_string(),
             r.n_ubatch.to_string(),
             r.n_threads.to_string(),
+            r.type_k.clone(),
+            r.type_v.clone(),
+            r.n_gpu_layers.to_string(),
+            r.split_mode.clone(),
+            r.main_gpu.to_string(),
+            r.devices.clone(),
+            r.tensor_split.clone(),
             r.n_prompt.to_string(),
             r.n_gen.to_string(),
             r.test_time.clone(),
@@ -652,6 +726,11 @@ mod tests {
             n_ubatch: 512,
             n_threads: 2,
             cpu_info: "AMD EPYC 7B13".into(),
+            devices: "CPU".into(),
+            n_gpu_layers: 99,
+            split_mode: "layer".into(),
+            main_gpu: 0,
+            tensor_split: "0.00".into(),
         }
     }
 
