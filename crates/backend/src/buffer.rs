@@ -145,14 +145,20 @@ impl BufferType {
         let storage = if size == 0 {
             Storage::Empty
         } else {
+            // Zeroed memory from the allocator's calloc path (16-byte alignment), over-allocated
+            // by the alignment and aligned by hand: large blocks then come straight from the OS
+            // as untouched zero pages, so a worst-case compute buffer costs resident memory only
+            // for the parts graphs actually use. (An aligned `alloc_zeroed` would memset it all.)
+            let align = self.alignment();
             let layout =
-                alloc::Layout::from_size_align(size, self.alignment()).map_err(|_| fail())?;
+                alloc::Layout::from_size_align(size.checked_add(align).ok_or_else(fail)?, 16)
+                    .map_err(|_| fail())?;
             // SAFETY: `layout` has non-zero size.
-            let ptr = unsafe { alloc::alloc_zeroed(layout) };
-            Storage::Host {
-                ptr: NonNull::new(ptr).ok_or_else(fail)?,
-                layout,
-            }
+            let base = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(fail)?;
+            let offset = (base.as_ptr() as usize).next_multiple_of(align) - base.as_ptr() as usize;
+            // SAFETY: offset < align, so `ptr .. ptr + size` lies inside the allocation.
+            let ptr = unsafe { base.add(offset) };
+            Storage::Host { ptr, base, layout }
         };
         Ok(Buffer::new(self.clone(), storage, size))
     }
@@ -173,7 +179,10 @@ impl BufferType {
 enum Storage {
     Empty,
     Host {
+        /// The aligned start of the buffer.
         ptr: NonNull<u8>,
+        /// The allocation, as allocated.
+        base: NonNull<u8>,
         layout: alloc::Layout,
     },
     Mapped {
@@ -183,9 +192,9 @@ enum Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if let Storage::Host { ptr, layout } = self {
+        if let Storage::Host { base, layout, .. } = self {
             // SAFETY: allocated in `alloc_buffer` with exactly this layout, freed once.
-            unsafe { alloc::dealloc(ptr.as_ptr(), *layout) };
+            unsafe { alloc::dealloc(base.as_ptr(), *layout) };
         }
     }
 }
