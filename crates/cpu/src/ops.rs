@@ -364,23 +364,99 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         }
     }
     ctx.barrier.wait();
-    // Phase 2: dot products; threads own disjoint rows of `a` (dst dim 0 ranges).
+    // Phase 2: dot products in tiles of up to `WR` weight rows (of one plane) × `AR`
+    // activation rows, never across the plan's activation boundary (a multiple of `AR`). A
+    // group's weight rows stay in L1 while the activation rows stream past, and each group of
+    // activation rows is reused for all `WR` weight rows. With many activation rows (and an
+    // f32 destination) threads own disjoint groups of activation rows, i.e. whole dst rows;
+    // otherwise they own disjoint groups of weight rows (dst dim 0 ranges).
+    const WR: usize = 8;
+    const AR: usize = 4;
     let (r2, r3) = (b.l.ne[2] / a.l.ne[2], b.l.ne[3] / a.l.ne[3]);
-    let m = a.l.ne[1];
-    let tasks = m * b.l.ne[2] * b.l.ne[3];
-    for t in split(tasks, ctx.ith, ctx.nth) {
-        let i01 = t % m;
-        let i12 = (t / m) % b.l.ne[2];
-        let i13 = t / (m * b.l.ne[2]);
-        // SAFETY: the converted area is complete (barrier) and only read; each dst element
-        // (i01, j, i12, i13) belongs to task t, which only this thread runs.
-        unsafe {
-            let arow = a.row(i01, i12 / r2, i13 / r3);
-            for j in 0..b.l.ne[1] {
-                let r = j + b.l.ne[1] * (i12 + b.l.ne[2] * i13);
-                let v = plan.dot(k, arow, work.bytes_ref(r * brow, brow), j);
-                d.set([i01, j, i12, i13], v);
+    let (m, n) = (a.l.ne[1], b.l.ne[1]);
+    let ne12 = b.l.ne[2];
+    let planes = ne12 * b.l.ne[3];
+    let boundary = plan.act_boundary().min(n);
+    let mut out = [0f32; WR * AR];
+    // Weight rows i0..i0 + rm of plane (i12, i13), as an array.
+    let wrows = |i0: usize, rm: usize, i12: usize, i13: usize| -> [&[u8]; WR] {
+        std::array::from_fn(|i| {
+            if i < rm {
+                // SAFETY: row in range; weights are read-only during the node.
+                unsafe { a.row(i0 + i, i12 / r2, i13 / r3) }
+            } else {
+                &[]
             }
+        })
+    };
+    // Converted activation rows j0..j0 + rn of plane (i12, i13).
+    let arows = |j0: usize, rn: usize, i12: usize, i13: usize| -> [&[u8]; AR] {
+        let plane = n * (i12 + ne12 * i13);
+        std::array::from_fn(|j| {
+            if j < rn {
+                // SAFETY: the converted area is complete (barrier) and only read from now on.
+                unsafe { work.bytes_ref((plane + j0 + j) * brow, brow) }
+            } else {
+                &[]
+            }
+        })
+    };
+    let by_act_rows = n >= 2 * AR * ctx.nth && d.l.dtype == DType::F32 && d.l.rows_packed();
+    if by_act_rows {
+        let jgroups = n.div_ceil(AR);
+        let range = split(jgroups * planes, ctx.ith, ctx.nth);
+        let mut t = range.start;
+        while t < range.end {
+            let (p, g0) = (t / jgroups, t % jgroups);
+            let g1 = jgroups.min(g0 + (range.end - t));
+            let (i12, i13) = (p % ne12, p / ne12);
+            for i0 in (0..m).step_by(WR) {
+                let rm = WR.min(m - i0);
+                let w = wrows(i0, rm, i12, i13);
+                for g in g0..g1 {
+                    let j0 = g * AR;
+                    let rn = AR.min(n - j0);
+                    let acts = arows(j0, rn, i12, i13);
+                    plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
+                    for j in 0..rn {
+                        // SAFETY: dst rows j0..j0 + rn of this plane belong to this thread's
+                        // task range only (activation-row groups are split across threads).
+                        let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
+                        for i in 0..rm {
+                            row[i0 + i] = out[i * rn + j];
+                        }
+                    }
+                }
+            }
+            t += g1 - g0;
+        }
+        return;
+    }
+    let groups = m.div_ceil(WR);
+    for t in split(groups * planes, ctx.ith, ctx.nth) {
+        let i0 = (t % groups) * WR;
+        let i12 = (t / groups) % ne12;
+        let i13 = t / (groups * ne12);
+        let rm = WR.min(m - i0);
+        let w = wrows(i0, rm, i12, i13);
+        let mut j0 = 0;
+        while j0 < n {
+            let end = if j0 < boundary {
+                boundary.min(j0 + AR)
+            } else {
+                n.min(j0 + AR)
+            };
+            let rn = end - j0;
+            let acts = arows(j0, rn, i12, i13);
+            plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
+            for i in 0..rm {
+                for j in 0..rn {
+                    // SAFETY: dst element (i0 + i, j, i12, i13) belongs to task t, which only
+                    // this thread runs.
+                    unsafe { d.set([i0 + i, j0 + j, i12, i13], out[i * rn + j]) };
+                }
+            }
+            j0 = end;
         }
     }
 }
@@ -522,9 +598,21 @@ fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCt
             let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
             let y = d.row_f32_mut(i1, i2, i3);
             let mrow = mask.map(|m| {
+                let (m2, m3) = (i2 % m.l.ne[2], i3 % m.l.ne[3]);
+                if m.l.dtype == DType::F32 && m.l.rows_packed() {
+                    return &m.row_f32(i1, m2, m3)[..y.len()];
+                }
                 let buf = scratch(work, ctx, node, 1, y.len());
+                if m.l.dtype == DType::F16 && m.l.rows_packed() {
+                    let row = &m.row(i1, m2, m3)[..2 * y.len()];
+                    // exact f16 -> f32, as `get` does element by element
+                    for (o, h) in buf.iter_mut().zip(row.chunks_exact(2)) {
+                        *o = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
+                    }
+                    return &*buf;
+                }
                 for (i0, o) in buf.iter_mut().enumerate() {
-                    *o = m.get([i0, i1, i2 % m.l.ne[2], i3 % m.l.ne[3]]);
+                    *o = m.get([i0, i1, m2, m3]);
                 }
                 &*buf
             });

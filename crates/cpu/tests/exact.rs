@@ -283,6 +283,8 @@ fn mul_mat_plans_match_llama_cpp() {
             }
         }
         assert_bits(&got, &want, r.name);
+        let tiled = tiled_products(&plan, k, m, n, &w[..m * wrow], &acts[..n * arow]);
+        assert_bits(&tiled, &want, &format!("{} (tiles)", r.name));
         n_checked += 1;
     }
     assert!(n_checked >= 14, "{n_checked} products");
@@ -322,7 +324,48 @@ fn repacked_mul_mat_matches_llama_cpp() {
             }
         }
         assert_bits(&got, &want, r.name);
+        let tiled = tiled_products(&plan, k, m, n, &w[..m * wrow], &acts[..n * arow]);
+        assert_bits(&tiled, &want, &format!("{} (tiles)", r.name));
         n_checked += 1;
     }
     assert!(n_checked >= 5);
+}
+
+/// All `m × n` outputs through [`kernels::MatMul::dot_tile`] in the CPU backend's tiling (8
+/// weight rows × 4 activation rows, never across the plan's activation boundary), laid out
+/// `[j * m + i]`.
+fn tiled_products(
+    plan: &kernels::MatMul,
+    k: usize,
+    m: usize,
+    n: usize,
+    w: &[u8],
+    acts: &[u8],
+) -> Vec<f32> {
+    let (wrow, arow) = (w.len() / m, acts.len() / n);
+    let wr: Vec<&[u8]> = w.chunks_exact(wrow).collect();
+    let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+    let boundary = plan.act_boundary().min(n);
+    let mut got = vec![0f32; m * n];
+    let mut out = [0f32; 32];
+    for i0 in (0..m).step_by(8) {
+        let rm = (m - i0).min(8);
+        let mut j0 = 0;
+        while j0 < n {
+            let end = if j0 < boundary {
+                boundary.min(j0 + 4)
+            } else {
+                n.min(j0 + 4)
+            };
+            let rn = end - j0;
+            plan.dot_tile(k, &wr[i0..i0 + rm], &ar[j0..end], j0, &mut out[..rm * rn]);
+            for i in 0..rm {
+                for j in 0..rn {
+                    got[(j0 + j) * m + i0 + i] = out[i * rn + j];
+                }
+            }
+            j0 = end;
+        }
+    }
+    got
 }

@@ -9,18 +9,25 @@
 
 use lamina_core::DType;
 
-use super::{f16_at, hsum8, simd_available};
+#[cfg(target_arch = "x86_64")]
+use super::simd_available;
+use super::{f16_at, hsum8};
 
 /// A row·row dot kernel: `(n, weight_row, activation_row) -> f32`.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 
 /// The dot kernel llama.cpp uses for weights of `dtype` against activations of
-/// `lamina_core::quant::vec_dot_type(dtype)`, AVX2 when available, else the scalar emulation;
+/// `lamina_core::quant::vec_dot_type(dtype)`: AVX2 (x86-64) or NEON (aarch64, the main types)
+/// when available, else the scalar emulation (all give the same bits);
 /// `None` for types without an exact kernel here.
 pub fn dot_fn(dtype: DType) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
         return avx2::dot_fn(dtype).or_else(|| scalar_dot_fn(dtype));
+    }
+    #[cfg(target_arch = "aarch64")]
+    if super::neon::available() {
+        return super::neon::dot_fn(dtype).or_else(|| scalar_dot_fn(dtype));
     }
     scalar_dot_fn(dtype)
 }

@@ -7,6 +7,7 @@
 //!   FMA accumulator over `k` (a multiple of 8), then `hsum`. ggml's `mul_mat` uses it when
 //!   [`tinyblas_f_applies`] says so.
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use super::{fp16_to_fp32, hsum8, reduce_f32x8x4, simd_available};
 
 /// Whether `ggml_compute_forward_mul_mat` hands an f32·f32 or f16·f16 product (after converting

@@ -21,6 +21,7 @@
 use lamina_core::DType;
 
 use super::dot::{self, DotFn};
+use super::tile::{self, TileKind};
 use super::{fdot, quantize, repack};
 
 /// How one activation row is converted before the dot products.
@@ -59,6 +60,7 @@ enum DotKind {
 /// The plan of one matrix product (one weight type and shape).
 #[derive(Clone, Copy, Debug)]
 pub struct MatMul {
+    weight: DType,
     act: ActKind,
     kind: DotKind,
     gemm_rows: usize,
@@ -79,6 +81,7 @@ impl MatMul {
         weight_2d: bool,
     ) -> Option<MatMul> {
         let simple = |act, kind| MatMul {
+            weight,
             act,
             kind,
             gemm_rows: 0,
@@ -103,6 +106,7 @@ impl MatMul {
                 },
             ),
             DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => MatMul {
+                weight,
                 act: ActKind::Q8KRepack,
                 kind: DotKind::Q4KRepack,
                 gemm_rows: repack::q4_k_gemm_rows(n),
@@ -168,8 +172,17 @@ impl MatMul {
                 }
             }
             ActKind::F16 => {
-                for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                    o.copy_from_slice(&super::fp32_to_fp16(*v).to_le_bytes());
+                // SAFETY: f16 is a plain u16 wrapper with no invalid bit patterns; only the
+                // aligned middle part is used.
+                let (pre, mid, _) = unsafe { out.align_to_mut::<half::f16>() };
+                if pre.is_empty() && mid.len() >= x.len() {
+                    // F16C `vcvtps2ph` (round to nearest even) where available, like
+                    // `fp32_to_fp16` element by element.
+                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut mid[..x.len()], x);
+                } else {
+                    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                        o.copy_from_slice(&super::fp32_to_fp16(*v).to_le_bytes());
+                    }
                 }
             }
             ActKind::Q8_0 => quantize::quantize_row_q8_0(x, out),
@@ -210,6 +223,106 @@ impl MatMul {
             DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
             DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
             DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
+        }
+    }
+}
+
+impl MatMul {
+    /// Activation rows `0..act_boundary()` and the rest use different kernels (Q4_K repacked:
+    /// gemm, then gemv); a tile passed to [`MatMul::dot_tile`] should not straddle it.
+    pub fn act_boundary(&self) -> usize {
+        match self.kind {
+            DotKind::Q4KRepack => self.gemm_rows,
+            _ => 0,
+        }
+    }
+
+    /// The tile kernel for activation rows `j0..j0 + n`, if there is one.
+    fn tile_kind(&self, j0: usize, n: usize) -> Option<TileKind> {
+        Some(match self.kind {
+            DotKind::TinyF32 => TileKind::F32Tiny,
+            DotKind::TinyF16 => TileKind::F16Tiny,
+            DotKind::Quant(_) if self.exact => match self.weight {
+                DType::Q4_0 => TileKind::Q0(0),
+                DType::Q5_0 => TileKind::Q0(1),
+                DType::Q8_0 => TileKind::Q0(2),
+                DType::Q4_1 => TileKind::Q1(false),
+                DType::Q5_1 => TileKind::Q1(true),
+                _ => return None,
+            },
+            DotKind::TinyIq4Nl => TileKind::Q0(3),
+            DotKind::Q0Repack(iq4nl) => TileKind::Q0Chain(if iq4nl { 3 } else { 0 }),
+            DotKind::Q4KRepack if j0 + n <= self.gemm_rows => TileKind::Q4KGemm,
+            DotKind::Q4KRepack if j0 >= self.gemm_rows => TileKind::Q4KGemv,
+            DotKind::Q6KTiled => TileKind::Q6KTiled,
+            _ => return None,
+        })
+    }
+
+    /// Outputs of weight rows `w` (each `k` values) against converted activation rows `acts`
+    /// (rows `j0..j0 + acts.len()` of their plane): `out[i * acts.len() + j]` is
+    /// `self.dot(k, w[i], acts[j], j0 + j)`, bit for bit, computed in register-blocked tiles
+    /// where a SIMD tile kernel exists.
+    pub fn dot_tile(&self, k: usize, w: &[&[u8]], acts: &[&[u8]], j0: usize, out: &mut [f32]) {
+        let na = acts.len();
+        assert!(out.len() >= w.len() * na, "tile output too short");
+        // A single activation row (token generation) streams the weights once: row after row
+        // reads memory sequentially, which is faster than interleaving several rows.
+        if na > 1
+            && let Some(t) = self.tile_kind(j0, na)
+            && tile::tile(t, k, w, acts, out)
+        {
+            return;
+        }
+        for (i, wr) in w.iter().enumerate() {
+            for (j, act) in acts.iter().enumerate() {
+                out[i * na + j] = self.dot(k, wr, act, j0 + j);
+            }
+        }
+    }
+
+    /// [`MatMul::dot`] computed by the portable scalar emulation only (never SIMD): the
+    /// reference the SIMD paths must match bit for bit.
+    pub fn dot_scalar(&self, k: usize, w: &[u8], act: &[u8], j: usize) -> f32 {
+        match self.kind {
+            DotKind::TinyF32 => fdot::tinyblas_dot_f32_scalar(k, as_f32(w), as_f32(act)),
+            DotKind::VecF32 => fdot::vec_dot_f32_scalar(k, as_f32(w), as_f32(act)),
+            DotKind::TinyF16 => fdot::tinyblas_dot_f16_scalar(k, w, act),
+            DotKind::VecF16 => fdot::vec_dot_f16_scalar(k, w, act),
+            DotKind::Quant(f) => match dot::scalar_dot_fn(self.weight) {
+                Some(s) => s(k, w, act),
+                None => f(k, w, act),
+            },
+            DotKind::TinyIq4Nl => repack::scalar::dot_iq4_nl_tinyblas(k, w, act),
+            DotKind::Q4KRepack => {
+                if j < self.gemm_rows {
+                    repack::scalar::dot_q4_k_gemm(k, w, act)
+                } else {
+                    repack::scalar::dot_q4_k_gemv(k, w, act)
+                }
+            }
+            DotKind::Q0Repack(iq4nl) => repack::scalar::dot_q0_repacked(iq4nl, k, w, act),
+            DotKind::Q6KTiled => repack::scalar::dot_q6_k_tiled(k, w, act),
+            DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
+            DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
+            DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
+            DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
+            DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
+        }
+    }
+
+    /// Converts activation row `j` like [`MatMul::convert_act`] with the scalar emulation of
+    /// the quantizers only.
+    pub fn convert_act_scalar(&self, j: usize, x: &[f32], out: &mut [u8]) {
+        match self.act {
+            ActKind::Q8_0 => quantize::quantize_row_q8_0_scalar(x, out),
+            ActKind::Q8_1 => quantize::quantize_row_q8_1_scalar(x, out),
+            ActKind::Q8K => quantize::quantize_row_q8_k_scalar(x, out),
+            ActKind::Q8KRepack if j < self.gemm_rows => {
+                repack::scalar::quantize_row_q8_k_4x8(x, out)
+            }
+            ActKind::Q8KRepack => quantize::quantize_row_q8_k_scalar(x, out),
+            ActKind::F32 | ActKind::F16 => self.convert_act(j, x, out),
         }
     }
 }

@@ -16,8 +16,11 @@ pub mod act;
 pub mod dot;
 pub mod fdot;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod quantize;
 pub mod repack;
+mod tile;
 
 use std::sync::OnceLock;
 

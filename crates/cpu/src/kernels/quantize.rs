@@ -4,6 +4,7 @@
 //! `quantize_row_q8_K`, which on x86 is `quantize_row_q8_K_ref` (ggml-base, built without FMA:
 //! `nearest_int(iscale*x)` with a separately rounded product).
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use super::{fp32_to_fp16, simd_available};
 
 /// Bytes of one Q8_0 block (f16 scale + 32 quants).
@@ -95,6 +96,28 @@ pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) {
 /// multiple of 256, `out` 292 bytes per block.
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
     assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * Q8_K_BLOCK);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(x: &[f32], out: &mut [u8]) {
+            quantize_q8_k_impl(x, out)
+        }
+        // SAFETY: AVX2/FMA/F16C present; the same operations (no contraction: there is no
+        // `mul_add` in the code), only with SSE4.1 rounding instead of a libm call.
+        unsafe { fast(x, out) };
+        return;
+    }
+    quantize_q8_k_impl(x, out);
+}
+
+/// Scalar emulation of [`quantize_row_q8_k`] (never compiled for AVX2).
+pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) {
+    assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * Q8_K_BLOCK);
+    quantize_q8_k_impl(x, out);
+}
+
+#[inline(always)]
+fn quantize_q8_k_impl(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BLOCK)) {
         let mut amax = 0f32;
         let mut max = 0f32;

@@ -11,6 +11,7 @@
 //!
 //! These functions take the ordinary (not interleaved) Q4_K and Q8_K blocks.
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use super::{f16_at, simd_available};
 
 /// Runs `$f` compiled with FMA when the CPU has AVX2/FMA (same operations, same bits).
@@ -48,6 +49,22 @@ pub fn q4_k_gemm_rows(n: usize) -> usize {
 /// magnitude).
 pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
     assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * 292);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(x: &[f32], out: &mut [u8]) {
+            quantize_q8_k_4x8_impl(x, out)
+        }
+        // SAFETY: AVX2/FMA/F16C present; the same operations (no `mul_add`, so nothing is
+        // contracted), with SSE4.1 rounding instead of a libm call.
+        unsafe { fast(x, out) };
+        return;
+    }
+    quantize_q8_k_4x8_impl(x, out);
+}
+
+#[inline(always)]
+fn quantize_q8_k_4x8_impl(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
         let mut amax = 0f32;
         for &v in xb {
@@ -306,39 +323,41 @@ pub fn q0_repacked(dtype: lamina_core::DType, rows: usize) -> bool {
 /// per output) for one repacked Q4_0 (`iq4nl = false`) or IQ4_NL weight row against one Q8_0
 /// activation row: per block `acc = fma((float)Σ q·q8, d_w*d_a, acc)`, one scalar chain.
 pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-    #[inline(always)]
-    fn imp(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-        const KV: [i32; 16] = [
-            -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-        ];
-        let mut acc = 0f32;
-        for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / 32) {
-            let mut sumi = 0i32;
-            for i in 0..16 {
-                let (lo, hi) = (usize::from(xb[2 + i] & 15), usize::from(xb[2 + i] >> 4));
-                let (vl, vh) = if iq4nl {
-                    (KV[lo], KV[hi])
-                } else {
-                    (lo as i32 - 8, hi as i32 - 8)
-                };
-                sumi += vl * i32::from(yb[2 + i] as i8) + vh * i32::from(yb[18 + i] as i8);
-            }
-            acc = (sumi as f32).mul_add(f16_at(xb, 0) * f16_at(yb, 0), acc);
-        }
-        acc
-    }
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn fast(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-            imp(iq4nl, n, x, y)
+            dot_q0_repacked_impl(iq4nl, n, x, y)
         }
         if simd_available() {
             // SAFETY: AVX2/FMA/F16C present; same operations with FMA enabled.
             return unsafe { fast(iq4nl, n, x, y) };
         }
     }
-    imp(iq4nl, n, x, y)
+    dot_q0_repacked_impl(iq4nl, n, x, y)
+}
+
+const KVALUES_IQ4NL: [i32; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+#[inline(always)]
+fn dot_q0_repacked_impl(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / 32) {
+        let mut sumi = 0i32;
+        for i in 0..16 {
+            let (lo, hi) = (usize::from(xb[2 + i] & 15), usize::from(xb[2 + i] >> 4));
+            let (vl, vh) = if iq4nl {
+                (KVALUES_IQ4NL[lo], KVALUES_IQ4NL[hi])
+            } else {
+                (lo as i32 - 8, hi as i32 - 8)
+            };
+            sumi += vl * i32::from(yb[2 + i] as i8) + vh * i32::from(yb[18 + i] as i8);
+        }
+        acc = (sumi as f32).mul_add(f16_at(xb, 0) * f16_at(yb, 0), acc);
+    }
+    acc
 }
 
 /// The tiled kernel's value for one Q3_K weight row and one Q8_K activation row (signed 3-bit
@@ -380,4 +399,57 @@ fn q3k_scale(sc: &[u8], i: usize) -> i32 {
         _ => ((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4),
     };
     i32::from(w.to_le_bytes()[i % 4] as i8) - 32
+}
+
+/// The scalar emulations of this module's kernels (and of tinyBLAS's IQ4_NL dot), never
+/// compiled for AVX2: the references the SIMD paths must match bit for bit.
+pub mod scalar {
+    use crate::kernels::f16_at;
+
+    /// Scalar [`super::quantize_row_q8_k_4x8`].
+    pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
+        assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * 292);
+        super::quantize_q8_k_4x8_impl(x, out)
+    }
+
+    /// Scalar [`super::dot_q4_k_gemv`].
+    pub fn dot_q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        super::dot_q4_k_gemv_impl(n, x, y)
+    }
+
+    /// Scalar [`super::dot_q4_k_gemm`].
+    pub fn dot_q4_k_gemm(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        super::dot_q4_k_gemm_impl(n, x, y)
+    }
+
+    /// Scalar [`super::dot_q6_k_tiled`].
+    pub fn dot_q6_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        super::dot_q6_k_tiled_impl(n, x, y)
+    }
+
+    /// Scalar [`super::dot_q0_repacked`].
+    pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+        super::dot_q0_repacked_impl(iq4nl, n, x, y)
+    }
+
+    /// Scalar `dot::dot_iq4_nl_tinyblas`: per block `d = dx*dy`, 8 lanes of exact 4-product
+    /// sums, `acc = fma(d, lane, acc)`, then `hsum_float_8`.
+    pub fn dot_iq4_nl_tinyblas(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / 32) {
+            let d = f16_at(xb, 0) * f16_at(yb, 0);
+            let q: [i32; 32] = std::array::from_fn(|i| {
+                let b = xb[2 + i % 16];
+                let v = if i < 16 { b & 15 } else { b >> 4 };
+                super::KVALUES_IQ4NL[usize::from(v)]
+            });
+            for (l, a) in acc.iter_mut().enumerate() {
+                let lane: i32 = (4 * l..4 * l + 4)
+                    .map(|b| q[b] * i32::from(yb[2 + b] as i8))
+                    .sum();
+                *a = d.mul_add(lane as f32, *a);
+            }
+        }
+        crate::kernels::hsum8(&acc)
+    }
 }

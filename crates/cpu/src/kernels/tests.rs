@@ -209,3 +209,92 @@ fn v_expf_lane_is_accurate() {
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// `MatMul::dot_tile` (register-blocked SIMD tiles) and the SIMD activation converters against
+/// the scalar emulation, bit for bit, for every plan a weight type can get (batch sizes that
+/// select vec_dot, tinyBLAS, repacked gemv/gemm and the tiled K-quant path), random weight
+/// bytes (every nibble, byte and scale pattern) and tiles of every shape and offset.
+#[test]
+fn tiles_match_scalar() {
+    let mut rng = Rng(0x5151_7e57_0bad_cafe);
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::IQ4_NL,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_XS,
+        DType::F16,
+        DType::F32,
+    ];
+    for dtype in types {
+        let qk = dtype.block_size() as usize;
+        let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
+        let k = k.next_multiple_of(qk);
+        let wrow = dtype.row_size(k as u64).unwrap() as usize;
+        for (m, n) in [(8usize, 1usize), (12, 1), (8, 4), (16, 5), (9, 8), (8, 11)] {
+            let plan = matmul::MatMul::plan(dtype, m, n, k, true, true).unwrap();
+            let w = match dtype {
+                DType::F16 => rng
+                    .vec(k * m, 1.0)
+                    .iter()
+                    .flat_map(|v| fp32_to_fp16(*v).to_le_bytes())
+                    .collect(),
+                DType::F32 => rng
+                    .vec(k * m, 1.0)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                _ => random_weights(&mut rng, dtype, k / qk * m),
+            };
+            assert_eq!(w.len(), wrow * m);
+            let arow = plan.act_row_bytes(k).unwrap();
+            // 4-aligned storage (f32 activation rows are read as f32).
+            let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
+            // SAFETY: u32 storage viewed as bytes.
+            let acts =
+                unsafe { std::slice::from_raw_parts_mut(abuf.as_mut_ptr() as *mut u8, arow * n) };
+            let mut scalar_act = vec![0u8; arow];
+            for j in 0..n {
+                let x = rng.vec(k, 3.0);
+                let a = &mut acts[j * arow..(j + 1) * arow];
+                plan.convert_act(j, &x, a);
+                plan.convert_act_scalar(j, &x, &mut scalar_act);
+                assert_eq!(
+                    a,
+                    &scalar_act[..],
+                    "{dtype} m={m} n={n}: activation row {j}"
+                );
+            }
+            let wr: Vec<&[u8]> = w.chunks_exact(wrow).collect();
+            let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+            for rm in 1..=m.min(8) {
+                for rn in 1..=n.min(4) {
+                    for (i0, j0) in [(0, 0), (m - rm, n - rn)] {
+                        let mut out = vec![0f32; rm * rn];
+                        plan.dot_tile(k, &wr[i0..i0 + rm], &ar[j0..j0 + rn], j0, &mut out);
+                        for i in 0..rm {
+                            for j in 0..rn {
+                                let s = plan.dot_scalar(k, wr[i0 + i], ar[j0 + j], j0 + j);
+                                let v = out[i * rn + j];
+                                let d = plan.dot(k, wr[i0 + i], ar[j0 + j], j0 + j);
+                                assert_eq!(
+                                    (v.to_bits(), d.to_bits()),
+                                    (s.to_bits(), s.to_bits()),
+                                    "{dtype} m={m} n={n} tile {rm}x{rn} at ({i0},{j0}) \
+                                     output ({i},{j}): tile {v:e}, dot {d:e}, scalar {s:e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Register-blocked tiles of a matrix product: a few weight rows × a few activation rows per
+//! call, each output computed with exactly the operation sequence of its single-output kernel
+//! (same exact integer sums, same FMA chain in the same order, same horizontal sum), so the
+//! results are bit-identical to [`super::matmul::MatMul::dot`]. What a tile shares is only work
+//! that does not round: loading and unpacking a weight block once for several activation rows,
+//! and an activation block once for several weight rows. Independent FMA chains of different
+//! outputs also overlap, which a single dot product cannot do.
+//!
+//! AVX2 only; [`tile`] returns `false` when it has no kernel (or no AVX2), and the caller then
+//! computes the outputs one at a time.
+
+/// The per-output arithmetic a tile kernel reproduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TileKind {
+    /// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0: one 8-lane FMA chain of `fma(dx*dy, lanes, acc)`,
+    /// then `hsum_float_8`, for Q4_0 (0), Q5_0 (1), Q8_0 (2) and IQ4_NL under tinyBLAS (3).
+    Q0(u8),
+    /// Q4_0 (0) or IQ4_NL (3) repacked to 8x8: `acc = fma((float)Σq·q8, dx*dy, acc)`.
+    Q0Chain(u8),
+    /// `ggml_vec_dot_q4_1_q8_1` (`false`) or `ggml_vec_dot_q5_1_q8_1` (`true`).
+    Q1(bool),
+    /// `ggml_gemv_q4_K_8x8_q8_K` per output.
+    Q4KGemv,
+    /// `ggml_gemm_q4_K_8x8_q8_K` per output.
+    Q4KGemm,
+    /// The tiled Q6_K kernel per output.
+    Q6KTiled,
+    /// tinyBLAS f16.
+    F16Tiny,
+    /// tinyBLAS f32.
+    F32Tiny,
+}
+
+impl TileKind {
+    /// (values per block, weight block bytes, activation block bytes).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn geometry(self) -> (usize, usize, usize) {
+        match self {
+            TileKind::Q0(t) | TileKind::Q0Chain(t) => (32, [18, 22, 34, 18][t as usize], 34),
+            TileKind::Q1(q5) => (32, if q5 { 24 } else { 20 }, 36),
+            TileKind::Q4KGemv | TileKind::Q4KGemm => (256, 144, 292),
+            TileKind::Q6KTiled => (256, 210, 292),
+            TileKind::F16Tiny => (8, 16, 16),
+            TileKind::F32Tiny => (8, 32, 32),
+        }
+    }
+}
+
+/// `out[i * acts.len() + j]` = the output of weight row `w[i]` and activation row `acts[j]` (rows
+/// of `k` values), when there is a tile kernel for `kind` and AVX2 is available; returns
+/// `false` (and leaves `out` alone) otherwise.
+pub(crate) fn tile(kind: TileKind, k: usize, w: &[&[u8]], acts: &[&[u8]], out: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_available() {
+        let (qk, bx, by) = kind.geometry();
+        let nb = k / qk;
+        assert!(
+            out.len() >= w.len() * acts.len()
+                && w.iter().all(|r| r.len() >= nb * bx)
+                && acts.iter().all(|r| r.len() >= nb * by),
+            "tile rows too short"
+        );
+        // SAFETY: AVX2/FMA/F16C present; every row holds `nb` blocks (checked above).
+        unsafe { avx2::run(kind, nb, w, acts, out) };
+        return true;
+    }
+    let _ = (kind, k, w, acts, out);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::TileKind;
+    use crate::kernels::x86::{bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8};
+    use std::arch::x86_64::*;
+
+    /// Calls `$kern::<$t, RM, RN>` over the whole `w × a` product in tiles of at most
+    /// `tm × tn` (4×1 for a single activation row, else 2×4).
+    macro_rules! run_tiles {
+        ($kern:ident, $t:expr, $nb:expr, $w:expr, $a:expr, $out:expr) => {{
+            let (w, a, out): (&[&[u8]], &[&[u8]], &mut [f32]) = ($w, $a, $out);
+            let na = a.len();
+            let (tm, tn) = if na == 1 { (4, 1) } else { (2, 4) };
+            let mut i0 = 0;
+            while i0 < w.len() {
+                let rm = (w.len() - i0).min(tm);
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(tn);
+                    match (rm, rn) {
+                        (1, 1) => call!($kern, $t, 1, 1, $nb, w, a, out, i0, j0, na),
+                        (2, 1) => call!($kern, $t, 2, 1, $nb, w, a, out, i0, j0, na),
+                        (3, 1) => call!($kern, $t, 3, 1, $nb, w, a, out, i0, j0, na),
+                        (4, 1) => call!($kern, $t, 4, 1, $nb, w, a, out, i0, j0, na),
+                        (1, 2) => call!($kern, $t, 1, 2, $nb, w, a, out, i0, j0, na),
+                        (2, 2) => call!($kern, $t, 2, 2, $nb, w, a, out, i0, j0, na),
+                        (1, 3) => call!($kern, $t, 1, 3, $nb, w, a, out, i0, j0, na),
+                        (2, 3) => call!($kern, $t, 2, 3, $nb, w, a, out, i0, j0, na),
+                        (1, 4) => call!($kern, $t, 1, 4, $nb, w, a, out, i0, j0, na),
+                        _ => call!($kern, $t, 2, 4, $nb, w, a, out, i0, j0, na),
+                    }
+                    j0 += rn;
+                }
+                i0 += rm;
+            }
+        }};
+    }
+
+    macro_rules! call {
+        ($kern:ident, $t:expr, $rm:literal, $rn:literal, $nb:expr, $w:ident, $a:ident, $out:ident,
+         $i0:ident, $j0:ident, $na:ident) => {{
+            let wp: [*const u8; $rm] = std::array::from_fn(|i| $w[$i0 + i].as_ptr());
+            let ap: [*const u8; $rn] = std::array::from_fn(|j| $a[$j0 + j].as_ptr());
+            // SAFETY: rows hold `nb` blocks (checked by `tile`); AVX2/FMA/F16C present.
+            let r = unsafe { $kern::<{ $t }, $rm, $rn>($nb, wp, ap) };
+            for i in 0..$rm {
+                for j in 0..$rn {
+                    $out[($i0 + i) * $na + $j0 + j] = r[i][j];
+                }
+            }
+        }};
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C present; every row holds `nb` blocks of `kind`.
+    pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        match kind {
+            TileKind::Q0(0) => run_tiles!(q0, 0, nb, w, a, out),
+            TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
+            TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
+            TileKind::Q0(_) => run_tiles!(q0, 3, nb, w, a, out),
+            TileKind::Q0Chain(0) => run_tiles!(q0_chain, 0, nb, w, a, out),
+            TileKind::Q0Chain(_) => run_tiles!(q0_chain, 3, nb, w, a, out),
+            TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
+            TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
+            TileKind::Q4KGemv => run_tiles!(q4k, 0, nb, w, a, out),
+            TileKind::Q4KGemm => run_tiles!(q4k, 1, nb, w, a, out),
+            TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
+            TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
+            TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
+        }
+    }
+
+    /// f16 at `p` as f32 (F16C; exact).
+    #[inline(always)]
+    unsafe fn ld_f16(p: *const u8) -> f32 {
+        // SAFETY: the caller passes 2 readable bytes and runs with F16C enabled.
+        unsafe {
+            let h = p.cast::<u16>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn ld_f32(p: *const u8) -> f32 {
+        // SAFETY: the caller passes 4 readable bytes.
+        unsafe { p.cast::<f32>().read_unaligned() }
+    }
+
+    #[inline(always)]
+    unsafe fn loadu(p: *const u8) -> __m256i {
+        // SAFETY: the caller passes 32 readable bytes.
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+
+    /// Exact sum of the 8 i32 lanes.
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            hsum_i32x4(s)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_i32x4(s: __m128i) -> i32 {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s)
+        }
+    }
+
+    const KVALUES_IQ4NL: [i8; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+
+    /// The 32 signed values of a Q4_0 (0), Q5_0 (1), Q8_0 (2) or IQ4_NL (3) block.
+    #[inline(always)]
+    unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
+        // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
+        unsafe {
+            match T {
+                0 => _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8)),
+                1 => {
+                    let qx = bytes_from_nibbles_32(xb.add(6));
+                    let qh = xb.add(2).cast::<u32>().read_unaligned();
+                    let bxhi =
+                        _mm256_andnot_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0xF0u8 as i8));
+                    _mm256_or_si256(qx, bxhi)
+                }
+                2 => loadu(xb.add(2)),
+                _ => {
+                    let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                    let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
+                    _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(2)))
+                }
+            }
+        }
+    }
+
+    const fn q0_bytes(t: u8) -> usize {
+        match t {
+            0 | 3 => 18,
+            1 => 22,
+            _ => 34,
+        }
+    }
+
+    /// `madd(1, maddubs(|x|, sign(y, x)))`: the 8 exact i32 lane sums of `x·y` (signed bytes).
+    #[inline(always)]
+    unsafe fn lanes_i8(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            let dot = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
+            _mm256_madd_epi16(_mm256_set1_epi16(1), dot)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let bx = q0_bytes(T);
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            for ib in 0..nb {
+                let mut dy = [_mm256_setzero_ps(); RN];
+                for j in 0..RN {
+                    dy[j] = _mm256_set1_ps(ld_f16(a[j].add(ib * 34)));
+                }
+                for i in 0..RM {
+                    let xb = w[i].add(ib * bx);
+                    let dx = _mm256_set1_ps(ld_f16(xb));
+                    let qx = q0_values::<T>(xb);
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for j in 0..RN {
+                        let qy = loadu(a[j].add(ib * 34 + 2));
+                        let q = _mm256_cvtepi32_ps(lanes_i8(ax, qx, qy));
+                        // dx*dy rounded once, as the scalar `f16(x) * f16(y)`.
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy[j]), q, acc[i][j]);
+                    }
+                }
+            }
+            acc.map(|r| r.map(|v| hsum_float_8(v)))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0_chain<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let bx = q0_bytes(T);
+        let mut acc = [[0f32; RN]; RM];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            for ib in 0..nb {
+                let mut qy = [_mm256_setzero_si256(); RN];
+                let mut dy = [0f32; RN];
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 34);
+                    dy[j] = ld_f16(yb);
+                    qy[j] = loadu(yb.add(2));
+                }
+                for i in 0..RM {
+                    let xb = w[i].add(ib * bx);
+                    let dx = ld_f16(xb);
+                    let qx = q0_values::<T>(xb);
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for j in 0..RN {
+                        let sumi = hsum_i32(lanes_i8(ax, qx, qy[j]));
+                        acc[i][j] = (sumi as f32).mul_add(dx * dy[j], acc[i][j]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let bx = if T == 0 { 20 } else { 24 };
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        let mut summs = [[0f32; RN]; RM];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            for ib in 0..nb {
+                let mut qy = [_mm256_setzero_si256(); RN];
+                let mut dy = [0f32; RN];
+                let mut sy = [0f32; RN];
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 36);
+                    dy[j] = ld_f16(yb);
+                    sy[j] = ld_f16(yb.add(2));
+                    qy[j] = loadu(yb.add(4));
+                }
+                for i in 0..RM {
+                    let xb = w[i].add(ib * bx);
+                    let dx = ld_f16(xb);
+                    let mx = ld_f16(xb.add(2));
+                    let qx = if T == 0 {
+                        bytes_from_nibbles_32(xb.add(4))
+                    } else {
+                        let qh = xb.add(4).cast::<u32>().read_unaligned();
+                        let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                        _mm256_or_si256(bytes_from_nibbles_32(xb.add(8)), bxhi)
+                    };
+                    for j in 0..RN {
+                        summs[i][j] = mx.mul_add(sy[j], summs[i][j]);
+                        let dot = _mm256_maddubs_epi16(qx, qy[j]);
+                        let q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, dot));
+                        let d = _mm256_set1_ps(dx * dy[j]);
+                        acc[i][j] = if T == 0 {
+                            _mm256_fmadd_ps(d, q, acc[i][j])
+                        } else {
+                            _mm256_fmadd_ps(q, d, acc[i][j])
+                        };
+                    }
+                }
+            }
+            let mut out = [[0f32; RN]; RM];
+            for i in 0..RM {
+                for j in 0..RN {
+                    out[i][j] = hsum_float_8(acc[i][j]) + summs[i][j];
+                }
+            }
+            out
+        }
+    }
+
+    /// Q4_K repacked: `G == 0` gemv (one FMA per superblock), `G == 1` gemm (one per pair of
+    /// sub-blocks).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4k<const G: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let mut acc = [[0f32; RN]; RM];
+        let mut acc_min = [[0f32; RN]; RM];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            let m4 = _mm256_set1_epi8(0xF);
+            for ib in 0..nb {
+                let mut yd = [0f32; RN];
+                let mut q8s = [_mm_setzero_si128(); RN];
+                let mut yq = [std::ptr::null::<u8>(); RN];
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 292);
+                    yd[j] = ld_f32(yb);
+                    yq[j] = yb.add(4);
+                    // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
+                    q8s[j] = _mm_hadd_epi16(
+                        _mm_loadu_si128(yb.add(260) as *const __m128i),
+                        _mm_loadu_si128(yb.add(276) as *const __m128i),
+                    );
+                }
+                for i in 0..RM {
+                    let xb = w[i].add(ib * 144);
+                    let d = ld_f16(xb);
+                    let dmin = ld_f16(xb.add(2));
+                    let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
+                        std::slice::from_raw_parts(xb.add(4), 12),
+                    );
+                    let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                    let q4 = xb.add(16);
+                    let scl: [__m256i; 8] =
+                        std::array::from_fn(|s| _mm256_set1_epi16(i16::from(sc[s])));
+                    for j in 0..RN {
+                        let imin = _mm_madd_epi16(mins, q8s[j]);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for sb in 0..4 {
+                            let bits = loadu(q4.add(32 * sb));
+                            let lo = _mm256_and_si256(bits, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                            let q8l = loadu(yq[j].add(64 * sb));
+                            let q8h = loadu(yq[j].add(64 * sb + 32));
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q8l), scl[2 * sb]);
+                            let ph =
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q8h), scl[2 * sb + 1]);
+                            p[sb] = _mm256_add_epi32(pl, ph);
+                        }
+                        if G == 0 {
+                            let all = _mm256_add_epi32(
+                                _mm256_add_epi32(p[0], p[1]),
+                                _mm256_add_epi32(p[2], p[3]),
+                            );
+                            let sum = hsum_i32(all);
+                            let smin = hsum_i32x4(imin);
+                            acc[i][j] = (sum as f32).mul_add(d * yd[j], acc[i][j]);
+                            acc_min[i][j] = (smin as f32).mul_add(dmin * yd[j], acc_min[i][j]);
+                        } else {
+                            let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                            let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                            let h = _mm256_hadd_epi32(h01, h23);
+                            let s = _mm_add_epi32(
+                                _mm256_castsi256_si128(h),
+                                _mm256_extracti128_si256(h, 1),
+                            );
+                            let mut iacc = [0f32; 4];
+                            let mut imf = [0f32; 4];
+                            _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
+                            _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
+                            let (dd, dm) = (d * yd[j], dmin * yd[j]);
+                            let (mut x, mut y) = (acc[i][j], acc_min[i][j]);
+                            for sb in 0..4 {
+                                x = iacc[sb].mul_add(dd, x);
+                                y = imf[sb].mul_add(dm, y);
+                            }
+                            acc[i][j] = x;
+                            acc_min[i][j] = y;
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; RN]; RM];
+        for i in 0..RM {
+            for j in 0..RN {
+                out[i][j] = acc[i][j] - acc_min[i][j];
+            }
+        }
+        out
+    }
+
+    const K6_SHUFFLE: [[u8; 16]; 8] = {
+        let mut t = [[0u8; 16]; 8];
+        let mut i = 0;
+        while i < 8 {
+            let mut b = 0;
+            while b < 16 {
+                t[i][b] = (2 * i + b / 8) as u8;
+                b += 1;
+            }
+            i += 1;
+        }
+        t
+    };
+
+    /// The tiled Q6_K kernel: per superblock `res = d_w*(float)s1`, `acc = fma(res, d_a, acc)`
+    /// with `s1 = Σ scale·(q6-32)·q8` exact (as `Σ scale·q6·q8 - 32·Σ scale·bsum`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6k<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let mut acc = [[0f32; RN]; RM];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let m15 = _mm256_set1_epi8(15);
+            for ib in 0..nb {
+                let mut yd = [0f32; RN];
+                let mut q8sums = [_mm256_setzero_si256(); RN];
+                let mut yq = [std::ptr::null::<u8>(); RN];
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 292);
+                    yd[j] = ld_f32(yb);
+                    yq[j] = yb.add(4);
+                    q8sums[j] = loadu(yb.add(260));
+                }
+                for i in 0..RM {
+                    let xb = w[i].add(ib * 210);
+                    let dw = ld_f16(xb.add(208));
+                    let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                    let scales_16 = _mm256_cvtepi8_epi16(scales);
+                    let mut sumi = [_mm256_setzero_si256(); RN];
+                    for h in 0..2 {
+                        let q4bits1 = loadu(xb.add(64 * h));
+                        let q4bits2 = loadu(xb.add(64 * h + 32));
+                        let q4bits_h = loadu(xb.add(128 + 32 * h));
+                        let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                        let q4h_1 =
+                            _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                        let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                        let q4h_3 =
+                            _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                        let q6 = [
+                            _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+                            _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15),
+                                q4h_2,
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15),
+                                q4h_3,
+                            ),
+                        ];
+                        let sh: [__m256i; 4] = std::array::from_fn(|k| {
+                            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                                scales,
+                                _mm_loadu_si128(K6_SHUFFLE[4 * h + k].as_ptr() as *const __m128i),
+                            ))
+                        });
+                        for j in 0..RN {
+                            let q8 = yq[j].add(128 * h);
+                            for k in 0..4 {
+                                let p = _mm256_madd_epi16(
+                                    sh[k],
+                                    _mm256_maddubs_epi16(q6[k], loadu(q8.add(32 * k))),
+                                );
+                                sumi[j] = _mm256_add_epi32(sumi[j], p);
+                            }
+                        }
+                    }
+                    for j in 0..RN {
+                        let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
+                        let s1 = hsum_i32(_mm256_sub_epi32(sumi[j], sub));
+                        let res = dw * s1 as f32;
+                        acc[i][j] = res.mul_add(yd[j], acc[i][j]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    /// tinyBLAS f16 (`T == 0`, 16 bytes per 8 values) or f32 (`T == 1`): one 8-lane FMA chain,
+    /// then `hsum`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn ftiny<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const u8; RM],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; RM] {
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        // SAFETY: rows hold `nb` groups of 8 values (the caller's contract).
+        unsafe {
+            let ld = |p: *const u8, l: usize| {
+                if T == 0 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * l) as *const __m128i))
+                } else {
+                    _mm256_loadu_ps(p.add(32 * l) as *const f32)
+                }
+            };
+            for l in 0..nb {
+                let vb: [__m256; RN] = std::array::from_fn(|j| ld(a[j], l));
+                for i in 0..RM {
+                    let va = ld(w[i], l);
+                    for j in 0..RN {
+                        acc[i][j] = _mm256_fmadd_ps(va, vb[j], acc[i][j]);
+                    }
+                }
+            }
+            acc.map(|r| r.map(|v| hsum_float_8(v)))
+        }
+    }
+}
