@@ -119,7 +119,7 @@ pub enum Array {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    String(StrArray),
     /// Nested arrays (each element an array, possibly of different element types).
     Array(Vec<Array>),
     U64(Vec<u64>),
@@ -267,12 +267,178 @@ impl Array {
             Array::I32(v) => Value::I32(*v.get(i)?),
             Array::F32(v) => Value::F32(*v.get(i)?),
             Array::Bool(v) => Value::Bool(*v.get(i)?),
-            Array::String(v) => Value::String(v.get(i)?.clone()),
+            Array::String(v) => Value::String(v.get(i)?.to_owned()),
             Array::Array(v) => Value::Array(v.get(i)?.clone()),
             Array::U64(v) => Value::U64(*v.get(i)?),
             Array::I64(v) => Value::I64(*v.get(i)?),
             Array::F64(v) => Value::F64(*v.get(i)?),
         })
+    }
+}
+
+/// An array of strings stored end to end in one buffer, with one end offset per string: a
+/// 262,144-token vocabulary takes its text bytes plus 4 bytes a token, where a `Vec<String>`
+/// would take a 24-byte header and a heap block (with the allocator's overhead) per token.
+#[derive(Clone, Default)]
+pub struct StrArray {
+    text: String,
+    ends: Ends,
+}
+
+/// End offsets in `text`: 32-bit unless the strings total more than 4 GiB.
+#[derive(Clone)]
+enum Ends {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
+impl Default for Ends {
+    fn default() -> Self {
+        Ends::Narrow(Vec::new())
+    }
+}
+
+impl StrArray {
+    /// An empty array with room for `n` strings of `bytes` bytes in total.
+    pub fn with_capacity(n: usize, bytes: usize) -> StrArray {
+        StrArray {
+            text: String::with_capacity(bytes),
+            ends: if u32::try_from(bytes).is_ok() {
+                Ends::Narrow(Vec::with_capacity(n))
+            } else {
+                Ends::Wide(Vec::with_capacity(n))
+            },
+        }
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        let end = self.text.len();
+        match &mut self.ends {
+            Ends::Narrow(v) => match u32::try_from(end) {
+                Ok(e) => v.push(e),
+                Err(_) => {
+                    let mut wide: Vec<u64> = Vec::with_capacity(v.len() + 1);
+                    wide.extend(v.iter().map(|&e| u64::from(e)));
+                    wide.push(end as u64);
+                    self.ends = Ends::Wide(wide);
+                }
+            },
+            Ends::Wide(v) => v.push(end as u64),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.ends {
+            Ends::Narrow(v) => v.len(),
+            Ends::Wide(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn end(&self, i: usize) -> Option<usize> {
+        match &self.ends {
+            Ends::Narrow(v) => v.get(i).map(|&e| e as usize),
+            Ends::Wide(v) => v.get(i).map(|&e| e as usize),
+        }
+    }
+
+    /// String `i`.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = self.end(i)?;
+        let start = if i == 0 { 0 } else { self.end(i - 1)? };
+        Some(&self.text[start..end])
+    }
+
+    pub fn iter(&self) -> StrArrayIter<'_> {
+        StrArrayIter {
+            array: self,
+            next: 0,
+            start: 0,
+        }
+    }
+
+    /// Total bytes of all the strings.
+    pub fn text_len(&self) -> usize {
+        self.text.len()
+    }
+}
+
+/// The strings of a [`StrArray`], in order.
+pub struct StrArrayIter<'a> {
+    array: &'a StrArray,
+    next: usize,
+    start: usize,
+}
+
+impl<'a> Iterator for StrArrayIter<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let end = self.array.end(self.next)?;
+        let s = &self.array.text[self.start..end];
+        self.next += 1;
+        self.start = end;
+        Some(s)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.array.len() - self.next;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for StrArrayIter<'_> {}
+
+impl<'a> IntoIterator for &'a StrArray {
+    type Item = &'a str;
+    type IntoIter = StrArrayIter<'a>;
+    fn into_iter(self) -> StrArrayIter<'a> {
+        self.iter()
+    }
+}
+
+impl std::ops::Index<usize> for StrArray {
+    type Output = str;
+    fn index(&self, i: usize) -> &str {
+        match self.get(i) {
+            Some(s) => s,
+            None => panic!(
+                "index {i} out of range for a string array of {}",
+                self.len()
+            ),
+        }
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for StrArray {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> StrArray {
+        let mut a = StrArray::default();
+        for s in iter {
+            a.push(s.as_ref());
+        }
+        a
+    }
+}
+
+impl From<Vec<String>> for StrArray {
+    fn from(v: Vec<String>) -> StrArray {
+        v.into_iter().collect()
+    }
+}
+
+impl PartialEq for StrArray {
+    fn eq(&self, other: &StrArray) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl fmt::Debug for StrArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -395,9 +561,9 @@ impl Metadata {
         self.typed(key, "an array", Value::as_array)
     }
 
-    pub fn get_str_array(&self, key: &str) -> Result<Option<&[String]>, MetadataError> {
+    pub fn get_str_array(&self, key: &str) -> Result<Option<&StrArray>, MetadataError> {
         self.typed(key, "an array of strings", |v| match v {
-            Value::Array(Array::String(s)) => Some(s.as_slice()),
+            Value::Array(Array::String(s)) => Some(s),
             _ => None,
         })
     }
@@ -432,7 +598,7 @@ impl Metadata {
         self.required(key, self.get_str(key))
     }
 
-    pub fn require_str_array(&self, key: &str) -> Result<&[String], MetadataError> {
+    pub fn require_str_array(&self, key: &str) -> Result<&StrArray, MetadataError> {
         self.required(key, self.get_str_array(key))
     }
 }

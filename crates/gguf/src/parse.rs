@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use lamina_core::{DType, DTypeError};
 
 use crate::GgufError;
-use crate::metadata::{Array, Metadata, Value, ValueType};
+use crate::metadata::{Array, Metadata, StrArray, Value, ValueType};
 
 /// "GGUF" as it appears at the start of the file.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -21,7 +21,7 @@ const MIN_KV_SIZE: u64 = 13;
 /// The fewest bytes one tensor-table entry takes: name length (8), n_dims (4), one dimension
 /// (8), type (4), offset (8).
 const MIN_TENSOR_INFO_SIZE: u64 = 32;
-/// Most elements reserved up front for an array of strings or arrays; past this the vector grows
+/// Most elements reserved up front for an array of arrays; past this the vector grows
 /// as elements are actually read, so memory stays proportional to the bytes consumed.
 const MAX_ARRAY_RESERVE: usize = 4096;
 
@@ -285,16 +285,41 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, what: &'static str, section: &'static str) -> Result<String, GgufError> {
+        self.str_slice(what, section).map(str::to_owned)
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the input.
+    fn str_slice(
+        &mut self,
+        what: &'static str,
+        section: &'static str,
+    ) -> Result<&'a str, GgufError> {
         let len = self.u64(section)?;
         self.check_count("string length", len, 1)?;
         let start = self.pos as u64;
         let raw = self.take(len, section)?;
-        std::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|_| GgufError::InvalidUtf8 {
-                what,
-                offset: start,
-            })
+        std::str::from_utf8(raw).map_err(|_| GgufError::InvalidUtf8 {
+            what,
+            offset: start,
+        })
+    }
+
+    /// `n` strings into one buffer. A first pass checks every string as reading it would and
+    /// adds up the bytes, so both buffers are allocated once, at a size bounded by the input.
+    fn string_array(&mut self, n: usize) -> Result<StrArray, GgufError> {
+        const S: &str = "metadata array";
+        const WHAT: &str = "metadata string value";
+        let first = self.pos;
+        let mut total = 0usize;
+        for _ in 0..n {
+            total += self.str_slice(WHAT, S)?.len();
+        }
+        self.pos = first;
+        let mut strings = StrArray::with_capacity(n, total);
+        for _ in 0..n {
+            strings.push(self.str_slice(WHAT, S)?);
+        }
+        Ok(strings)
     }
 
     fn value(&mut self, key: &str, vtype: ValueType, depth: usize) -> Result<Value, GgufError> {
@@ -357,13 +382,7 @@ impl<'a> Reader<'a> {
             ValueType::U64 => Array::U64(scalars(self, n, u64::from_le_bytes)?),
             ValueType::I64 => Array::I64(scalars(self, n, i64::from_le_bytes)?),
             ValueType::F64 => Array::F64(scalars(self, n, f64::from_le_bytes)?),
-            ValueType::String => {
-                let mut v = Vec::with_capacity(n.min(MAX_ARRAY_RESERVE));
-                for _ in 0..n {
-                    v.push(self.string("metadata string value", S)?);
-                }
-                Array::String(v)
-            }
+            ValueType::String => Array::String(self.string_array(n)?),
             ValueType::Array => {
                 let mut v = Vec::with_capacity(n.min(MAX_ARRAY_RESERVE));
                 for _ in 0..n {

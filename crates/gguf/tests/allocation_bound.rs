@@ -86,8 +86,8 @@ fn hostile_counts_allocate_in_proportion_to_the_file() {
 
     for (what, bytes) in &files {
         let largest = largest_allocation(bytes);
-        // A parsed structure may take a few times the bytes it came from (a 24-byte String per
-        // 8-byte empty string), never more than that.
+        // A parsed structure may take a few times the bytes it came from (a 32-byte `Array` per
+        // 12-byte empty array), never more than that.
         let limit = 8 * bytes.len() + 4096;
         assert!(
             largest <= limit,

@@ -143,7 +143,7 @@ fn write_fuzz_seeds() {
         ("f64", Value::F64(0.25)),
         (
             "tokens",
-            Value::Array(Array::String(vec!["<s>".into(), "a".into(), "é".into()])),
+            Value::Array(Array::String(["<s>", "a", "é"].into_iter().collect())),
         ),
         ("scores", Value::Array(Array::F32(vec![0.0, -1.0, -2.0]))),
         ("types", Value::Array(Array::I32(vec![3, 1, 1]))),

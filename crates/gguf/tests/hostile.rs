@@ -5,7 +5,9 @@ mod common;
 
 use common::{Bytes, enc_str, sample_file, tt, ty};
 use lamina_core::DType;
-use lamina_gguf::{Array, Gguf, GgufError, GgufFile, MAX_ARRAY_NESTING, MetadataError, Value};
+use lamina_gguf::{
+    Array, Gguf, GgufError, GgufFile, MAX_ARRAY_NESTING, MetadataError, StrArray, Value,
+};
 
 fn parse_err(bytes: &[u8]) -> GgufError {
     match Gguf::parse(bytes) {
@@ -320,6 +322,76 @@ fn invalid_utf8() {
     );
 }
 
+/// A string array is checked string by string, before its buffers are allocated: the first bad
+/// element is reported at its own offset.
+#[test]
+fn bad_element_of_a_string_array() {
+    // Header 24 bytes, key "k" 9, value type 4, element type 4, count 8: elements at 49.
+    let mut b = Bytes::header(3, 0, 1);
+    b.str("k").u32(ty::ARRAY).u32(ty::STRING).u64(3);
+    b.str("ok").str_bytes(b"\xC3\x28").str("never read");
+    let e = parse_err(&b.bytes());
+    assert!(
+        matches!(
+            e,
+            GgufError::InvalidUtf8 {
+                what: "metadata string value",
+                offset: 67
+            }
+        ),
+        "{e:?}"
+    );
+
+    let mut b = Bytes::header(3, 0, 1);
+    b.str("k").u32(ty::ARRAY).u32(ty::STRING).u64(2);
+    b.str("ok").u64(1 << 40).raw(b"short");
+    let e = parse_err(&b.bytes());
+    assert!(
+        matches!(
+            e,
+            GgufError::CountTooLarge {
+                what: "string length",
+                count: 1099511627776,
+                offset: 67,
+                remaining: 5
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn string_arrays_read_back() {
+    let mut b = Bytes::header(3, 0, 1);
+    b.str("k").u32(ty::ARRAY).u32(ty::STRING).u64(4);
+    b.str("a").str("").str("▁héllo").str("<0x0A>");
+    let g = Gguf::parse(&b.bytes()).unwrap();
+    let a = g.metadata.get_str_array("k").unwrap().unwrap();
+    assert_eq!(a.len(), 4);
+    assert_eq!(a.text_len(), 1 + 9 + 6);
+    assert_eq!(a.iter().collect::<Vec<_>>(), ["a", "", "▁héllo", "<0x0A>"]);
+    assert_eq!(a.iter().len(), 4);
+    assert_eq!(
+        (a.get(1), a.get(2), a.get(4)),
+        (Some(""), Some("▁héllo"), None)
+    );
+    assert_eq!(&a[3], "<0x0A>");
+    assert_eq!(
+        a,
+        &["a", "", "▁héllo", "<0x0A>"]
+            .into_iter()
+            .collect::<StrArray>()
+    );
+    assert_ne!(a, &["a", "", "▁héllo"].into_iter().collect::<StrArray>());
+    assert_eq!(format!("{a:?}"), r#"["a", "", "▁héllo", "<0x0A>"]"#);
+    assert_eq!(
+        g.metadata.get_array("k").unwrap().unwrap().get(2),
+        Some(Value::String("▁héllo".into()))
+    );
+    let empty = StrArray::from(Vec::<String>::new());
+    assert!(empty.is_empty() && empty.iter().next().is_none());
+}
+
 #[test]
 fn duplicate_keys() {
     let mut b = Bytes::header(3, 0, 3);
@@ -627,7 +699,7 @@ fn every_value_type_reads_back() {
             "nested",
             Value::Array(Array::Array(vec![
                 Array::Bool(vec![true, false]),
-                Array::String(vec!["x".into()]),
+                Array::String(["x"].into_iter().collect()),
                 Array::Array(vec![Array::I16(vec![1])]),
                 Array::I64(vec![]),
             ])),

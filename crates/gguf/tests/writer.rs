@@ -119,7 +119,7 @@ fn written_from_scratch_reads_back() {
     m.set("f64", Value::F64(1e300));
     m.set(
         "strings",
-        Value::Array(Array::String(vec!["a".into(), "".into(), "ü".into()])),
+        Value::Array(Array::String(["a", "", "ü"].into_iter().collect())),
     );
     for (k, a) in [
         ("a.u8", Array::U8(vec![1, 2])),
@@ -137,7 +137,7 @@ fn written_from_scratch_reads_back() {
             "a.nested",
             Array::Array(vec![
                 Array::U8(vec![]),
-                Array::Array(vec![Array::String(vec!["deep".into()])]),
+                Array::Array(vec![Array::String(["deep"].into_iter().collect())]),
             ]),
         ),
     ] {

@@ -3,7 +3,7 @@
 //!
 //! cargo run --release -p lamina-tokenizer --example tokenize_bench -- MODEL.gguf [MODEL.gguf ...]
 //!
-//! Prints tokens/s and MB/s for each model (best of 5 runs). With `TOKENIZE_BENCH_DUMP=DIR`,
+//! Prints tokens/s and MB/s for each model (best of 5 runs, or of `TOKENIZE_BENCH_RUNS`). With `TOKENIZE_BENCH_DUMP=DIR`,
 //! also writes the text (`DIR/text.txt`) and each model's ids (`DIR/<file>.lamina.ids`, one
 //! per line) for comparison with llama.cpp.
 
@@ -47,6 +47,10 @@ fn main() {
         std::process::exit(2);
     }
     let text = mixed_text(1 << 20);
+    let runs: usize = std::env::var("TOKENIZE_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     println!("text: {} bytes", text.len());
     let dump = std::env::var_os("TOKENIZE_BENCH_DUMP").map(std::path::PathBuf::from);
     if let Some(dir) = &dump {
@@ -64,7 +68,7 @@ fn main() {
         let load = t0.elapsed();
         let mut best = f64::MAX;
         let mut ids = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..runs.max(1) {
             let t = Instant::now();
             ids = tok.tokenize(&text, false, false);
             best = best.min(t.elapsed().as_secs_f64());

@@ -127,8 +127,8 @@ fn spm_segment(
             }
             let (l, r) = (&syms[left as usize], &syms[right as usize]);
             let piece = &text[l.start..l.start + l.n + r.n];
-            if let Some(&id) = v.token_to_id.get(piece) {
-                let score = v.tokens[id as usize].score;
+            if let Some(id) = v.texts.find(piece) {
+                let score = v.scores[id as usize];
                 queue.push(SpmBigram::new(
                     score,
                     left as usize,
@@ -161,8 +161,8 @@ fn spm_segment(
     while i >= 0 {
         let s = syms[i as usize];
         let piece = &text[s.start..s.start + s.n];
-        match v.token_to_id.get(piece) {
-            Some(&id) => out.push(id),
+        match v.texts.find(piece) {
+            Some(id) => out.push(id),
             None => byte_fallback(v, piece.as_bytes(), out),
         }
         i = s.next;
@@ -241,7 +241,7 @@ fn bpe_word(v: &Vocab, word: &str, out: &mut Vec<TokenId>, s: &mut BpeScratch) {
     if word.is_empty() {
         return;
     }
-    let whole = || v.token_to_id.get(word).copied();
+    let whole = || v.texts.find(word);
     if v.ignore_merges
         && let Some(id) = whole()
     {
@@ -256,12 +256,14 @@ fn bpe_word(v: &Vocab, word: &str, out: &mut Vec<TokenId>, s: &mut BpeScratch) {
         return;
     }
     let m = &v.merges;
+    let n_tokens = v.texts.len() as u32;
     symbols_of(word.as_bytes(), &mut s.syms);
     for sym in s.syms.iter_mut() {
-        sym.piece = m
-            .piece_ids
-            .get(&word[sym.start..sym.start + sym.n])
-            .copied()
+        let text = &word[sym.start..sym.start + sym.n];
+        sym.piece = v
+            .texts
+            .find(text)
+            .or_else(|| m.extra.find(text).map(|i| n_tokens + i))
             .unwrap_or(u32::MAX);
     }
     s.queue.clear();
@@ -313,20 +315,18 @@ fn bpe_word(v: &Vocab, word: &str, out: &mut Vec<TokenId>, s: &mut BpeScratch) {
         }
         let text = &word[sym.start..sym.start + sym.n];
         let tok = if sym.piece != u32::MAX {
-            m.piece_token[sym.piece as usize]
+            (sym.piece < n_tokens).then_some(sym.piece)
         } else {
-            v.token_to_id.get(text).copied()
+            v.texts.find(text)
         };
         match tok {
             Some(id) => out.push(id),
             None => {
                 for &b in text.as_bytes() {
                     let id = if v.byte_encode {
-                        std::str::from_utf8(&[b])
-                            .ok()
-                            .and_then(|c| v.token_to_id.get(c).copied())
+                        std::str::from_utf8(&[b]).ok().and_then(|c| v.texts.find(c))
                     } else {
-                        v.token_to_id.get(&format!("<0x{b:02X}>")).copied()
+                        v.texts.find(&format!("<0x{b:02X}>"))
                     };
                     if let Some(id) = id {
                         out.push(id);
@@ -360,7 +360,7 @@ fn wpm_word(v: &Vocab, word: &str, out: &mut Vec<TokenId>, word1: &mut String) {
         while j > i {
             // A slice ending inside a character cannot be a token.
             let id = if word1.is_char_boundary(j) {
-                v.token_to_id.get(&word1[i..j]).copied()
+                v.texts.find(&word1[i..j])
             } else {
                 None
             };

@@ -16,6 +16,7 @@
 mod algo;
 mod chat;
 mod hash;
+mod strtab;
 mod unicode;
 #[allow(dead_code, clippy::unreadable_literal)]
 #[rustfmt::skip]
@@ -107,7 +108,7 @@ impl Tokenizer {
         &self.v.pre_name
     }
     pub fn n_vocab(&self) -> usize {
-        self.v.tokens.len()
+        self.v.texts.len()
     }
     pub fn special_ids(&self) -> &SpecialIds {
         &self.v.ids
@@ -147,17 +148,17 @@ impl Tokenizer {
     }
     /// The token's text as stored in the vocabulary.
     pub fn token_text(&self, id: TokenId) -> Option<&str> {
-        self.v.tokens.get(id as usize).map(|t| t.text.as_str())
+        self.v.texts.get(id)
     }
     pub fn token_attr(&self, id: TokenId) -> u16 {
-        self.v.tokens.get(id as usize).map_or(0, |t| t.attr)
+        self.v.attrs.get(id as usize).copied().unwrap_or(0)
     }
     pub fn token_score(&self, id: TokenId) -> f32 {
-        self.v.tokens.get(id as usize).map_or(0.0, |t| t.score)
+        self.v.scores.get(id as usize).copied().unwrap_or(0.0)
     }
     /// The id of a token by its exact text.
     pub fn text_to_token(&self, text: &str) -> Option<TokenId> {
-        self.v.token_to_id.get(text).copied()
+        self.v.texts.find(text)
     }
     /// `tokenizer.chat_template`, when the file has one.
     pub fn chat_template(&self) -> Option<&str> {
@@ -255,11 +256,11 @@ impl Tokenizer {
         frags.push(Fragment::Text(0, text.len()));
         let bytes = text.as_bytes();
         for &id in &v.special_cache {
-            let t = &v.tokens[id as usize];
-            if !parse_special && t.attr & (attr::CONTROL | attr::UNKNOWN) != 0 {
+            let t_attr = v.attrs[id as usize];
+            if !parse_special && t_attr & (attr::CONTROL | attr::UNKNOWN) != 0 {
                 continue;
             }
-            let needle = t.text.as_str();
+            let needle = v.texts.text(id);
             if !frags
                 .iter()
                 .any(|f| matches!(f, Fragment::Text(s, e) if text[*s..*e].contains(needle)))
@@ -275,7 +276,7 @@ impl Tokenizer {
                 while let Some(pos) = text[s..e].find(needle) {
                     let m = s + pos;
                     let mut left_end = m;
-                    if t.attr & attr::LSTRIP != 0 {
+                    if t_attr & attr::LSTRIP != 0 {
                         while left_end > s && is_c_space(bytes[left_end - 1]) {
                             left_end -= 1;
                         }
@@ -285,7 +286,7 @@ impl Tokenizer {
                     }
                     next.push(Fragment::Token(id));
                     s = m + needle.len();
-                    if t.attr & attr::RSTRIP != 0 {
+                    if t_attr & attr::RSTRIP != 0 {
                         while s < e && is_c_space(bytes[s]) {
                             s += 1;
                         }
@@ -307,13 +308,13 @@ impl Tokenizer {
     }
 
     fn piece(&self, id: TokenId, special: bool) -> &[u8] {
-        let Some(t) = self.v.tokens.get(id as usize) else {
+        let Some(&a) = self.v.attrs.get(id as usize) else {
             return &[];
         };
-        if !special && t.attr & (attr::UNKNOWN | attr::CONTROL) != 0 {
+        if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return &[];
         }
-        &self.v.piece_cache[id as usize]
+        self.v.piece_cache.get(id as usize)
     }
 
     /// Detokenizes as `llama_detokenize`: pieces joined, the space-prefix removed after BOS,

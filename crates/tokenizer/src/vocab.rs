@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use lamina_gguf::{Array, Gguf, Metadata, Value};
 
 use crate::hash::FxHashMap;
+use crate::strtab::{ByteArena, InsertError, StrTable};
 use crate::unicode::Splitter;
 use crate::{TokenId, TokenizerError};
 
@@ -35,33 +36,30 @@ pub enum VocabKind {
     Wpm,
 }
 
-#[derive(Clone, Debug)]
-pub struct TokenData {
-    pub text: String,
-    pub score: f32,
-    pub attr: u16,
-}
-
 /// BPE merges, interned: every merge side and every merge result gets a piece id, so the merge
-/// loop compares integers, never strings.
-#[derive(Debug, Default)]
+/// loop compares integers, never strings. A piece that is a token has the token's id as piece
+/// id; the others are numbered from `n_tokens` up.
+#[derive(Default)]
 pub(crate) struct Merges {
-    pub piece_ids: FxHashMap<String, u32>,
-    /// piece id -> token id (None when the piece is not itself a token).
-    pub piece_token: Vec<Option<TokenId>>,
+    /// Pieces that are not tokens (piece id = `n_tokens` + index).
+    pub extra: StrTable,
     /// (left piece, right piece) -> (rank, merged piece).
     pub ranks: FxHashMap<(u32, u32), (u32, u32)>,
 }
 
 impl Merges {
-    fn intern(&mut self, s: &str, token_to_id: &FxHashMap<String, TokenId>) -> u32 {
-        if let Some(&id) = self.piece_ids.get(s) {
-            return id;
+    fn intern(&mut self, s: &str, texts: &StrTable) -> Result<u32, TokenizerError> {
+        if let Some(id) = texts.find(s) {
+            return Ok(id);
         }
-        let id = self.piece_token.len() as u32;
-        self.piece_ids.insert(s.to_string(), id);
-        self.piece_token.push(token_to_id.get(s).copied());
-        id
+        let n = texts.len() as u32;
+        let id = match self.extra.insert(s) {
+            Ok(i) | Err(InsertError::Duplicate(i)) => n.checked_add(i),
+            Err(InsertError::Full) => None,
+        };
+        // u32::MAX marks "no piece" in the merge loop.
+        id.filter(|&id| id != u32::MAX)
+            .ok_or_else(|| bad("tokenizer.ggml.merges", "too many merge pieces"))
     }
 }
 
@@ -88,8 +86,11 @@ pub(crate) struct Vocab {
     pub kind: VocabKind,
     pub model_name: String,
     pub pre_name: String,
-    pub tokens: Vec<TokenData>,
-    pub token_to_id: FxHashMap<String, TokenId>,
+    /// Token texts, by id and by text.
+    pub texts: StrTable,
+    pub scores: Vec<f32>,
+    /// [`attr`] bits per token.
+    pub attrs: Vec<u16>,
     pub merges: Merges,
     /// SPM: characters that some token has right before a `▁` (merges may join across such a
     /// pair; the tokenizer cuts the text before every other `▁`).
@@ -112,7 +113,7 @@ pub(crate) struct Vocab {
     /// Control, user-defined and unknown tokens, longest text first.
     pub special_cache: Vec<TokenId>,
     /// `token_to_piece(id, special = true)` for every token.
-    pub piece_cache: Vec<Vec<u8>>,
+    pub piece_cache: ByteArena,
     pub chat_template: Option<String>,
     pub chat_template_tool_use: Option<String>,
 }
@@ -328,11 +329,11 @@ impl Vocab {
         }
         let n = tokens_v.len();
 
-        let scores: Option<Vec<f32>> = match md.get("tokenizer.ggml.scores") {
-            None => None,
-            Some(Value::Array(Array::F32(v))) if v.len() >= n => Some(v[..n].to_vec()),
+        let scores: Vec<f32> = match md.get("tokenizer.ggml.scores") {
+            None => vec![0.0; n],
+            Some(Value::Array(Array::F32(v))) if v.len() >= n => v[..n].to_vec(),
             Some(Value::Array(Array::I32(v))) if v.len() >= n => {
-                Some(v[..n].iter().map(|&x| x as f32).collect())
+                v[..n].iter().map(|&x| x as f32).collect()
             }
             Some(v) => {
                 return Err(bad(
@@ -358,24 +359,33 @@ impl Vocab {
             }
         };
 
-        let mut tokens = Vec::with_capacity(n);
-        let mut token_to_id: FxHashMap<String, TokenId> = FxHashMap::default();
-        token_to_id.reserve(n);
+        let mut texts = StrTable::with_capacity(n, tokens_v.text_len());
+        let mut attrs = Vec::with_capacity(n);
         let mut max_token_len = 0;
+        let mut empty;
         for (i, word) in tokens_v.iter().enumerate() {
             let text = if word.is_empty() {
-                format!("[EMPTY_{i}]")
+                empty = format!("[EMPTY_{i}]");
+                &empty
             } else {
-                word.clone()
+                word
             };
-            if let Some(&prev) = token_to_id.get(&text) {
-                return Err(TokenizerError::DuplicateToken {
-                    text,
-                    first: prev,
-                    second: i as TokenId,
-                });
+            match texts.insert(text) {
+                Ok(_) => {}
+                Err(InsertError::Duplicate(prev)) => {
+                    return Err(TokenizerError::DuplicateToken {
+                        text: text.to_string(),
+                        first: prev,
+                        second: i as TokenId,
+                    });
+                }
+                Err(InsertError::Full) => {
+                    return Err(bad(
+                        "tokenizer.ggml.tokens",
+                        "token texts total more than 4 GiB",
+                    ));
+                }
             }
-            token_to_id.insert(text.clone(), i as TokenId);
             max_token_len = max_token_len.max(text.len());
             let attr = match types.map(|t| t[i]) {
                 None => attr::NORMAL,
@@ -387,12 +397,9 @@ impl Vocab {
                 Some(6) => attr::BYTE,
                 Some(_) => 0,
             };
-            tokens.push(TokenData {
-                text,
-                score: scores.as_ref().map_or(0.0, |s| s[i]),
-                attr,
-            });
+            attrs.push(attr);
         }
+        texts.shrink_to_fit();
 
         // Flags by algorithm and pre-tokenizer.
         let mut pre_name = pre_meta.clone().unwrap_or_default();
@@ -415,6 +422,7 @@ impl Vocab {
                         "missing: a BPE vocabulary needs its merges",
                     )
                 })?;
+                let mut merged = String::new();
                 for (rank, m) in merges_v.iter().enumerate() {
                     // llama.cpp splits at the first space after the first byte.
                     let (first, second) = match m
@@ -427,11 +435,16 @@ impl Vocab {
                         Some(p) => (&m[..p], &m[p + 1..]),
                         None => ("", ""),
                     };
-                    let l = merges.intern(first, &token_to_id);
-                    let r = merges.intern(second, &token_to_id);
-                    let merged = merges.intern(&format!("{first}{second}"), &token_to_id);
+                    let l = merges.intern(first, &texts)?;
+                    let r = merges.intern(second, &texts)?;
+                    merged.clear();
+                    merged.push_str(first);
+                    merged.push_str(second);
+                    let merged = merges.intern(&merged, &texts)?;
                     merges.ranks.entry((l, r)).or_insert((rank as u32, merged));
                 }
+                merges.extra.shrink_to_fit();
+                merges.ranks.shrink_to_fit();
                 if model == "gemma4" {
                     pre_name = "gemma4".into();
                 }
@@ -584,8 +597,9 @@ impl Vocab {
             kind,
             model_name: model,
             pre_name,
-            tokens,
-            token_to_id,
+            texts,
+            scores,
+            attrs,
             merges,
             spm_joins_space: Default::default(),
             splitters,
@@ -604,16 +618,16 @@ impl Vocab {
             max_token_len,
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
-            piece_cache: Vec::new(),
+            piece_cache: ByteArena::default(),
             chat_template: md.get_str("tokenizer.chat_template")?.map(str::to_string),
             chat_template_tool_use: md
                 .get_str("tokenizer.chat_template.tool_use")?
                 .map(str::to_string),
         };
         if v.kind == VocabKind::Spm {
-            for t in &v.tokens {
+            for id in 0..n as TokenId {
                 let mut prev = None;
-                for c in t.text.chars() {
+                for c in v.texts.text(id).chars() {
                     if c == '\u{2581}'
                         && let Some(p) = prev
                     {
@@ -626,13 +640,13 @@ impl Vocab {
         v.is_gemma4_pre = v.kind == VocabKind::Bpe && v.pre_name == "gemma4";
         v.detect_specials();
         v.build_eog();
-        v.build_caches();
+        v.build_caches()?;
         v.per_model_attrs(md)?;
         Ok(v)
     }
 
     fn set_control(&mut self, id: TokenId) {
-        self.tokens[id as usize].attr |= attr::CONTROL;
+        self.attrs[id as usize] |= attr::CONTROL;
     }
 
     /// Finds EOT/EOM/FIM tokens by their text when the file does not name them, and marks
@@ -691,9 +705,9 @@ impl Vocab {
             "<reponame>",
         ];
         const FIM_SEP: &[&str] = &["<|file_sep|>"];
-        let n = self.tokens.len();
+        let n = self.texts.len();
         for id in 0..n as TokenId {
-            let text = self.tokens[id as usize].text.as_str();
+            let text = self.texts.text(id);
             let ids = &mut self.ids;
             let mut hit = false;
             for (slot, names) in [
@@ -715,12 +729,12 @@ impl Vocab {
                 self.set_control(id);
             }
         }
-        for t in &mut self.tokens {
-            if t.attr & attr::CONTROL != 0
-                && t.attr & attr::UNUSED == 0
-                && t.text.contains("unused")
+        for (id, a) in self.attrs.iter_mut().enumerate() {
+            if *a & attr::CONTROL != 0
+                && *a & attr::UNUSED == 0
+                && self.texts.text(id as TokenId).contains("unused")
             {
-                t.attr |= attr::UNUSED;
+                *a |= attr::UNUSED;
             }
         }
     }
@@ -757,19 +771,19 @@ impl Vocab {
         {
             eog.insert(id);
         }
-        for id in 0..self.tokens.len() as TokenId {
-            if EOG.contains(&self.tokens[id as usize].text.as_str()) {
+        for id in 0..self.texts.len() as TokenId {
+            if EOG.contains(&self.texts.text(id)) {
                 eog.insert(id);
                 self.set_control(id);
             }
         }
         // gpt-oss: these always render.
-        for t in &mut self.tokens {
+        for (id, a) in self.attrs.iter_mut().enumerate() {
             if matches!(
-                t.text.as_str(),
+                self.texts.text(id as TokenId),
                 "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
             ) {
-                t.attr = attr::USER_DEFINED;
+                *a = attr::USER_DEFINED;
             }
         }
         for id in [self.ids.eos, self.ids.eot, self.ids.eom]
@@ -778,7 +792,7 @@ impl Vocab {
         {
             eog.insert(id);
         }
-        let text_of = |id: TokenId| self.tokens[id as usize].text.as_str();
+        let text_of = |id: TokenId| self.texts.text(id);
         let has = |s: &[&str]| eog.iter().any(|&id| s.contains(&text_of(id)));
         let end_id = eog.iter().copied().find(|&id| text_of(id) == "<|end|>");
         if let Some(end_id) = end_id {
@@ -789,36 +803,43 @@ impl Vocab {
             );
             if call && (ret || flush) {
                 eog.remove(&end_id);
-                self.tokens[end_id as usize].attr = attr::USER_DEFINED;
+                self.attrs[end_id as usize] = attr::USER_DEFINED;
             }
         }
-        let text_of = |id: TokenId| self.tokens[id as usize].text.as_str();
+        let text_of = |id: TokenId| self.texts.text(id);
         if eog.iter().any(|&id| text_of(id) == "<|tool_response>")
             && let Some(s_id) = eog.iter().copied().find(|&id| text_of(id) == "</s>")
         {
             eog.remove(&s_id);
-            self.tokens[s_id as usize].attr = attr::NORMAL;
+            self.attrs[s_id as usize] = attr::NORMAL;
         }
         self.eog = eog;
     }
 
-    fn build_caches(&mut self) {
-        let mut special: Vec<TokenId> = (0..self.tokens.len() as TokenId)
+    fn build_caches(&mut self) -> Result<(), TokenizerError> {
+        let n = self.texts.len();
+        let mut special: Vec<TokenId> = (0..n as TokenId)
             .filter(|&id| {
-                self.tokens[id as usize].attr & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN)
-                    != 0
+                self.attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
             })
             .collect();
-        special.sort_by(|&a, &b| {
-            self.tokens[b as usize]
-                .text
-                .len()
-                .cmp(&self.tokens[a as usize].text.len())
-        });
+        special.sort_by_key(|&id| std::cmp::Reverse(self.texts.text(id).len()));
         self.special_cache = special;
-        self.piece_cache = (0..self.tokens.len() as TokenId)
-            .map(|id| self.compute_piece(id))
-            .collect();
+        // Pieces are about as long as the texts (`▁` turns into one byte, not three).
+        let mut pieces = ByteArena::with_capacity(n, self.texts.text_len());
+        for id in 0..n as TokenId {
+            pieces
+                .push_with(|out| self.compute_piece(id, out))
+                .map_err(|_| {
+                    bad(
+                        "tokenizer.ggml.tokens",
+                        "token pieces total more than 4 GiB",
+                    )
+                })?;
+        }
+        pieces.shrink_to_fit();
+        self.piece_cache = pieces;
+        Ok(())
     }
 
     /// Phi-3 strips whitespace after special tokens (llama.cpp keys this on the model name).
@@ -826,7 +847,7 @@ impl Vocab {
         let name = md.get_str("general.name")?.unwrap_or("").to_lowercase();
         if name.contains("phi-3") || name.contains("phi3") {
             for &id in &self.special_cache {
-                self.tokens[id as usize].attr |= attr::RSTRIP;
+                self.attrs[id as usize] |= attr::RSTRIP;
             }
             for (t, on) in [
                 ("</s>", true),
@@ -834,8 +855,8 @@ impl Vocab {
                 ("<s>", false),
                 ("<|endoftext|>", false),
             ] {
-                if let Some(&id) = self.token_to_id.get(t) {
-                    let a = &mut self.tokens[id as usize].attr;
+                if let Some(id) = self.texts.find(t) {
+                    let a = &mut self.attrs[id as usize];
                     *a = if on {
                         *a | attr::RSTRIP
                     } else {
@@ -847,42 +868,41 @@ impl Vocab {
         Ok(())
     }
 
-    /// The token's bytes as `token_to_piece(.., special = true)` renders them.
-    fn compute_piece(&self, id: TokenId) -> Vec<u8> {
-        let t = &self.tokens[id as usize];
-        if t.attr & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-            return t.text.as_bytes().to_vec();
-        }
-        if t.attr & attr::NORMAL != 0 {
+    /// Appends the token's bytes as `token_to_piece(.., special = true)` renders them.
+    fn compute_piece(&self, id: TokenId, out: &mut Vec<u8>) {
+        let (text, a) = (self.texts.text(id), self.attrs[id as usize]);
+        if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
+            out.extend_from_slice(text.as_bytes());
+        } else if a & attr::NORMAL != 0 {
             if self.kind != VocabKind::Bpe || self.escape_whitespaces {
-                return t.text.replace('\u{2581}', " ").into_bytes();
+                let mut parts = text.split('\u{2581}');
+                out.extend_from_slice(parts.next().unwrap_or("").as_bytes());
+                for p in parts {
+                    out.push(b' ');
+                    out.extend_from_slice(p.as_bytes());
+                }
+            } else {
+                decode_byte_level(text, out);
             }
-            return decode_byte_level(&t.text);
+        } else if a & attr::BYTE != 0 {
+            out.extend(byte_token_value(text));
         }
-        if t.attr & attr::BYTE != 0 {
-            return byte_token_value(&t.text)
-                .map(|b| vec![b])
-                .unwrap_or_default();
-        }
-        Vec::new()
     }
 
     pub fn byte_to_token(&self, b: u8) -> Option<TokenId> {
         match self.kind {
             VocabKind::Spm => {
                 let hex = format!("<0x{b:02X}>");
-                self.token_to_id.get(&hex).copied().or_else(|| {
+                self.texts.find(&hex).or_else(|| {
                     let s = [b];
                     std::str::from_utf8(&s)
                         .ok()
-                        .and_then(|s| self.token_to_id.get(s).copied())
+                        .and_then(|s| self.texts.find(s))
                 })
             }
             _ => {
                 let c = crate::unicode::byte_to_unicode()[b as usize];
-                self.token_to_id
-                    .get(c.encode_utf8(&mut [0; 4]) as &str)
-                    .copied()
+                self.texts.find(c.encode_utf8(&mut [0; 4]))
             }
         }
     }
@@ -894,9 +914,8 @@ fn byte_token_value(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
-/// GPT-2 byte-level decoding (`llama_decode_text`).
-fn decode_byte_level(text: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
+/// GPT-2 byte-level decoding (`llama_decode_text`), appended to `out`.
+fn decode_byte_level(text: &str, out: &mut Vec<u8>) {
     for c in text.chars() {
         match crate::unicode::unicode_to_byte(c) {
             Some(b) => out.push(b),
@@ -911,7 +930,6 @@ fn decode_byte_level(text: &str) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -303,6 +303,32 @@ fn duplicate_tokens_are_refused() {
 }
 
 #[test]
+fn empty_tokens_and_merge_pieces_that_are_not_tokens() {
+    // "ab" is a merge result but not a token: "abc" still merges through it, "ab" alone falls
+    // back to its bytes. The empty token is renamed as llama.cpp does.
+    let t = load(&[
+        ("tokenizer.ggml.model", Kv::Str("gpt2")),
+        ("tokenizer.ggml.pre", Kv::Str("gpt-2")),
+        (
+            "tokenizer.ggml.tokens",
+            Kv::StrArr(&["a", "b", "c", "abc", ""]),
+        ),
+        ("tokenizer.ggml.merges", Kv::StrArr(&["a b", "ab c"])),
+    ])
+    .unwrap();
+    assert_eq!(t.n_vocab(), 5);
+    assert_eq!(t.tokenize("abc", false, false), [3]);
+    assert_eq!(t.tokenize("ab", false, false), [0, 1]);
+    assert_eq!(t.tokenize("cab", false, false), [2, 0, 1]);
+    assert_eq!(t.token_text(4), Some("[EMPTY_4]"));
+    assert_eq!(t.text_to_token("[EMPTY_4]"), Some(4));
+    assert_eq!(t.text_to_token("ab"), None);
+    assert_eq!(t.text_to_token(""), None);
+    assert_eq!(t.token_text(5), None);
+    assert_eq!(t.token_to_piece(3, true), b"abc");
+}
+
+#[test]
 fn token_longer_than_the_file_is_refused() {
     // A token whose length prefix claims far more bytes than the file holds.
     let mut bytes = gguf(&[
