@@ -151,6 +151,7 @@ impl DType {
     }
 
     /// Elements per block (1 for plain types).
+    #[inline]
     pub fn block_size(self) -> u64 {
         use DType::*;
         match self {
@@ -162,6 +163,7 @@ impl DType {
     }
 
     /// Bytes per block.
+    #[inline]
     pub fn type_size(self) -> u64 {
         use DType::*;
         match self {

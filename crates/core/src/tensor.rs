@@ -87,21 +87,25 @@ impl Layout {
         })
     }
 
+    #[inline]
     pub fn nelements(&self) -> usize {
         self.ne.iter().product()
     }
 
     /// Number of rows (product of `ne[1..]`).
+    #[inline]
     pub fn nrows(&self) -> usize {
         self.ne[1] * self.ne[2] * self.ne[3]
     }
 
     /// Bytes of one packed row of `ne[0]` elements.
+    #[inline]
     pub fn row_bytes(&self) -> usize {
         self.ne[0] / self.dtype.block_size() as usize * self.dtype.type_size() as usize
     }
 
     /// Bytes spanned from the first to one past the last byte (ggml's `ggml_nbytes`).
+    #[inline]
     pub fn span_bytes(&self) -> usize {
         let blck = self.dtype.block_size() as usize;
         let mut n = if blck == 1 {
@@ -117,11 +121,13 @@ impl Layout {
     }
 
     /// Whether rows are packed (elements of dim 0 adjacent).
+    #[inline]
     pub fn rows_packed(&self) -> bool {
         self.nb[0] == self.dtype.type_size() as usize
     }
 
     /// Whether the tensor is densely packed in ggml order.
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
         match Layout::contiguous(self.dtype, &self.ne) {
             Ok(c) => (0..MAX_DIMS).all(|i| self.ne[i] == 1 || self.nb[i] == c.nb[i]),
@@ -139,6 +145,7 @@ impl Layout {
     }
 
     /// Byte offset of element `(i0, i1, i2, i3)`; `i0` must be a block boundary for quantized types.
+    #[inline]
     pub fn offset_of(&self, i: [usize; MAX_DIMS]) -> usize {
         let blck = self.dtype.block_size() as usize;
         i[0] / blck * self.nb[0] + i[1] * self.nb[1] + i[2] * self.nb[2] + i[3] * self.nb[3]

@@ -30,6 +30,7 @@ unsafe impl Send for TView {}
 unsafe impl Sync for TView {}
 
 impl TView {
+    #[inline]
     fn at(&self, i: [usize; 4]) -> *mut u8 {
         self.ptr.wrapping_add(self.l.offset_of(i))
     }
@@ -39,6 +40,7 @@ impl TView {
     /// # Safety
     /// The row is in bounds (validated at enqueue for in-range indices) and no thread writes it
     /// while the slice lives.
+    #[inline]
     pub unsafe fn row<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a [u8] {
         // SAFETY: by the caller's contract.
         unsafe { std::slice::from_raw_parts(self.at([0, i1, i2, i3]), self.l.row_bytes()) }
@@ -49,6 +51,7 @@ impl TView {
     /// # Safety
     /// As [`TView::row`], and this thread is the row's only user while the slice lives.
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     pub unsafe fn row_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a mut [u8] {
         // SAFETY: by the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.at([0, i1, i2, i3]), self.l.row_bytes()) }
@@ -58,6 +61,7 @@ impl TView {
     ///
     /// # Safety
     /// As [`TView::row`]; the tensor is f32 with packed rows (alignment validated at enqueue).
+    #[inline]
     pub unsafe fn row_f32<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a [f32] {
         // SAFETY: by the caller's contract.
         unsafe { std::slice::from_raw_parts(self.at([0, i1, i2, i3]) as *const f32, self.l.ne[0]) }
@@ -68,6 +72,7 @@ impl TView {
     /// # Safety
     /// As [`TView::row_mut`] and [`TView::row_f32`].
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     pub unsafe fn row_f32_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a mut [f32] {
         // SAFETY: by the caller's contract.
         unsafe {
@@ -79,6 +84,7 @@ impl TView {
     ///
     /// # Safety
     /// `i` is in range and no thread writes the element concurrently.
+    #[inline]
     pub unsafe fn get(&self, i: [usize; 4]) -> f32 {
         let p = self.at(i);
         // SAFETY: in range by contract; alignment validated at enqueue.
@@ -97,6 +103,7 @@ impl TView {
     ///
     /// # Safety
     /// `i` is in range and this thread is the element's only user.
+    #[inline]
     pub unsafe fn set(&self, i: [usize; 4], v: f32) {
         let p = self.at(i);
         // SAFETY: in range by contract; alignment validated at enqueue.
@@ -116,6 +123,7 @@ impl TView {
     ///
     /// # Safety
     /// As [`TView::set`] for `i` and [`TView::get`] for `j`; the two elements do not overlap.
+    #[inline]
     pub unsafe fn copy_elem(&self, i: [usize; 4], src: &TView, j: [usize; 4]) {
         if self.l.dtype == src.l.dtype && !self.l.dtype.is_quantized() {
             let n = self.l.dtype.type_size() as usize;
@@ -131,6 +139,7 @@ impl TView {
     ///
     /// # Safety
     /// As [`TView::set`]; the tensor is i32.
+    #[inline]
     pub unsafe fn set_i32(&self, i: [usize; 4], v: i32) {
         // SAFETY: by the caller's contract; alignment validated at enqueue.
         unsafe { *(self.at(i) as *mut i32) = v };
@@ -140,6 +149,7 @@ impl TView {
     ///
     /// # Safety
     /// `i` is in range.
+    #[inline]
     pub unsafe fn index(&self, i: [usize; 4]) -> i64 {
         let p = self.at(i);
         // SAFETY: in range by contract; alignment validated at enqueue.

@@ -141,10 +141,25 @@ mod avx2 {
         }
     }
 
-    /// f16 at `p` as f32 (F16C; exact).
+    /// f16 at `p` as f32 (F16C; exact). Reads 4 bytes: a 32-bit load becomes a zero-extending
+    /// `vmovd`, where a 16-bit one would be an insert into some live register and make the
+    /// conversion wait for that register's last writer (often a loop-carried FMA).
+    ///
+    /// # Safety
+    /// 4 readable bytes at `p`; F16C enabled by the caller.
     #[inline(always)]
     unsafe fn ld_f16(p: *const u8) -> f32 {
-        // SAFETY: the caller passes 2 readable bytes and runs with F16C enabled.
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let v = p.cast::<i32>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)))
+        }
+    }
+
+    /// [`ld_f16`] where only the 2 bytes of the f16 are readable (the last field of a block).
+    #[inline(always)]
+    unsafe fn ld_f16_last(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes at `p` by the caller's contract; F16C enabled by the caller.
         unsafe {
             let h = p.cast::<u16>().read_unaligned();
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
@@ -484,7 +499,7 @@ mod avx2 {
                 }
                 for i in 0..RM {
                     let xb = w[i].add(ib * 210);
-                    let dw = ld_f16(xb.add(208));
+                    let dw = ld_f16_last(xb.add(208));
                     let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
                     let scales_16 = _mm256_cvtepi8_epi16(scales);
                     let mut sumi = [_mm256_setzero_si256(); RN];
