@@ -75,7 +75,8 @@ pub struct ContextParams {
     pub kv_type: DType,
     /// Sequences the cache can hold (`-np`).
     pub n_seq_max: usize,
-    /// With several devices, keep several micro-batches in flight (pipeline parallelism).
+    /// With several devices, keep several micro-batches in flight (pipeline parallelism);
+    /// `false` waits for each micro-batch before the next.
     pub pipeline_parallel: bool,
 }
 
@@ -246,6 +247,13 @@ impl Context {
                     result = Err(e);
                     break;
                 }
+            }
+            // Without pipeline parallelism, one micro-batch at a time.
+            if !self.params.pipeline_parallel
+                && let Err(e) = self.sched.synchronize()
+            {
+                result = Err(e.into());
+                break;
             }
         }
         let result = result.and_then(|()| self.sched.synchronize().map_err(ModelError::from));
