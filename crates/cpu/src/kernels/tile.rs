@@ -125,6 +125,13 @@ mod avx2 {
     /// AVX2/FMA/F16C present; every row holds `nb` blocks of `kind`.
     pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         match kind {
+            // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
+            TileKind::Q0(t) if a.len() > 1 && w.len().is_multiple_of(4) => match t {
+                0 => unsafe { run_q0_4x2::<0>(nb, w, a, out) },
+                1 => unsafe { run_q0_4x2::<1>(nb, w, a, out) },
+                2 => unsafe { run_q0_4x2::<2>(nb, w, a, out) },
+                _ => unsafe { run_q0_4x2::<3>(nb, w, a, out) },
+            },
             TileKind::Q0(0) => run_tiles!(q0, 0, nb, w, a, out),
             TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
             TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
@@ -138,6 +145,96 @@ mod avx2 {
             TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
             TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
             TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
+        }
+    }
+
+    /// Q0 products in tiles of 4 weight rows × 2 activation rows (an odd last activation row
+    /// as 4 × 1), as tinyBLAS_Q0_AVX's `gemm4xN` on AVX2. `w.len()` is a multiple of 4.
+    ///
+    /// # Safety
+    /// As [`run`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_q0_4x2<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        let na = a.len();
+        let mut i0 = 0;
+        while i0 + 4 <= w.len() {
+            let wp = [
+                w[i0].as_ptr(),
+                w[i0 + 1].as_ptr(),
+                w[i0 + 2].as_ptr(),
+                w[i0 + 3].as_ptr(),
+            ];
+            let mut j0 = 0;
+            while j0 < na {
+                if j0 + 2 <= na {
+                    let ap = [a[j0].as_ptr(), a[j0 + 1].as_ptr()];
+                    // SAFETY: rows hold `nb` blocks (checked by `tile`).
+                    let r = unsafe { q0_4xn::<T, 2>(nb, wp, ap) };
+                    for i in 0..4 {
+                        out[(i0 + i) * na + j0] = r[i][0];
+                        out[(i0 + i) * na + j0 + 1] = r[i][1];
+                    }
+                    j0 += 2;
+                } else {
+                    // SAFETY: as above.
+                    let r = unsafe { q0_4xn::<T, 1>(nb, wp, [a[j0].as_ptr()]) };
+                    for i in 0..4 {
+                        out[(i0 + i) * na + j0] = r[i][0];
+                    }
+                    j0 += 1;
+                }
+            }
+            i0 += 4;
+        }
+    }
+
+    /// `q0` for 4 weight rows: the four weight scales converted together and multiplied by the
+    /// activation scale as one vector (the same four f32 products `dx * dy`), each weight block
+    /// unpacked once for the `RN` activation rows. No closures: they would not inherit the
+    /// target features.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0_4xn<const T: u8, const RN: usize>(
+        nb: usize,
+        w: [*const u8; 4],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; 4] {
+        let bx = q0_bytes(T);
+        let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            for ib in 0..nb {
+                let off = ib * bx;
+                let bits = u64::from(w[0].add(off).cast::<u16>().read_unaligned())
+                    | u64::from(w[1].add(off).cast::<u16>().read_unaligned()) << 16
+                    | u64::from(w[2].add(off).cast::<u16>().read_unaligned()) << 32
+                    | u64::from(w[3].add(off).cast::<u16>().read_unaligned()) << 48;
+                let da = _mm_cvtph_ps(_mm_set_epi64x(0, bits as i64));
+                let x0 = q0_values::<T>(w[0].add(off));
+                let x1 = q0_values::<T>(w[1].add(off));
+                let x2 = q0_values::<T>(w[2].add(off));
+                let x3 = q0_values::<T>(w[3].add(off));
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 34);
+                    let dd = _mm_mul_ps(da, _mm_set1_ps(ld_f16(yb)));
+                    let dv = _mm256_set_m128(dd, dd);
+                    let qy = loadu(yb.add(2));
+                    let q0 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x0, x0), x0, qy));
+                    acc[0][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 0), q0, acc[0][j]);
+                    let q1 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x1, x1), x1, qy));
+                    acc[1][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 85), q1, acc[1][j]);
+                    let q2 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x2, x2), x2, qy));
+                    acc[2][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 170), q2, acc[2][j]);
+                    let q3 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x3, x3), x3, qy));
+                    acc[3][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 255), q3, acc[3][j]);
+                }
+            }
+            let mut r = [[0f32; RN]; 4];
+            for i in 0..4 {
+                for j in 0..RN {
+                    r[i][j] = hsum_float_8(acc[i][j]);
+                }
+            }
+            r
         }
     }
 
