@@ -121,17 +121,63 @@ mod avx2 {
         }};
     }
 
+    /// Runs `$kern::<$t, 2>` / `$kern::<$t, 1>` (4 weight rows × 2 or 1 activation rows) over
+    /// the whole product, as tinyBLAS_Q0_AVX's `gemm4xN` on AVX2; `w.len()` is a multiple of 4.
+    macro_rules! run_4x2 {
+        ($kern:ident, $t:expr, $nb:expr, $w:expr, $a:expr, $out:expr) => {{
+            let (nb, w, a, out): (usize, &[&[u8]], &[&[u8]], &mut [f32]) = ($nb, $w, $a, $out);
+            let na = a.len();
+            let mut i0 = 0;
+            while i0 + 4 <= w.len() {
+                let wp = [
+                    w[i0].as_ptr(),
+                    w[i0 + 1].as_ptr(),
+                    w[i0 + 2].as_ptr(),
+                    w[i0 + 3].as_ptr(),
+                ];
+                let mut j0 = 0;
+                while j0 < na {
+                    if j0 + 2 <= na {
+                        let ap = [a[j0].as_ptr(), a[j0 + 1].as_ptr()];
+                        // SAFETY: rows hold `nb` blocks (checked by `tile`).
+                        let r = unsafe { $kern::<{ $t }, 2>(nb, wp, ap) };
+                        for i in 0..4 {
+                            out[(i0 + i) * na + j0] = r[i][0];
+                            out[(i0 + i) * na + j0 + 1] = r[i][1];
+                        }
+                        j0 += 2;
+                    } else {
+                        // SAFETY: as above.
+                        let r = unsafe { $kern::<{ $t }, 1>(nb, wp, [a[j0].as_ptr()]) };
+                        for i in 0..4 {
+                            out[(i0 + i) * na + j0] = r[i][0];
+                        }
+                        j0 += 1;
+                    }
+                }
+                i0 += 4;
+            }
+        }};
+    }
+
     /// # Safety
     /// AVX2/FMA/F16C present; every row holds `nb` blocks of `kind`.
     pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         match kind {
             // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
             TileKind::Q0(t) if a.len() > 1 && w.len().is_multiple_of(4) => match t {
-                0 => unsafe { run_q0_4x2::<0>(nb, w, a, out) },
-                1 => unsafe { run_q0_4x2::<1>(nb, w, a, out) },
-                2 => unsafe { run_q0_4x2::<2>(nb, w, a, out) },
-                _ => unsafe { run_q0_4x2::<3>(nb, w, a, out) },
+                0 => run_4x2!(q0_4xn, 0, nb, w, a, out),
+                1 => run_4x2!(q0_4xn, 1, nb, w, a, out),
+                2 => run_4x2!(q0_4xn, 2, nb, w, a, out),
+                _ => run_4x2!(q0_4xn, 3, nb, w, a, out),
             },
+            TileKind::Q1(q5) if a.len() > 1 && w.len().is_multiple_of(4) => {
+                if q5 {
+                    run_4x2!(q1_4xn, 1, nb, w, a, out)
+                } else {
+                    run_4x2!(q1_4xn, 0, nb, w, a, out)
+                }
+            }
             TileKind::Q0(0) => run_tiles!(q0, 0, nb, w, a, out),
             TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
             TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
@@ -145,46 +191,6 @@ mod avx2 {
             TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
             TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
             TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
-        }
-    }
-
-    /// Q0 products in tiles of 4 weight rows × 2 activation rows (an odd last activation row
-    /// as 4 × 1), as tinyBLAS_Q0_AVX's `gemm4xN` on AVX2. `w.len()` is a multiple of 4.
-    ///
-    /// # Safety
-    /// As [`run`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_q0_4x2<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
-        let na = a.len();
-        let mut i0 = 0;
-        while i0 + 4 <= w.len() {
-            let wp = [
-                w[i0].as_ptr(),
-                w[i0 + 1].as_ptr(),
-                w[i0 + 2].as_ptr(),
-                w[i0 + 3].as_ptr(),
-            ];
-            let mut j0 = 0;
-            while j0 < na {
-                if j0 + 2 <= na {
-                    let ap = [a[j0].as_ptr(), a[j0 + 1].as_ptr()];
-                    // SAFETY: rows hold `nb` blocks (checked by `tile`).
-                    let r = unsafe { q0_4xn::<T, 2>(nb, wp, ap) };
-                    for i in 0..4 {
-                        out[(i0 + i) * na + j0] = r[i][0];
-                        out[(i0 + i) * na + j0 + 1] = r[i][1];
-                    }
-                    j0 += 2;
-                } else {
-                    // SAFETY: as above.
-                    let r = unsafe { q0_4xn::<T, 1>(nb, wp, [a[j0].as_ptr()]) };
-                    for i in 0..4 {
-                        out[(i0 + i) * na + j0] = r[i][0];
-                    }
-                    j0 += 1;
-                }
-            }
-            i0 += 4;
         }
     }
 
@@ -456,6 +462,81 @@ mod avx2 {
             for i in 0..RM {
                 for j in 0..RN {
                     out[i][j] = hsum_float_8(acc[i][j]) + summs[i][j];
+                }
+            }
+            out
+        }
+    }
+
+    /// `q1` for 4 weight rows: scales and mins of the four rows converted together, `dx * dy`
+    /// and the `m·s` sums computed as 4-lane vectors (the same f32 products and fused
+    /// multiply-adds, lane by lane), each weight block unpacked once for the `RN` rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1_4xn<const T: u8, const RN: usize>(
+        nb: usize,
+        w: [*const u8; 4],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; 4] {
+        let bx = if T == 0 { 20 } else { 24 };
+        let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+        let mut summs = [_mm_setzero_ps(); RN];
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            for ib in 0..nb {
+                let off = ib * bx;
+                // d and m of each row, as one 32-bit pair per row.
+                let dm = _mm_set_epi32(
+                    w[3].add(off).cast::<i32>().read_unaligned(),
+                    w[2].add(off).cast::<i32>().read_unaligned(),
+                    w[1].add(off).cast::<i32>().read_unaligned(),
+                    w[0].add(off).cast::<i32>().read_unaligned(),
+                );
+                // [d0 m0 d1 m1 d2 m2 d3 m3] as f32; pick the d's and the m's.
+                let f = _mm256_cvtph_ps(dm);
+                let lo = _mm256_castps256_ps128(f);
+                let hi = _mm256_extractf128_ps(f, 1);
+                let dx = _mm_shuffle_ps(lo, hi, 0b10_00_10_00);
+                let mx = _mm_shuffle_ps(lo, hi, 0b11_01_11_01);
+                let mut x = [_mm256_setzero_si256(); 4];
+                for (i, xi) in x.iter_mut().enumerate() {
+                    let xb = w[i].add(off);
+                    *xi = if T == 0 {
+                        bytes_from_nibbles_32(xb.add(4))
+                    } else {
+                        let qh = xb.add(4).cast::<u32>().read_unaligned();
+                        let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                        _mm256_or_si256(bytes_from_nibbles_32(xb.add(8)), bxhi)
+                    };
+                }
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 36);
+                    let dy = ld_f16(yb);
+                    let sy = ld_f16(yb.add(2));
+                    let qy = loadu(yb.add(4));
+                    summs[j] = _mm_fmadd_ps(mx, _mm_set1_ps(sy), summs[j]);
+                    let dd = _mm_mul_ps(dx, _mm_set1_ps(dy));
+                    let dv = _mm256_set_m128(dd, dd);
+                    let q0 =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[0], qy)));
+                    acc[0][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 0), q0, acc[0][j]);
+                    let q1 =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[1], qy)));
+                    acc[1][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 85), q1, acc[1][j]);
+                    let q2 =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[2], qy)));
+                    acc[2][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 170), q2, acc[2][j]);
+                    let q3 =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[3], qy)));
+                    acc[3][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 255), q3, acc[3][j]);
+                }
+            }
+            let mut out = [[0f32; RN]; 4];
+            for j in 0..RN {
+                let mut sm = [0f32; 4];
+                _mm_storeu_ps(sm.as_mut_ptr(), summs[j]);
+                for i in 0..4 {
+                    out[i][j] = hsum_float_8(acc[i][j]) + sm[i];
                 }
             }
             out
