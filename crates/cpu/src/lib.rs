@@ -155,6 +155,26 @@ pub fn registry() -> Result<&'static Registry, ConfigError> {
         .map_err(Clone::clone)
 }
 
+/// The weight types `mul_mat` multiplies with llama.cpp's exact arithmetic (float types, then
+/// the legacy and K/IQ quantizations), in the order the tests go through them.
+pub const MATMUL_WEIGHT_TYPES: [DType; 15] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4_NL,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::IQ4_XS,
+];
+
 fn type_supported(dtype: DType) -> bool {
     let blck = dtype.block_size() as usize;
     let zeros = vec![0u8; dtype.type_size() as usize];

@@ -14,23 +14,7 @@ use lamina_core::graph::Graph;
 use lamina_cpu::kernels::MatMul;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
 
-const WEIGHT_TYPES: [DType; 15] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::IQ4_NL,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::IQ4_XS,
-];
+const WEIGHT_TYPES: [DType; 15] = lamina_cpu::MATMUL_WEIGHT_TYPES;
 
 /// Normalized MSE limit for quantized products (ggml's test-backend-ops value).
 const MUL_MAT_NMSE: f64 = 5e-4;

@@ -248,23 +248,7 @@ fn full(ne: &[usize]) -> [usize; 4] {
     f
 }
 
-const WEIGHT_TYPES: [DType; 15] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::IQ4_NL,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::IQ4_XS,
-];
+const WEIGHT_TYPES: [DType; 15] = lamina_cpu::MATMUL_WEIGHT_TYPES;
 
 #[test]
 fn mul_mat_all_types() {

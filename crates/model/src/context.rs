@@ -117,7 +117,7 @@ impl Context {
         }
         params.n_ubatch = params.n_ubatch.min(params.n_ctx);
         let plan = model.plan();
-        let kv = KvCache::new_placed(
+        let kv = KvCache::new(
             &plan.devices,
             &plan.layers,
             &model.hparams,

@@ -53,19 +53,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A zeroed cache of `size` cells of type `dtype` (f16 or f32) on `device`.
+    /// A zeroed cache of `size` cells of type `dtype` (f16 or f32) whose layer `il` lives on
+    /// `devices[layer_device[il]]`.
     pub fn new(
-        device: &Arc<dyn Device>,
-        hp: &HParams,
-        size: usize,
-        dtype: DType,
-    ) -> Result<KvCache, ModelError> {
-        let layers = vec![0; hp.n_layer as usize];
-        KvCache::new_placed(std::slice::from_ref(device), &layers, hp, size, dtype)
-    }
-
-    /// A zeroed cache whose layer `il` lives on `devices[layer_device[il]]`.
-    pub fn new_placed(
         devices: &[Arc<dyn Device>],
         layer_device: &[usize],
         hp: &HParams,
@@ -132,11 +122,6 @@ impl KvCache {
     /// The cache buffer of device `device` (if any layer is there).
     pub fn buffer(&self, device: usize) -> Option<&Buffer> {
         self.buffers.get(device)?.as_ref()
-    }
-
-    /// Bytes of all cache buffers.
-    pub fn size_bytes(&self) -> usize {
-        self.buffers.iter().flatten().map(Buffer::size).sum()
     }
 
     pub fn dtype(&self) -> DType {

@@ -199,7 +199,7 @@ fn run(model: Arc<Model>, pipeline: bool) -> Outcome {
 /// memory, and that the splits follow the layer plan.
 fn check_residency(model: &Model) {
     let plan = model.plan();
-    let kv = KvCache::new_placed(
+    let kv = KvCache::new(
         &plan.devices,
         &plan.layers,
         &model.hparams,

@@ -100,20 +100,10 @@ fn quantizers_simd_match_scalar() {
 #[test]
 fn dots_simd_match_scalar() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for dtype in [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::IQ4_NL,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::IQ4_XS,
-    ] {
+    let quantized = crate::MATMUL_WEIGHT_TYPES
+        .into_iter()
+        .filter(|t| t.is_quantized());
+    for dtype in quantized {
         let qk = dtype.block_size() as usize;
         for nb in [1usize, 2, 3, 5, 8, 17] {
             let n = nb * qk;
@@ -217,22 +207,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn tiles_match_scalar() {
     let mut rng = Rng(0x5151_7e57_0bad_cafe);
-    let types = [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::IQ4_NL,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::IQ4_XS,
-        DType::F16,
-        DType::F32,
-    ];
+    // Every weight type with an exact kernel (BF16 has none).
+    let types: Vec<DType> = crate::MATMUL_WEIGHT_TYPES
+        .into_iter()
+        .filter(|&t| t != DType::BF16)
+        .collect();
     for dtype in types {
         let qk = dtype.block_size() as usize;
         let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
