@@ -264,13 +264,27 @@ impl MatMul {
     /// `self.dot(k, w[i], acts[j], j0 + j)`, bit for bit, computed in register-blocked tiles
     /// where a SIMD tile kernel exists.
     pub fn dot_tile(&self, k: usize, w: &[&[u8]], acts: &[&[u8]], j0: usize, out: &mut [f32]) {
+        self.dot_tile_at(super::isa(), k, w, acts, j0, out);
+    }
+
+    /// [`MatMul::dot_tile`] with the tile kernels of tier `isa` (at most
+    /// [`super::detected_isa`]): every tier must give the same bits.
+    pub fn dot_tile_at(
+        &self,
+        isa: super::Isa,
+        k: usize,
+        w: &[&[u8]],
+        acts: &[&[u8]],
+        j0: usize,
+        out: &mut [f32],
+    ) {
         let na = acts.len();
         assert!(out.len() >= w.len() * na, "tile output too short");
         // A single activation row (token generation) streams the weights once: row after row
         // reads memory sequentially, which is faster than interleaving several rows.
         if na > 1
             && let Some(t) = self.tile_kind(j0, na)
-            && tile::tile(t, k, w, acts, out)
+            && tile::tile_at(isa, t, k, w, acts, out)
         {
             return;
         }

@@ -36,25 +36,68 @@ pub use quantize::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 /// results, slower; for checking machine independence).
 pub const FORCE_SCALAR_ENV: &str = "LAMINA_FORCE_SCALAR";
 
+/// Environment variable capping the x86 kernel tier: `scalar`, `avx2` or `avx512` (the
+/// default is the best the CPU has). Every tier gives the same bits; this is for measuring
+/// and for checking exactly that.
+pub const ISA_ENV: &str = "LAMINA_CPU_ISA";
+
+/// x86 kernel tiers, lowest first. A tier's kernels may use faster instructions but must
+/// produce the bits of the AVX2 arithmetic (integer sums are exact however they are formed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// The portable scalar emulation.
+    Scalar,
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// Also AVX-512 F/BW/VL and VNNI: 32 vector registers, mask registers and `vpdpbusd`.
+    Avx512,
+}
+
+/// The kernel tier in use: the best the CPU supports, capped by [`ISA_ENV`] and
+/// [`FORCE_SCALAR_ENV`]; checked once.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var(FORCE_SCALAR_ENV).is_ok_and(|v| v == "1") {
+            return Isa::Scalar;
+        }
+        let cap = match std::env::var(ISA_ENV).as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") => Isa::Avx2,
+            _ => Isa::Avx512,
+        };
+        detected_isa().min(cap)
+    })
+}
+
+/// The best tier this CPU supports; checked once.
+pub fn detected_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(detect_isa)
+}
+
+fn detect_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx2") && has!("fma") && has!("f16c")) {
+            return Isa::Scalar;
+        }
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+            return Isa::Avx512;
+        }
+        Isa::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Isa::Scalar
+    }
+}
+
 /// Whether the AVX2 implementations may run (AVX2, FMA and F16C present, and
 /// [`FORCE_SCALAR_ENV`] not set to `1`); checked once.
 pub fn simd_available() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        if std::env::var(FORCE_SCALAR_ENV).is_ok_and(|v| v == "1") {
-            return false;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    isa() >= Isa::Avx2
 }
 
 /// `GGML_CPU_FP16_TO_FP32` of the little-endian f16 at `b[off..off + 2]`.

@@ -207,6 +207,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn tiles_match_scalar() {
     let mut rng = Rng(0x5151_7e57_0bad_cafe);
+    // Every kernel tier this CPU has.
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| i <= super::detected_isa())
+        .collect();
     // Every weight type with an exact kernel (BF16 has none).
     let types: Vec<DType> = crate::MATMUL_WEIGHT_TYPES
         .into_iter()
@@ -257,18 +262,27 @@ fn tiles_match_scalar() {
                 for rn in 1..=n.min(4) {
                     for (i0, j0) in [(0, 0), (m - rm, n - rn)] {
                         let mut out = vec![0f32; rm * rn];
-                        plan.dot_tile(k, &wr[i0..i0 + rm], &ar[j0..j0 + rn], j0, &mut out);
-                        for i in 0..rm {
-                            for j in 0..rn {
-                                let s = plan.dot_scalar(k, wr[i0 + i], ar[j0 + j], j0 + j);
-                                let v = out[i * rn + j];
-                                let d = plan.dot(k, wr[i0 + i], ar[j0 + j], j0 + j);
-                                assert_eq!(
-                                    (v.to_bits(), d.to_bits()),
-                                    (s.to_bits(), s.to_bits()),
-                                    "{dtype} m={m} n={n} tile {rm}x{rn} at ({i0},{j0}) \
+                        for isa in isas.iter().copied() {
+                            plan.dot_tile_at(
+                                isa,
+                                k,
+                                &wr[i0..i0 + rm],
+                                &ar[j0..j0 + rn],
+                                j0,
+                                &mut out,
+                            );
+                            for i in 0..rm {
+                                for j in 0..rn {
+                                    let s = plan.dot_scalar(k, wr[i0 + i], ar[j0 + j], j0 + j);
+                                    let v = out[i * rn + j];
+                                    let d = plan.dot(k, wr[i0 + i], ar[j0 + j], j0 + j);
+                                    assert_eq!(
+                                        (v.to_bits(), d.to_bits()),
+                                        (s.to_bits(), s.to_bits()),
+                                        "{dtype} m={m} n={n} {isa:?} tile {rm}x{rn} at ({i0},{j0}) \
                                      output ({i},{j}): tile {v:e}, dot {d:e}, scalar {s:e}"
-                                );
+                                    );
+                                }
                             }
                         }
                     }

@@ -6,8 +6,10 @@
 //! and an activation block once for several weight rows. Independent FMA chains of different
 //! outputs also overlap, which a single dot product cannot do.
 //!
-//! AVX2 only; [`tile`] returns `false` when it has no kernel (or no AVX2), and the caller then
-//! computes the outputs one at a time.
+//! AVX2, plus AVX-512 VNNI tiles for the Q0 and Q1 types (`avx512`); [`tile_at`] returns `false`
+//! when there is no kernel (or no AVX2), and the caller then computes the outputs one at a time.
+
+use super::Isa;
 
 /// The per-output arithmetic a tile kernel reproduces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,11 +49,19 @@ impl TileKind {
 }
 
 /// `out[i * acts.len() + j]` = the output of weight row `w[i]` and activation row `acts[j]` (rows
-/// of `k` values), when there is a tile kernel for `kind` and AVX2 is available; returns
-/// `false` (and leaves `out` alone) otherwise.
-pub(crate) fn tile(kind: TileKind, k: usize, w: &[&[u8]], acts: &[&[u8]], out: &mut [f32]) -> bool {
+/// of `k` values), when tier `isa` (at most [`super::detected_isa`]) has a tile kernel for
+/// `kind`; returns `false` (and leaves `out` alone) otherwise.
+pub(crate) fn tile_at(
+    isa: Isa,
+    kind: TileKind,
+    k: usize,
+    w: &[&[u8]],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> bool {
+    assert!(isa <= super::detected_isa(), "{isa:?} is not available");
     #[cfg(target_arch = "x86_64")]
-    if super::simd_available() {
+    if isa >= Isa::Avx2 {
         let (qk, bx, by) = kind.geometry();
         let nb = k / qk;
         assert!(
@@ -60,6 +70,12 @@ pub(crate) fn tile(kind: TileKind, k: usize, w: &[&[u8]], acts: &[&[u8]], out: &
                 && acts.iter().all(|r| r.len() >= nb * by),
             "tile rows too short"
         );
+        if isa >= Isa::Avx512 && avx512::covers(kind, w.len(), acts.len()) {
+            // SAFETY: the AVX-512 tier is detected (asserted above); every row holds `nb`
+            // blocks (checked above); `covers` holds.
+            unsafe { avx512::run(kind, nb, w, acts, out) };
+            return true;
+        }
         // SAFETY: AVX2/FMA/F16C present; every row holds `nb` blocks (checked above).
         unsafe { avx2::run(kind, nb, w, acts, out) };
         return true;
@@ -67,6 +83,9 @@ pub(crate) fn tile(kind: TileKind, k: usize, w: &[&[u8]], acts: &[&[u8]], out: &
     let _ = (kind, k, w, acts, out);
     false
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -301,7 +320,7 @@ mod avx2 {
         }
     }
 
-    const KVALUES_IQ4NL: [i8; 16] = [
+    pub(super) const KVALUES_IQ4NL: [i8; 16] = [
         -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
     ];
 
@@ -329,7 +348,7 @@ mod avx2 {
         }
     }
 
-    const fn q0_bytes(t: u8) -> usize {
+    pub(super) const fn q0_bytes(t: u8) -> usize {
         match t {
             0 | 3 => 18,
             1 => 22,

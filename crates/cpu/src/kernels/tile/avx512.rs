@@ -1,0 +1,395 @@
+//! AVX-512 (F/BW/VL + VNNI) tiles of 4 weight rows × up to 4 activation rows for the Q0
+//! types (Q4_0, Q5_0, Q8_0, IQ4_NL under tinyBLAS), Q4_1/Q5_1 and repacked Q4_K, bit-identical to the AVX2
+//! tiles. Only the exact integer part changes: each weight block is decoded to *unsigned*
+//! bytes `u = x + o` (a constant offset `o` per type), `vpdpbusd` forms the four-byte lane sums
+//! `Σ u·y` in one instruction, and the lane's `o·Σ y` (computed once per activation block and
+//! shared by the four weight rows) is taken off first. The lane sums are the same integers as
+//! AVX2's `madd(1, maddubs(|x|, sign(y, x)))`, so converting them and the FMA chain that
+//! follows (same scales, same order) give the same bits. The 32 vector registers hold a 4×4
+//! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
+//! one 16-lane multiply and read back as embedded broadcasts.
+
+use super::avx2::{KVALUES_IQ4NL, q0_bytes};
+use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
+use std::arch::x86_64::*;
+
+/// Whether [`run`] has a kernel for this product.
+pub(super) fn covers(kind: super::TileKind, nw: usize, na: usize) -> bool {
+    matches!(
+        kind,
+        super::TileKind::Q0(_)
+            | super::TileKind::Q1(_)
+            | super::TileKind::Q4KGemm
+            | super::TileKind::Q4KGemv
+    ) && na > 1
+        && nw.is_multiple_of(4)
+}
+
+/// Runs the 4×4 tiles over the whole product.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; every row holds `nb` blocks of `kind`;
+/// [`covers`] is true. (The kernels use plain loops, no closures: a closure would not
+/// inherit the target features.)
+pub(super) unsafe fn run(
+    kind: super::TileKind,
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    macro_rules! tiles {
+        ($kern:ident, $t:expr) => {{
+            let na = a.len();
+            let mut i0 = 0;
+            while i0 + 4 <= w.len() {
+                let wp = [
+                    w[i0].as_ptr(),
+                    w[i0 + 1].as_ptr(),
+                    w[i0 + 2].as_ptr(),
+                    w[i0 + 3].as_ptr(),
+                ];
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(4);
+                    let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
+                    let ap = [ap(0), ap(1), ap(2), ap(3)];
+                    // SAFETY: rows hold `nb` blocks (the caller's contract); rows past `rn`
+                    // repeat the last one and their outputs are dropped.
+                    let r = unsafe {
+                        match rn {
+                            1 => spread($kern::<{ $t }, 1>(nb, wp, [ap[0]])),
+                            2 => spread($kern::<{ $t }, 2>(nb, wp, [ap[0], ap[1]])),
+                            3 => spread($kern::<{ $t }, 3>(nb, wp, [ap[0], ap[1], ap[2]])),
+                            _ => $kern::<{ $t }, 4>(nb, wp, ap),
+                        }
+                    };
+                    for i in 0..4 {
+                        for j in 0..rn {
+                            out[(i0 + i) * na + j0 + j] = r[i][j];
+                        }
+                    }
+                    j0 += rn;
+                }
+                i0 += 4;
+            }
+        }};
+    }
+    // SAFETY (all arms): by this function's contract.
+    match kind {
+        super::TileKind::Q0(0) => tiles!(q0, 0),
+        super::TileKind::Q0(1) => tiles!(q0, 1),
+        super::TileKind::Q0(2) => tiles!(q0, 2),
+        super::TileKind::Q0(_) => tiles!(q0, 3),
+        super::TileKind::Q1(false) => tiles!(q1, 0),
+        super::TileKind::Q1(true) => tiles!(q1, 1),
+        super::TileKind::Q4KGemv => tiles!(q4k, 0),
+        super::TileKind::Q4KGemm => tiles!(q4k, 1),
+        _ => unreachable!("avx512::run called without a kernel"),
+    }
+}
+
+/// A `[[f32; RN]; 4]` result widened to 4 columns (the extra ones zero).
+#[inline(always)]
+fn spread<const RN: usize>(r: [[f32; RN]; 4]) -> [[f32; 4]; 4] {
+    r.map(|row| std::array::from_fn(|j| if j < RN { row[j] } else { 0.0 }))
+}
+
+/// The f16 scales at `p[0] + off`, …, `p[3] + off` (rows past `N` read as zero) as 4 f32.
+#[inline(always)]
+unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
+    // SAFETY: 2 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
+    // the caller.
+    unsafe {
+        let mut bits = 0u64;
+        for (i, pi) in p.iter().enumerate().take(4) {
+            bits |= u64::from(pi.add(off).cast::<u16>().read_unaligned()) << (16 * i);
+        }
+        _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
+    }
+}
+
+/// `dd[4 * i + j] = dx[i] * dy[j]`: each one f32 product, as the AVX2 tiles round it.
+#[inline(always)]
+unsafe fn outer4(dx: __m128, dy: __m128) -> [f32; 16] {
+    // SAFETY: register-only intrinsics and a store to a local; AVX-512F enabled by the caller.
+    unsafe {
+        let rows = _mm512_permutexvar_ps(
+            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+            _mm512_castps128_ps512(dx),
+        );
+        let cols = _mm512_broadcast_f32x4(dy);
+        let mut dd = [0f32; 16];
+        _mm512_storeu_ps(dd.as_mut_ptr(), _mm512_mul_ps(rows, cols));
+        dd
+    }
+}
+
+/// The 32 values of a Q4_0 (0), Q5_0 (1), Q8_0 (2) or IQ4_NL (3) block plus the type's
+/// offset, as unsigned bytes.
+#[inline(always)]
+unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
+    // SAFETY: `xb` points at a whole block; AVX-512 BW/VL enabled by the caller.
+    unsafe {
+        match T {
+            // nibble - 8, offset 8.
+            0 => bytes_from_nibbles_32(xb.add(2)),
+            // (nibble | bit << 4) - 16, offset 16.
+            1 => {
+                let qh = xb.add(2).cast::<u32>().read_unaligned();
+                let nib = bytes_from_nibbles_32(xb.add(6));
+                _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+            }
+            // signed byte, offset 128.
+            2 => _mm256_xor_si256(
+                _mm256_loadu_si256(xb.add(2) as *const __m256i),
+                _mm256_set1_epi8(0x80u8 as i8),
+            ),
+            // table value, offset 128.
+            _ => {
+                let t = _mm_xor_si128(
+                    _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i),
+                    _mm_set1_epi8(0x80u8 as i8),
+                );
+                let table = _mm256_broadcastsi128_si256(t);
+                _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(2)))
+            }
+        }
+    }
+}
+
+/// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0 per output, 4 weight rows × `RN` activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q0<const T: u8, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 4] {
+    let bx = q0_bytes(T);
+    let offset = match T {
+        0 => 8u8,
+        1 => 16,
+        _ => 128,
+    };
+    let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let ov = _mm256_set1_epi8(offset as i8);
+        for ib in 0..nb {
+            let off = ib * bx;
+            let dd = outer4(scales4(w, off), scales4(a, ib * 34));
+            let mut u = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                u[i] = q0_unsigned::<T>(w[i].add(off));
+            }
+            for j in 0..RN {
+                let y = _mm256_loadu_si256(a[j].add(ib * 34 + 2) as *const __m256i);
+                // -o·Σy per lane, the start of every weight row's lane sums.
+                let corr = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ov, y),
+                );
+                for i in 0..4 {
+                    let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr, u[i], y));
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dd[4 * i + j]), q, acc[i][j]);
+                }
+            }
+        }
+        let mut out = [[0f32; RN]; 4];
+        for i in 0..4 {
+            for j in 0..RN {
+                out[i][j] = hsum_float_8(acc[i][j]);
+            }
+        }
+        out
+    }
+}
+
+/// `ggml_vec_dot_q4_1_q8_1` (`T == 0`) / `ggml_vec_dot_q5_1_q8_1` (`T == 1`) per output, 4
+/// weight rows × `RN` activation rows. The weight values are unsigned already; the `m·s`
+/// sums are 16 lanes of one vector, each its own FMA chain as in the AVX2 tile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q1<const T: u8, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 4] {
+    let bx = if T == 0 { 20 } else { 24 };
+    let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let mut summs = _mm512_setzero_ps();
+        let row_of = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        for ib in 0..nb {
+            let off = ib * bx;
+            let dy = scales4(a, ib * 36);
+            let dd = outer4(scales4(w, off), dy);
+            // summs[4i + j] = fma(m_i, s_j, summs[4i + j]).
+            let mx = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(scales4(w, off + 2)));
+            let sy = _mm512_broadcast_f32x4(scales4(a, ib * 36 + 2));
+            summs = _mm512_fmadd_ps(mx, sy, summs);
+            let mut u = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                let xb = w[i].add(off);
+                u[i] = if T == 0 {
+                    bytes_from_nibbles_32(xb.add(4))
+                } else {
+                    let qh = xb.add(4).cast::<u32>().read_unaligned();
+                    let nib = bytes_from_nibbles_32(xb.add(8));
+                    _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+                };
+            }
+            for j in 0..RN {
+                let y = _mm256_loadu_si256(a[j].add(ib * 36 + 4) as *const __m256i);
+                for i in 0..4 {
+                    let q =
+                        _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], y));
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dd[4 * i + j]), q, acc[i][j]);
+                }
+            }
+        }
+        let mut sm = [0f32; 16];
+        _mm512_storeu_ps(sm.as_mut_ptr(), summs);
+        let mut out = [[0f32; RN]; 4];
+        for i in 0..4 {
+            for j in 0..RN {
+                out[i][j] = hsum_float_8(acc[i][j]) + sm[4 * i + j];
+            }
+        }
+        out
+    }
+}
+
+/// The repacked-Q4_K kernels per output (`G == 0`: `ggml_gemv_q4_K_8x8_q8_K`, one FMA per
+/// superblock; `G == 1`: `ggml_gemm_q4_K_8x8_q8_K`, one per pair of sub-blocks), 4 weight rows
+/// × `RN` activation rows. Each weight row's superblock is unpacked once for the `RN`
+/// activation rows (the AVX2 tile has too few registers to keep it), and `vpdpwssd` applies
+/// the sub-block scales and accumulates in one step; the integer sums are the same.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4k<const G: u8, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 4] {
+    let mut acc = [[0f32; RN]; 4];
+    let mut acc_min = [[0f32; RN]; 4];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        for ib in 0..nb {
+            let mut yd = [0f32; RN];
+            let mut q8s = [_mm_setzero_si128(); RN];
+            let mut yq = [std::ptr::null::<u8>(); RN];
+            for j in 0..RN {
+                let yb = a[j].add(ib * 292);
+                yd[j] = yb.cast::<f32>().read_unaligned();
+                yq[j] = yb.add(4);
+                // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
+                q8s[j] = _mm_hadd_epi16(
+                    _mm_loadu_si128(yb.add(260) as *const __m128i),
+                    _mm_loadu_si128(yb.add(276) as *const __m128i),
+                );
+            }
+            for i in 0..4 {
+                let xb = w[i].add(ib * 144);
+                let d = f16_scalar(xb);
+                let dmin = f16_scalar(xb.add(2));
+                let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
+                    std::slice::from_raw_parts(xb.add(4), 12),
+                );
+                let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                let q4 = xb.add(16);
+                let mut scl = [_mm256_setzero_si256(); 8];
+                for s in 0..8 {
+                    scl[s] = _mm256_set1_epi16(i16::from(sc[s]));
+                }
+                let mut lo = [_mm256_setzero_si256(); 4];
+                let mut hi = [_mm256_setzero_si256(); 4];
+                for sb in 0..4 {
+                    let bits = _mm256_loadu_si256(q4.add(32 * sb) as *const __m256i);
+                    lo[sb] = _mm256_and_si256(bits, m4);
+                    hi[sb] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                }
+                for j in 0..RN {
+                    let imin = _mm_madd_epi16(mins, q8s[j]);
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    for sb in 0..4 {
+                        let q8l = _mm256_loadu_si256(yq[j].add(64 * sb) as *const __m256i);
+                        let q8h = _mm256_loadu_si256(yq[j].add(64 * sb + 32) as *const __m256i);
+                        let pl = _mm256_dpwssd_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_maddubs_epi16(lo[sb], q8l),
+                            scl[2 * sb],
+                        );
+                        p[sb] = _mm256_dpwssd_epi32(
+                            pl,
+                            _mm256_maddubs_epi16(hi[sb], q8h),
+                            scl[2 * sb + 1],
+                        );
+                    }
+                    if G == 0 {
+                        let all = _mm256_add_epi32(
+                            _mm256_add_epi32(p[0], p[1]),
+                            _mm256_add_epi32(p[2], p[3]),
+                        );
+                        let sum = hsum_i32x4(_mm_add_epi32(
+                            _mm256_castsi256_si128(all),
+                            _mm256_extracti128_si256(all, 1),
+                        ));
+                        let smin = hsum_i32x4(imin);
+                        acc[i][j] = (sum as f32).mul_add(d * yd[j], acc[i][j]);
+                        acc_min[i][j] = (smin as f32).mul_add(dmin * yd[j], acc_min[i][j]);
+                    } else {
+                        let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                        let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                        let h = _mm256_hadd_epi32(h01, h23);
+                        let s = _mm_add_epi32(
+                            _mm256_castsi256_si128(h),
+                            _mm256_extracti128_si256(h, 1),
+                        );
+                        let mut iacc = [0f32; 4];
+                        let mut imf = [0f32; 4];
+                        _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
+                        _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
+                        let (dd, dm) = (d * yd[j], dmin * yd[j]);
+                        let (mut x, mut y) = (acc[i][j], acc_min[i][j]);
+                        for sb in 0..4 {
+                            x = iacc[sb].mul_add(dd, x);
+                            y = imf[sb].mul_add(dm, y);
+                        }
+                        acc[i][j] = x;
+                        acc_min[i][j] = y;
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; RN]; 4];
+    for i in 0..4 {
+        for j in 0..RN {
+            out[i][j] = acc[i][j] - acc_min[i][j];
+        }
+    }
+    out
+}
+
+/// f16 at `p` as f32 (F16C; exact).
+#[inline(always)]
+unsafe fn f16_scalar(p: *const u8) -> f32 {
+    // SAFETY: 2 readable bytes at `p` (the caller's contract); F16C enabled by the caller.
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+/// Exact sum of the 4 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32x4(s: __m128i) -> i32 {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+}
