@@ -157,12 +157,23 @@ fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
                 scratch(work, ctx, node, 1, b.l.ne[0]),
             );
             let o = d.row_f32_mut(i1, i2, i3);
-            let nb0 = y.len();
-            for (i0, (ov, xv)) in o.iter_mut().zip(x).enumerate() {
-                let yv = y[i0 % nb0];
-                *ov = if add { xv + yv } else { xv * yv };
+            // `y` repeats along the row (ggml_can_repeat); chunks of its length keep the
+            // inner loop free of index arithmetic so it vectorises.
+            for (oc, xc) in o.chunks_mut(y.len().max(1)).zip(x.chunks(y.len().max(1))) {
+                if add {
+                    binary_chunk(oc, xc, y, |a, b| a + b);
+                } else {
+                    binary_chunk(oc, xc, y, |a, b| a * b);
+                }
             }
         }
+    }
+}
+
+#[inline(always)]
+fn binary_chunk(o: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for ((ov, &xv), &yv) in o.iter_mut().zip(x).zip(y) {
+        *ov = f(xv, yv);
     }
 }
 

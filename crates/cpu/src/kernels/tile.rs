@@ -263,6 +263,22 @@ mod avx2 {
         }
     }
 
+    /// `hsum_float_8` of every accumulator (a plain loop: a closure passed to `map` would not
+    /// be inlined into the target-feature kernel).
+    #[inline(always)]
+    unsafe fn hsum_all<const RM: usize, const RN: usize>(
+        acc: [[__m256; RN]; RM],
+    ) -> [[f32; RN]; RM] {
+        let mut out = [[0f32; RN]; RM];
+        for i in 0..RM {
+            for j in 0..RN {
+                // SAFETY: register-only; AVX enabled by the caller.
+                out[i][j] = unsafe { hsum_float_8(acc[i][j]) };
+            }
+        }
+        out
+    }
+
     /// f16 at `p` as f32 (F16C; exact). Reads 4 bytes: a 32-bit load becomes a zero-extending
     /// `vmovd`, where a 16-bit one would be an insert into some live register and make the
     /// conversion wait for that register's last writer (often a loop-carried FMA).
@@ -394,7 +410,7 @@ mod avx2 {
                     }
                 }
             }
-            acc.map(|r| r.map(|v| hsum_float_8(v)))
+            hsum_all(acc)
         }
     }
 
@@ -598,8 +614,10 @@ mod avx2 {
                     );
                     let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
                     let q4 = xb.add(16);
-                    let scl: [__m256i; 8] =
-                        std::array::from_fn(|s| _mm256_set1_epi16(i16::from(sc[s])));
+                    let mut scl = [_mm256_setzero_si256(); 8];
+                    for s in 0..8 {
+                        scl[s] = _mm256_set1_epi16(i16::from(sc[s]));
+                    }
                     for j in 0..RN {
                         let imin = _mm_madd_epi16(mins, q8s[j]);
                         let mut p = [_mm256_setzero_si256(); 4];
@@ -722,12 +740,13 @@ mod avx2 {
                                 q4h_3,
                             ),
                         ];
-                        let sh: [__m256i; 4] = std::array::from_fn(|k| {
-                            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                        let mut sh = [_mm256_setzero_si256(); 4];
+                        for k in 0..4 {
+                            sh[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
                                 scales,
                                 _mm_loadu_si128(K6_SHUFFLE[4 * h + k].as_ptr() as *const __m128i),
-                            ))
-                        });
+                            ));
+                        }
                         for j in 0..RN {
                             let q8 = yq[j].add(128 * h);
                             for k in 0..4 {
@@ -770,7 +789,10 @@ mod avx2 {
                 }
             };
             for l in 0..nb {
-                let vb: [__m256; RN] = std::array::from_fn(|j| ld(a[j], l));
+                let mut vb = [_mm256_setzero_ps(); RN];
+                for j in 0..RN {
+                    vb[j] = ld(a[j], l);
+                }
                 for i in 0..RM {
                     let va = ld(w[i], l);
                     for j in 0..RN {
@@ -778,7 +800,7 @@ mod avx2 {
                     }
                 }
             }
-            acc.map(|r| r.map(|v| hsum_float_8(v)))
+            hsum_all(acc)
         }
     }
 }
