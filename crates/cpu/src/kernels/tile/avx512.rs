@@ -109,9 +109,34 @@ unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
     }
 }
 
+/// The two f16 values at `p[i] + off` (a block's `d` and `m`, or `d` and `s`) of 4 rows
+/// (rows past `N` read as zero), as `[d0 m0 d1 m1 d2 m2 d3 m3]` f32: four 32-bit inserts
+/// and one conversion.
+#[inline(always)]
+unsafe fn pairs4<const N: usize>(p: [*const u8; N], off: usize) -> __m256 {
+    // SAFETY: 4 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
+    // the caller.
+    unsafe {
+        let ld = |i: usize| {
+            if i < N {
+                p[i].add(off).cast::<i32>().read_unaligned()
+            } else {
+                0
+            }
+        };
+        _mm256_cvtph_ps(_mm_set_epi32(ld(3), ld(2), ld(1), ld(0)))
+    }
+}
+
+/// Blocks whose scale products a kernel computes ahead, in one pass, before it uses them:
+/// read back by broadcast loads right after a 64-byte store, they would wait for the store
+/// to leave the store queue (store-to-load forwarding does not serve them), which stalled
+/// every block.
+const CHUNK: usize = 32;
+
 /// `dd[4 * i + j] = dx[i] * dy[j]`: each one f32 product, as the AVX2 tiles round it.
 #[inline(always)]
-unsafe fn outer4(dx: __m128, dy: __m128) -> [f32; 16] {
+unsafe fn outer4(dx: __m128, dy: __m128, dd: &mut [f32; 16]) {
     // SAFETY: register-only intrinsics and a store to a local; AVX-512F enabled by the caller.
     unsafe {
         let rows = _mm512_permutexvar_ps(
@@ -119,9 +144,7 @@ unsafe fn outer4(dx: __m128, dy: __m128) -> [f32; 16] {
             _mm512_castps128_ps512(dx),
         );
         let cols = _mm512_broadcast_f32x4(dy);
-        let mut dd = [0f32; 16];
         _mm512_storeu_ps(dd.as_mut_ptr(), _mm512_mul_ps(rows, cols));
-        dd
     }
 }
 
@@ -195,9 +218,16 @@ unsafe fn q0<const T: u8, const RN: usize>(
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
         let ov = _mm256_set1_epi8(offset as i8);
+        let mut dds = [[0f32; 16]; CHUNK];
         for ib in 0..nb {
             let off = ib * bx;
-            let dd = outer4(scales4(w, off), scales4(a, ib * 34));
+            if ib % CHUNK == 0 {
+                for c in 0..CHUNK.min(nb - ib) {
+                    let o = (ib + c) * bx;
+                    outer4(scales4(w, o), scales4(a, (ib + c) * 34), &mut dds[c]);
+                }
+            }
+            let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
             for i in 0..4 {
                 u[i] = q0_unsigned::<T>(w[i].add(off));
@@ -239,15 +269,36 @@ unsafe fn q1<const T: u8, const RN: usize>(
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
         let mut summs = _mm512_setzero_ps();
-        let row_of = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        // Lane 4i + j of a 16-lane vector takes row i's pair value (d: 2i, m: 2i + 1) or
+        // column j's (d: 2j, s: 2j + 1).
+        let d_of_row = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+        let m_of_row = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
+        let d_of_col = _mm512_set_epi32(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0);
+        let s_of_col = _mm512_set_epi32(7, 5, 3, 1, 7, 5, 3, 1, 7, 5, 3, 1, 7, 5, 3, 1);
+        let mut dds = [[0f32; 16]; CHUNK];
         for ib in 0..nb {
             let off = ib * bx;
-            let dy = scales4(a, ib * 36);
-            let dd = outer4(scales4(w, off), dy);
-            // summs[4i + j] = fma(m_i, s_j, summs[4i + j]).
-            let mx = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(scales4(w, off + 2)));
-            let sy = _mm512_broadcast_f32x4(scales4(a, ib * 36 + 2));
-            summs = _mm512_fmadd_ps(mx, sy, summs);
+            if ib % CHUNK == 0 {
+                for c in 0..CHUNK.min(nb - ib) {
+                    let pw = _mm512_castps256_ps512(pairs4(w, (ib + c) * bx));
+                    let pa = _mm512_castps256_ps512(pairs4(a, (ib + c) * 36));
+                    // dd[4i + j] = d_i * d_j, one rounding each.
+                    _mm512_storeu_ps(
+                        dds[c].as_mut_ptr(),
+                        _mm512_mul_ps(
+                            _mm512_permutexvar_ps(d_of_row, pw),
+                            _mm512_permutexvar_ps(d_of_col, pa),
+                        ),
+                    );
+                    // summs[4i + j] = fma(m_i, s_j, summs[4i + j]), block after block.
+                    summs = _mm512_fmadd_ps(
+                        _mm512_permutexvar_ps(m_of_row, pw),
+                        _mm512_permutexvar_ps(s_of_col, pa),
+                        summs,
+                    );
+                }
+            }
+            let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
             for i in 0..4 {
                 let xb = w[i].add(off);
