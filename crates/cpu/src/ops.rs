@@ -383,12 +383,16 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // otherwise they own disjoint groups of weight rows (dst dim 0 ranges).
     const WR: usize = 8;
     const AR: usize = 4;
+    // Activation rows per `dot_tile` call (whole groups): one call's fixed cost (checks,
+    // dispatch, the copy out) is spread over several tiles, which matters when rows are short
+    // (attention scores: k = head size).
+    const CALL: usize = 4 * AR;
     let (r2, r3) = (b.l.ne[2] / a.l.ne[2], b.l.ne[3] / a.l.ne[3]);
     let (m, n) = (a.l.ne[1], b.l.ne[1]);
     let ne12 = b.l.ne[2];
     let planes = ne12 * b.l.ne[3];
     let boundary = plan.act_boundary().min(n);
-    let mut out = [0f32; WR * AR];
+    let mut out = [0f32; WR * CALL];
     // Weight rows i0..i0 + rm of plane (i12, i13), as an array.
     let wrows = |i0: usize, rm: usize, i12: usize, i13: usize| -> [&[u8]; WR] {
         std::array::from_fn(|i| {
@@ -401,7 +405,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         })
     };
     // Converted activation rows j0..j0 + rn of plane (i12, i13).
-    let arows = |j0: usize, rn: usize, i12: usize, i13: usize| -> [&[u8]; AR] {
+    let arows = |j0: usize, rn: usize, i12: usize, i13: usize| -> [&[u8]; CALL] {
         let plane = n * (i12 + ne12 * i13);
         std::array::from_fn(|j| {
             if j < rn {
@@ -424,10 +428,17 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             for i0 in (0..m).step_by(WR) {
                 let rm = WR.min(m - i0);
                 let w = wrows(i0, rm, i12, i13);
-                for g in g0..g1 {
+                let mut g = g0;
+                while g < g1 {
                     let j0 = g * AR;
-                    let rn = AR.min(n - j0);
+                    let mut j1 = (j0 + CALL).min(g1 * AR).min(n);
+                    if j0 < boundary {
+                        j1 = j1.min(boundary);
+                    }
+                    let rn = j1 - j0;
+                    g = j1.div_ceil(AR);
                     let acts = arows(j0, rn, i12, i13);
+                    let k = plan.trimmed_k(k, &acts[..rn]);
                     plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
                     for j in 0..rn {
                         // SAFETY: dst rows j0..j0 + rn of this plane belong to this thread's
@@ -453,12 +464,13 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         let mut j0 = 0;
         while j0 < n {
             let end = if j0 < boundary {
-                boundary.min(j0 + AR)
+                boundary.min(j0 + CALL)
             } else {
-                n.min(j0 + AR)
+                n.min(j0 + CALL)
             };
             let rn = end - j0;
             let acts = arows(j0, rn, i12, i13);
+            let k = plan.trimmed_k(k, &acts[..rn]);
             plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
             for i in 0..rm {
                 for j in 0..rn {

@@ -295,6 +295,41 @@ impl MatMul {
         }
     }
 
+    /// The `k` that gives the same outputs as `k` for activation rows `acts`: shorter when
+    /// the plan is a tinyBLAS f16/f32 one and every row ends in whole groups of 8 zeros (a
+    /// causal attention row's weights after its position). Skipping those groups keeps every
+    /// output's bits: `fma(±0, w, acc)` is `acc` for finite `w` and an accumulator that is
+    /// not -0, and a chain that starts at +0 never reaches -0 (an exactly-zero FMA result is
+    /// +0 unless both the product and the addend are -0). A non-finite weight facing a zero
+    /// would make llama.cpp's output NaN where this one stays finite.
+    pub fn trimmed_k(&self, k: usize, acts: &[&[u8]]) -> usize {
+        let (elem, zero_mask): (usize, u64) = match self.kind {
+            DotKind::TinyF16 => (2, 0x7fff_7fff_7fff_7fff),
+            DotKind::TinyF32 => (4, 0x7fff_ffff_7fff_ffff),
+            _ => return k,
+        };
+        let words_per_group = elem; // 8 values of `elem` bytes = `elem` u64 words
+        let mut keep = 0; // groups every row needs so far
+        // The last row usually reaches furthest (causal rows grow), so it goes first.
+        for act in acts.iter().rev() {
+            let row = &act[..k * elem];
+            let word = |i: usize| {
+                u64::from_le_bytes(row[8 * i..8 * i + 8].try_into().expect("8 bytes")) & zero_mask
+            };
+            // Words from the end while zero, down to the groups already kept.
+            let mut end = k / 8 * words_per_group;
+            let floor = keep * words_per_group;
+            while end > floor && word(end - 1) == 0 {
+                end -= 1;
+            }
+            keep = keep.max(end.div_ceil(words_per_group));
+            if keep == k / 8 {
+                break;
+            }
+        }
+        keep * 8
+    }
+
     /// [`MatMul::dot`] computed by the portable scalar emulation only (never SIMD): the
     /// reference the SIMD paths must match bit for bit.
     pub fn dot_scalar(&self, k: usize, w: &[u8], act: &[u8], j: usize) -> f32 {

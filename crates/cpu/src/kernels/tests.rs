@@ -291,3 +291,55 @@ fn tiles_match_scalar() {
         }
     }
 }
+
+/// Trimming the zero tail of tinyBLAS activation rows (causal attention weights) changes no
+/// output bit: rows with ragged tails of +0 and -0, weights of both signs, every tier.
+#[test]
+fn trimmed_zero_tails_keep_every_bit() {
+    let mut rng = Rng(0x7a11_5eed_0123_4567);
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| i <= super::detected_isa())
+        .collect();
+    for dtype in [DType::F16, DType::F32] {
+        let (m, n, k) = (8usize, 11usize, 96usize);
+        let plan = matmul::MatMul::plan(dtype, m, n, k, true, true).unwrap();
+        let w: Vec<u8> = match dtype {
+            DType::F16 => rng
+                .vec(k * m, 1.0)
+                .iter()
+                .flat_map(|v| fp32_to_fp16(*v).to_le_bytes())
+                .collect(),
+            _ => rng.vec(k * m, 1.0).iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let arow = plan.act_row_bytes(k).unwrap();
+        let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
+        // SAFETY: u32 storage viewed as bytes.
+        let acts =
+            unsafe { std::slice::from_raw_parts_mut(abuf.as_mut_ptr() as *mut u8, arow * n) };
+        for j in 0..n {
+            // Row j keeps 8j + 3 values (at most k); the rest alternate +0 and -0.
+            let mut x = rng.vec(k, 3.0);
+            for (i, v) in x.iter_mut().enumerate().skip(8 * j + 3) {
+                *v = if i % 2 == 0 { 0.0 } else { -0.0 };
+            }
+            plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
+        }
+        let wr: Vec<&[u8]> = w.chunks_exact(w.len() / m).collect();
+        let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+        for j0 in (0..n).step_by(4) {
+            let rn = 4.min(n - j0);
+            let kt = plan.trimmed_k(k, &ar[j0..j0 + rn]);
+            let last = j0 + rn - 1;
+            assert_eq!(kt, (8 * last + 3).min(k).next_multiple_of(8).min(k), "{dtype} rows {j0}..");
+            for isa in isas.iter().copied() {
+                let mut full = vec![0f32; m * rn];
+                let mut trimmed = vec![0f32; m * rn];
+                plan.dot_tile_at(isa, k, &wr, &ar[j0..j0 + rn], j0, &mut full);
+                plan.dot_tile_at(isa, kt, &wr, &ar[j0..j0 + rn], j0, &mut trimmed);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&full), bits(&trimmed), "{dtype} {isa:?} rows {j0}..");
+            }
+        }
+    }
+}
