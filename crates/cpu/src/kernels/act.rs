@@ -134,7 +134,17 @@ pub mod scalar {
 /// `ggml_vec_soft_max_f32` in place: `y = exp(y - max)`, returning the `double` sum.
 fn vec_soft_max(y: &mut [f32], max: f32, simd: bool) -> f64 {
     let n = y.len();
-    let nv = n / 8 * 8;
+    let nv_all = n / 8 * 8;
+    let mut nv = nv_all;
+    if max > f32::NEG_INFINITY {
+        // Whole groups of 8 masked (-inf) values at the end of the vector part, as in a
+        // causal row, give exp = +0 exactly and add +0 to the sum: write the zeros, skip the
+        // work. (With max = -inf every value would be NaN, so then nothing is skipped.)
+        while nv > 0 && y[nv - 8..nv].iter().all(|&v| v == f32::NEG_INFINITY) {
+            nv -= 8;
+        }
+        y[nv..nv_all].fill(0.0);
+    }
     let mut sum = 0f64;
     #[cfg(target_arch = "x86_64")]
     let done = if simd {
@@ -159,7 +169,7 @@ fn vec_soft_max(y: &mut [f32], max: f32, simd: bool) -> f64 {
             sum += f64::from(super::hsum8(&v));
         }
     }
-    for v in &mut y[nv..] {
+    for v in &mut y[nv_all..] {
         let e = (*v - max).exp();
         sum += f64::from(e);
         *v = e;

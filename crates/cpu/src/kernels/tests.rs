@@ -343,3 +343,36 @@ fn trimmed_zero_tails_keep_every_bit() {
         }
     }
 }
+
+/// Softmax skips the exp of whole masked groups at the end of a row (writing +0): exact only
+/// because exp(-inf) is +0 in both the scalar and the SIMD exp, which a masked group in the
+/// middle of a row (not skipped) shows. A row with every value masked stays NaN, as in
+/// llama.cpp.
+#[test]
+fn softmax_masked_groups_are_exact_zeros() {
+    assert_eq!(act::v_expf_lane(f32::NEG_INFINITY).to_bits(), 0);
+    let mut rng = Rng(7);
+    let x = rng.vec(40, 4.0);
+    // Masked: 8..16 (middle, computed) and 24..40 (tail, skipped), plus 3 (a lone one).
+    let mask: Vec<f32> = (0..40)
+        .map(|i| {
+            if (8..16).contains(&i) || i >= 24 || i == 3 {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let (mut a, mut b) = (vec![0f32; 40], vec![0f32; 40]);
+    softmax_row(&x, 0.5, Some(&mask), 1.0, &mut a);
+    act::scalar::softmax_row(&x, 0.5, Some(&mask), 1.0, &mut b);
+    assert_eq!(bits(&a), bits(&b));
+    for i in (8..16).chain(24..40).chain([3]) {
+        assert_eq!(a[i].to_bits(), 0, "output {i}");
+    }
+    let total: f32 = a.iter().sum();
+    assert!((total - 1.0).abs() < 1e-6);
+    let all = vec![f32::NEG_INFINITY; 16];
+    softmax_row(&x[..16], 1.0, Some(&all), 1.0, &mut a[..16]);
+    assert!(a[..16].iter().all(|v| v.is_nan()));
+}
