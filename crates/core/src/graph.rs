@@ -713,6 +713,12 @@ impl Graph {
     /// `a · bᵀ` per ggml: `a` is `[K, M, ..]` (weights, any type), `b` is `[K, N, ..]` f32;
     /// the result is `[M, N, b.ne2, b.ne3]`; `a` is broadcast over dims 2 and 3.
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let layout = self.mul_mat_layout(a, b)?;
+        self.node(layout, Op::MulMat, [Some(a), Some(b), None])
+    }
+
+    /// The checked result layout of `mul_mat(a, b)`.
+    fn mul_mat_layout(&mut self, a: TensorId, b: TensorId) -> Result<Layout, GraphError> {
         let la = self.check(a)?.layout;
         let lb = self.want_f32("MUL_MAT", b)?;
         if matches!(
@@ -730,8 +736,44 @@ impl Graph {
         if !la.rows_packed() {
             return Err(shape_err("MUL_MAT", "first operand rows must be packed"));
         }
-        let layout = Layout::contiguous(DType::F32, &[la.ne[1], lb.ne[1], lb.ne[2], lb.ne[3]])?;
-        self.node(layout, Op::MulMat, [Some(a), Some(b), None])
+        Ok(Layout::contiguous(
+            DType::F32,
+            &[la.ne[1], lb.ne[1], lb.ne[2], lb.ne[3]],
+        )?)
+    }
+
+    /// [`Graph::mul_mat`] for attention scores that go only to
+    /// `soft_max_ext(·, Some(mask), …)` with this same `mask` (`[ne1(a), >= ne1(b), …]`, f32,
+    /// broadcast over dims 2 and 3): an entry whose mask value is -inf may be written as 0
+    /// instead of its dot product. The softmax turns it into -inf either way (for a finite
+    /// product and scale), so results are unchanged while a causal mask spares about half
+    /// the products. A backend may also ignore the mask and compute every entry.
+    pub fn mul_mat_masked(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        mask: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let lo = self.mul_mat_layout(a, b)?;
+        let lm = self.check(mask)?.layout;
+        if lm.dtype != DType::F32 {
+            return Err(GraphError::Type {
+                op: "MUL_MAT",
+                dtype: lm.dtype,
+            });
+        }
+        if lm.ne[0] != lo.ne[0]
+            || lm.ne[1] < lo.ne[1]
+            || lo.ne[2] % lm.ne[2] != 0
+            || lo.ne[3] % lm.ne[3] != 0
+            || !lm.rows_packed()
+        {
+            return Err(shape_err(
+                "MUL_MAT",
+                format!("mask {:?} for output {:?}", lm.ne, lo.ne),
+            ));
+        }
+        self.node(lo, Op::MulMat, [Some(a), Some(b), Some(mask)])
     }
 
     fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
@@ -1041,6 +1083,26 @@ mod tests {
         assert_eq!(g.layout(y).ne, [10, 3, 1, 1]);
         let bad = g.new_tensor(DType::F32, &[63, 3]).unwrap();
         assert!(matches!(g.mul_mat(w, bad), Err(GraphError::Shape { .. })));
+        // A score mask covers [n_kv = 10, >= 3 tokens], f32.
+        let mask = g.new_input(DType::F32, &[10, 4]).unwrap();
+        let ym = g.mul_mat_masked(w, x, mask).unwrap();
+        assert_eq!(g.layout(ym).ne, [10, 3, 1, 1]);
+        assert_eq!(g.tensor(ym).src, [Some(w), Some(x), Some(mask)]);
+        let short = g.new_input(DType::F32, &[10, 2]).unwrap();
+        assert!(matches!(
+            g.mul_mat_masked(w, x, short),
+            Err(GraphError::Shape { .. })
+        ));
+        let wide = g.new_input(DType::F32, &[11, 3]).unwrap();
+        assert!(matches!(
+            g.mul_mat_masked(w, x, wide),
+            Err(GraphError::Shape { .. })
+        ));
+        let half = g.new_input(DType::F16, &[10, 3]).unwrap();
+        assert!(matches!(
+            g.mul_mat_masked(w, x, half),
+            Err(GraphError::Type { .. })
+        ));
         let t = g.transpose(y).unwrap();
         assert_eq!(g.layout(t).ne, [3, 10, 1, 1]);
         assert_eq!(g.tensor(t).view_src, Some(y));

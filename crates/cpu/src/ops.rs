@@ -416,6 +416,24 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             }
         })
     };
+    // `Graph::mul_mat_masked`: the leading activation rows of a call whose mask hides all of
+    // the call's weight rows (a causal mask above the diagonal) are left out and read as 0.
+    let mask = node.src[2].filter(|mk| mk.l.dtype == DType::F32 && mk.l.rows_packed());
+    let masked_lead = |i0: usize, rm: usize, j0: usize, rn: usize, i12: usize, i13: usize| {
+        let Some(mk) = mask else { return 0 };
+        let (m2, m3) = (i12 % mk.l.ne[2], i13 % mk.l.ne[3]);
+        let mut lead = 0;
+        while lead < rn {
+            // SAFETY: the graph checked that mask rows cover every dst row and that a row
+            // holds the `m` weight-row entries; the mask is read-only here.
+            let row = unsafe { mk.row_f32(j0 + lead, m2, m3) };
+            if !row[i0..i0 + rm].iter().all(|&v| v == f32::NEG_INFINITY) {
+                break;
+            }
+            lead += 1;
+        }
+        lead
+    };
     let by_act_rows = n >= 2 * AR * ctx.nth && d.l.dtype == DType::F32 && d.l.rows_packed();
     if by_act_rows {
         let jgroups = n.div_ceil(AR);
@@ -437,15 +455,21 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     }
                     let rn = j1 - j0;
                     g = j1.div_ceil(AR);
-                    let acts = arows(j0, rn, i12, i13);
-                    let k = plan.trimmed_k(k, &acts[..rn]);
-                    plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
+                    let lead = masked_lead(i0, rm, j0, rn, i12, i13);
+                    let (jc, nc) = (j0 + lead, rn - lead);
+                    let acts = arows(jc, nc, i12, i13);
+                    let k = plan.trimmed_k(k, &acts[..nc]);
+                    plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
                     for j in 0..rn {
                         // SAFETY: dst rows j0..j0 + rn of this plane belong to this thread's
                         // task range only (activation-row groups are split across threads).
                         let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
                         for i in 0..rm {
-                            row[i0 + i] = out[i * rn + j];
+                            row[i0 + i] = if j < lead {
+                                0.0
+                            } else {
+                                out[i * nc + j - lead]
+                            };
                         }
                     }
                 }
@@ -469,14 +493,21 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                 n.min(j0 + CALL)
             };
             let rn = end - j0;
-            let acts = arows(j0, rn, i12, i13);
-            let k = plan.trimmed_k(k, &acts[..rn]);
-            plan.dot_tile(k, &w[..rm], &acts[..rn], j0, &mut out[..rm * rn]);
+            let lead = masked_lead(i0, rm, j0, rn, i12, i13);
+            let (jc, nc) = (j0 + lead, rn - lead);
+            let acts = arows(jc, nc, i12, i13);
+            let k = plan.trimmed_k(k, &acts[..nc]);
+            plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
             for i in 0..rm {
                 for j in 0..rn {
+                    let v = if j < lead {
+                        0.0
+                    } else {
+                        out[i * nc + j - lead]
+                    };
                     // SAFETY: dst element (i0 + i, j, i12, i13) belongs to task t, which only
                     // this thread runs.
-                    unsafe { d.set([i0 + i, j0 + j, i12, i13], out[i * rn + j]) };
+                    unsafe { d.set([i0 + i, j0 + j, i12, i13], v) };
                 }
             }
             j0 = end;

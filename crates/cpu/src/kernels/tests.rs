@@ -310,7 +310,11 @@ fn trimmed_zero_tails_keep_every_bit() {
                 .iter()
                 .flat_map(|v| fp32_to_fp16(*v).to_le_bytes())
                 .collect(),
-            _ => rng.vec(k * m, 1.0).iter().flat_map(|v| v.to_le_bytes()).collect(),
+            _ => rng
+                .vec(k * m, 1.0)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
         };
         let arow = plan.act_row_bytes(k).unwrap();
         let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
@@ -331,7 +335,11 @@ fn trimmed_zero_tails_keep_every_bit() {
             let rn = 4.min(n - j0);
             let kt = plan.trimmed_k(k, &ar[j0..j0 + rn]);
             let last = j0 + rn - 1;
-            assert_eq!(kt, (8 * last + 3).min(k).next_multiple_of(8).min(k), "{dtype} rows {j0}..");
+            assert_eq!(
+                kt,
+                (8 * last + 3).min(k).next_multiple_of(8).min(k),
+                "{dtype} rows {j0}.."
+            );
             for isa in isas.iter().copied() {
                 let mut full = vec![0f32; m * rn];
                 let mut trimmed = vec![0f32; m * rn];

@@ -316,7 +316,6 @@ impl<'a> Builder<'a> {
         )?;
 
         let q = self.g.permute(q, [0, 2, 1, 3])?;
-        let kq = self.g.mul_mat(k_view, q)?;
         let mask = if hp.swa_layers[il] {
             self.inputs
                 .kq_mask_swa
@@ -324,6 +323,8 @@ impl<'a> Builder<'a> {
         } else {
             self.inputs.kq_mask
         };
+        // Scores the mask removes need not be computed (a causal mask: about half).
+        let kq = self.g.mul_mat_masked(k_view, q, mask)?;
         let kq = self.g.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
         let kqv = self.g.mul_mat(v_view, kq)?;
         let merged = self.g.permute(kqv, [0, 2, 1, 3])?;
