@@ -443,11 +443,13 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             let (p, g0) = (t / jgroups, t % jgroups);
             let g1 = jgroups.min(g0 + (range.end - t));
             let (i12, i13) = (p % ne12, p / ne12);
-            for i0 in (0..m).step_by(WR) {
-                let rm = WR.min(m - i0);
-                let w = wrows(i0, rm, i12, i13);
-                let mut g = g0;
-                while g < g1 {
+            // Calls in batches whose trimmed `k` is found once for all weight rows (a
+            // zero-tail scan per weight-row group would cost a quarter of the products).
+            let mut g = g0;
+            while g < g1 {
+                let mut calls = [(0usize, 0usize, 0usize); 8];
+                let mut ncalls = 0;
+                while g < g1 && ncalls < calls.len() {
                     let j0 = g * AR;
                     let mut j1 = (j0 + CALL).min(g1 * AR).min(n);
                     if j0 < boundary {
@@ -455,21 +457,30 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     }
                     let rn = j1 - j0;
                     g = j1.div_ceil(AR);
-                    let lead = masked_lead(i0, rm, j0, rn, i12, i13);
-                    let (jc, nc) = (j0 + lead, rn - lead);
-                    let acts = arows(jc, nc, i12, i13);
-                    let k = plan.trimmed_k(k, &acts[..nc]);
-                    plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
-                    for j in 0..rn {
-                        // SAFETY: dst rows j0..j0 + rn of this plane belong to this thread's
-                        // task range only (activation-row groups are split across threads).
-                        let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
-                        for i in 0..rm {
-                            row[i0 + i] = if j < lead {
-                                0.0
-                            } else {
-                                out[i * nc + j - lead]
-                            };
+                    // A `k` that covers every row of the call covers any subset of them.
+                    calls[ncalls] = (j0, rn, plan.trimmed_k(k, &arows(j0, rn, i12, i13)[..rn]));
+                    ncalls += 1;
+                }
+                for i0 in (0..m).step_by(WR) {
+                    let rm = WR.min(m - i0);
+                    let w = wrows(i0, rm, i12, i13);
+                    for &(j0, rn, k) in &calls[..ncalls] {
+                        let lead = masked_lead(i0, rm, j0, rn, i12, i13);
+                        let (jc, nc) = (j0 + lead, rn - lead);
+                        let acts = arows(jc, nc, i12, i13);
+                        plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
+                        for j in 0..rn {
+                            // SAFETY: dst rows j0..j0 + rn of this plane belong to this
+                            // thread's task range only (activation-row groups are split
+                            // across threads).
+                            let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
+                            for i in 0..rm {
+                                row[i0 + i] = if j < lead {
+                                    0.0
+                                } else {
+                                    out[i * nc + j - lead]
+                                };
+                            }
                         }
                     }
                 }
