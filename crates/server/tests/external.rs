@@ -1,19 +1,24 @@
-//! Checks with outside clients: the chat page in headless Chromium, the official
-//! `openai` Python package, and a short loopback load test. The first two skip with a
-//! message when their tool is missing, unless LAMINA_REQUIRE_CHROMIUM /
-//! LAMINA_REQUIRE_OPENAI is set (CI installs both and sets them).
+//! Checks with outside clients: the chat page in headless Chromium (driven over the
+//! DevTools protocol), the official `openai` Python package, and a short loopback load
+//! test. The first two skip with a message when their tool is missing, unless
+//! LAMINA_REQUIRE_CHROMIUM / LAMINA_REQUIRE_OPENAI is set (CI installs both and sets them).
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::{Context, bail};
 use common::*;
+use futures_util::{SinkExt, StreamExt};
 use lamina_server::ServerConfig;
 use lamina_server::fake::FakeEngine;
 use lamina_server::testing;
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
 
 fn required(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
@@ -24,6 +29,231 @@ fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// A Chromium process, killed and reaped however the test ends.
+struct ChromiumProcess(Child);
+
+impl Drop for ChromiumProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts headless Chromium with a DevTools port. Returns the process, the browser's
+/// DevTools websocket URL (printed on stderr once the port is open, `None` if Chromium
+/// exits first), and everything Chromium writes to stderr, for failure messages.
+fn launch_chromium(
+    chromium: &str,
+    profile: &Path,
+) -> (
+    ChromiumProcess,
+    tokio::sync::oneshot::Receiver<String>,
+    Arc<Mutex<String>>,
+) {
+    let mut child = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--remote-debugging-port=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium starts");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let process = ChromiumProcess(child);
+    let (url_tx, url_rx) = tokio::sync::oneshot::channel();
+    let log = Arc::new(Mutex::new(String::new()));
+    let thread_log = Arc::clone(&log);
+    // Keeps draining stderr after the URL so Chromium never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut url_tx = Some(url_tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(url) = line.strip_prefix("DevTools listening on ")
+                && let Some(tx) = url_tx.take()
+            {
+                let _ = tx.send(url.trim().to_string());
+            }
+            let mut log = thread_log.lock().unwrap_or_else(|e| e.into_inner());
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    (process, url_rx, log)
+}
+
+type DevToolsSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A minimal Chrome DevTools Protocol client: one command at a time, with events that
+/// arrive meanwhile kept for [`DevTools::wait_event`].
+struct DevTools {
+    socket: DevToolsSocket,
+    next_id: u64,
+    events: Vec<Value>,
+}
+
+impl DevTools {
+    async fn connect(url: &str) -> anyhow::Result<Self> {
+        let (socket, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+        Ok(Self {
+            socket,
+            next_id: 0,
+            events: Vec::new(),
+        })
+    }
+
+    async fn receive(&mut self) -> anyhow::Result<Value> {
+        loop {
+            let message = self
+                .socket
+                .next()
+                .await
+                .context("the DevTools connection closed")??;
+            match message {
+                Message::Text(text) => return Ok(serde_json::from_str(text.as_str())?),
+                Message::Close(frame) => bail!("the DevTools connection closed: {frame:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `method` (to the page `session`, or to the browser when `None`) and returns
+    /// its result.
+    async fn call(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut command = json!({"id": id, "method": method, "params": params});
+        if let Some(session) = session {
+            command["sessionId"] = json!(session);
+        }
+        self.socket.send(Message::text(command.to_string())).await?;
+        loop {
+            let message = self.receive().await?;
+            if message["id"] == id {
+                if let Some(error) = message.get("error") {
+                    bail!("{method} failed: {error}");
+                }
+                return Ok(message["result"].clone());
+            }
+            if message.get("method").is_some() {
+                self.events.push(message);
+            }
+        }
+    }
+
+    /// Returns the first event, already received or still to come, that `wanted` accepts.
+    async fn wait_event(&mut self, wanted: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+        if let Some(i) = self.events.iter().position(&wanted) {
+            return Ok(self.events.remove(i));
+        }
+        loop {
+            let message = self.receive().await?;
+            if wanted(&message) {
+                return Ok(message);
+            }
+            if message.get("method").is_some() {
+                self.events.push(message);
+            }
+        }
+    }
+}
+
+/// Resolves with the page's HTML once the chat turn has ended (`data-state` "done" or
+/// "error"): the page itself signals it, so nothing here depends on how fast the reply
+/// is generated.
+const HTML_WHEN_TURN_ENDS: &str = r#"new Promise((resolve) => {
+  const ended = () => ["done", "error"].includes(document.body.dataset.state);
+  const finish = () => resolve(document.documentElement.outerHTML);
+  if (ended()) return finish();
+  const observer = new MutationObserver(() => {
+    if (ended()) {
+      observer.disconnect();
+      finish();
+    }
+  });
+  observer.observe(document.body, { attributes: true, attributeFilter: ["data-state"] });
+})"#;
+
+/// Opens `url` in a new tab of the browser at `browser_url`, waits for the page to load
+/// and then for its chat turn to end, and returns the page's HTML.
+async fn chat_page_html(browser_url: &str, url: &str) -> anyhow::Result<String> {
+    let mut devtools = DevTools::connect(browser_url).await?;
+    let target = devtools
+        .call(None, "Target.createTarget", json!({"url": "about:blank"}))
+        .await?;
+    let attached = devtools
+        .call(
+            None,
+            "Target.attachToTarget",
+            json!({"targetId": target["targetId"], "flatten": true}),
+        )
+        .await?;
+    let session = attached["sessionId"]
+        .as_str()
+        .context("no sessionId")?
+        .to_string();
+    let session = Some(session.as_str());
+    devtools.call(session, "Page.enable", json!({})).await?;
+    devtools
+        .call(
+            session,
+            "Page.setLifecycleEventsEnabled",
+            json!({"enabled": true}),
+        )
+        .await?;
+    let navigation = devtools
+        .call(session, "Page.navigate", json!({"url": url}))
+        .await?;
+    if let Some(error) = navigation.get("errorText") {
+        bail!("navigating to {url} failed: {error}");
+    }
+    let loader = navigation["loaderId"].clone();
+    // The load of this navigation's document (not of the about:blank before it); after
+    // it, evaluating runs in the chat page, whose script has already sent the prompt.
+    devtools
+        .wait_event(|event| {
+            event["method"] == "Page.lifecycleEvent"
+                && event["params"]["name"] == "load"
+                && event["params"]["loaderId"] == loader
+        })
+        .await?;
+    let evaluated = devtools
+        .call(
+            session,
+            "Runtime.evaluate",
+            json!({
+                "expression": HTML_WHEN_TURN_ENDS,
+                "awaitPromise": true,
+                "returnByValue": true,
+            }),
+        )
+        .await?;
+    if let Some(exception) = evaluated.get("exceptionDetails") {
+        bail!("evaluating in the page threw: {exception}");
+    }
+    evaluated["result"]["value"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no HTML in {evaluated}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,30 +285,23 @@ async fn chat_page_streams_a_reply_in_headless_chromium() {
 
     let profile = tempfile::tempdir().unwrap();
     let url = format!("http://{addr}/?autotest=hello&temperature=0&max_tokens=40");
-    let args = vec![
-        "--headless".to_string(),
-        "--no-sandbox".into(),
-        "--disable-gpu".into(),
-        "--disable-dev-shm-usage".into(),
-        "--disable-background-networking".into(),
-        "--disable-component-update".into(),
-        "--disable-sync".into(),
-        "--no-first-run".into(),
-        format!("--user-data-dir={}", profile.path().display()),
-        "--virtual-time-budget=20000".into(),
-        "--dump-dom".into(),
-        url,
-    ];
-    let chromium = chromium.to_string();
-    let out = tokio::task::spawn_blocking(move || Command::new(chromium).args(args).output())
-        .await
-        .unwrap()
-        .expect("chromium runs");
-    let dom = String::from_utf8_lossy(&out.stdout);
+    let (_chromium, browser_url, stderr) = launch_chromium(chromium, profile.path());
+    let stderr = || stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A safety net against a hung browser only: the page says when it is done.
+    let limit = Duration::from_secs(300);
+    let dom = tokio::time::timeout(limit, async {
+        let browser_url = browser_url
+            .await
+            .context("chromium exited without opening its DevTools port")?;
+        chat_page_html(&browser_url, &url).await
+    })
+    .await
+    .unwrap_or_else(|_| panic!("chromium hung for {limit:?}\nstderr: {}", stderr()))
+    .unwrap_or_else(|e| panic!("driving chromium failed: {e:#}\nstderr: {}", stderr()));
     assert!(
         dom.contains("data-state=\"done\""),
         "the page did not finish: {dom}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr()
     );
     // The user's message and the streamed answer, which arrived in several chunks.
     assert!(dom.contains("<div class=\"msg user\">hello</div>"), "{dom}");
