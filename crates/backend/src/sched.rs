@@ -556,6 +556,24 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The copy slot the next [`Scheduler::schedule`] uses.
+    pub fn next_slot(&self) -> usize {
+        self.next_slot
+    }
+
+    /// Takes the next copy slot for a graph scheduled earlier in that same slot and run again
+    /// (same graph, new inputs): the slots keep rotating as if it had been scheduled anew.
+    pub fn reuse_slot(&mut self, sg: &ScheduledGraph) -> Result<(), BackendError> {
+        if sg.slot != self.next_slot {
+            return Err(BackendError::Unbound(format!(
+                "graph of copy slot {} reused when slot {} is next",
+                sg.slot, self.next_slot
+            )));
+        }
+        self.next_slot = (self.next_slot + 1) % self.n_slots();
+        Ok(())
+    }
+
     /// Places, splits and allocates `graph` (passes 1–4) in the next copy slot.
     pub fn schedule(
         &mut self,

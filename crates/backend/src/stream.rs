@@ -111,6 +111,18 @@ impl PendingRead {
     pub fn wait_f32(&self) -> Result<Vec<f32>, BackendError> {
         self.wait().map(|b| bytes_to_f32(&b))
     }
+
+    /// [`PendingRead::wait_f32`], appending at most `max` values to `out` (whose allocation
+    /// is reused: no second copy of the data is made).
+    pub fn wait_f32_into(&self, out: &mut Vec<f32>, max: usize) -> Result<(), BackendError> {
+        let b = self.wait()?;
+        out.extend(
+            b.chunks_exact(4)
+                .take(max)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        Ok(())
+    }
 }
 
 /// A device's execution stream. Cheap to clone (clones are the same queue).

@@ -276,3 +276,42 @@ fn copy_slots_are_not_reused_while_read() {
         assert_eq!(p.wait().unwrap(), want[r], "graph {r}");
     }
 }
+
+/// Scheduled graphs run again with new inputs, one per copy slot, many in flight (what the
+/// model does while micro-batches keep their shape): every result is right, and a graph can
+/// only take its own slot's turn.
+#[test]
+fn scheduled_graphs_are_reused_in_their_slots() {
+    let devs = devices(3, true);
+    let w = weights3(&devs);
+    let mut sched = Scheduler::new(devs.clone(), true).unwrap();
+    // (input, output, graph) per slot.
+    let graphs: Vec<_> = (0..PIPELINE_COPIES)
+        .map(|_| {
+            let t = test_graph([&w[0], &w[1], &w[2]], 2);
+            let sg = sched.schedule(t.g, &t.hints).unwrap();
+            (t.x, t.ids[5], sg)
+        })
+        .collect();
+    let rounds = 3 * PIPELINE_COPIES + 2;
+    let want: Vec<Vec<u8>> = (0..rounds)
+        .map(|r| reference(&values(K * N, 300 + r as u32)))
+        .collect();
+    // The next slot is 0 again; slot 1's graph may not take it.
+    assert!(sched.reuse_slot(&graphs[1].2).is_err());
+    let mut pending = Vec::new();
+    for r in 0..rounds {
+        let slot = sched.next_slot();
+        let (x, out, sg) = &graphs[slot];
+        sched.reuse_slot(sg).unwrap();
+        sched
+            .set_input_f32(sg, *x, &values(K * N, 300 + r as u32))
+            .unwrap();
+        sched.compute_async(sg).unwrap();
+        pending.push(sched.get_async(sg, *out).unwrap());
+    }
+    sched.synchronize().unwrap();
+    for (r, p) in pending.iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), want[r], "run {r}");
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lamina_backend::{
     BackendError, Buffer, BufferSlice, BufferType, CommandQueue, Device, DeviceCaps, DeviceKey,
@@ -142,7 +142,13 @@ pub struct CpuStream {
     ev_sync: Event,
     /// Signalled on this stream after the copies it performs as a copy source.
     ev_cpy: Event,
+    /// The last graph ranges prepared, most recent last: a graph run again (the model reuses
+    /// a micro-batch's graph while its shape holds) is not checked and located again.
+    prepared: Mutex<Vec<Arc<exec::Prepared>>>,
 }
+
+/// Prepared graph ranges a stream keeps (a few graph shapes × copy slots).
+const PREPARED_CACHE: usize = 8;
 
 impl CpuStream {
     fn new(
@@ -160,6 +166,7 @@ impl CpuStream {
                     WorkerPool::new(&pool_name, 1).expect("one thread spawns nothing")
                 }),
                 work: Vec::new(),
+                nodes: Vec::new(),
             })?
         } else {
             let pool = WorkerPool::new(&pool_name, threads).map_err(|e| BackendError::Device {
@@ -171,6 +178,7 @@ impl CpuStream {
                 ExecState {
                     pool,
                     work: Vec::new(),
+                    nodes: Vec::new(),
                 },
             )
         };
@@ -180,6 +188,7 @@ impl CpuStream {
             queue,
             ev_sync: Event::new(key, name),
             ev_cpy: Event::new(key, name),
+            prepared: Mutex::new(Vec::new()),
         })
     }
 }
@@ -272,7 +281,28 @@ impl StreamImpl for CpuStream {
         graph: Arc<Graph>,
         nodes: Range<usize>,
     ) -> Result<(), BackendError> {
-        let prepared = exec::prepare(graph, nodes, self.key, &self.name)?;
+        let prepared = {
+            let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+            match cache
+                .iter()
+                .position(|p| Arc::ptr_eq(&p.graph, &graph) && p.nodes == nodes)
+            {
+                // A graph is immutable once shared, so its checks and locations still hold.
+                Some(i) => {
+                    let p = cache.remove(i);
+                    cache.push(p.clone());
+                    p
+                }
+                None => {
+                    let p = Arc::new(exec::prepare(graph, nodes, self.key, &self.name)?);
+                    if cache.len() == PREPARED_CACHE {
+                        cache.remove(0);
+                    }
+                    cache.push(p.clone());
+                    p
+                }
+            }
+        };
         let name = self.name.clone();
         self.queue
             .submit(move |state| exec::execute(state, &prepared, &name))

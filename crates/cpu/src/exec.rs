@@ -369,6 +369,9 @@ pub(crate) struct ExecState {
     pub pool: WorkerPool,
     /// Grow-only scratch (u64 for 8-byte alignment).
     pub work: Vec<u64>,
+    /// The node plans of the graph being run, kept for their allocation (their views are
+    /// only valid during one [`execute`]).
+    pub nodes: Vec<NodePlan>,
 }
 
 /// Runs a prepared graph (on the device's queue thread).
@@ -400,7 +403,8 @@ pub(crate) fn execute(
         })
     };
     let nth = state.pool.threads();
-    let mut nodes = Vec::new();
+    let mut nodes = std::mem::take(&mut state.nodes);
+    nodes.clear();
     let mut work_bytes = 0usize;
     for id in graph.ids().skip(p.nodes.start).take(p.nodes.len()) {
         let t = graph.tensor(id);
@@ -438,6 +442,7 @@ pub(crate) fn execute(
         }
     });
     drop(guards);
+    state.nodes = nodes;
     if !ok {
         return Err(BackendError::Device {
             device: device_name.to_owned(),

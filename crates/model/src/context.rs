@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use lamina_backend::{PendingRead, Scheduler};
+use lamina_backend::{PendingRead, ScheduledGraph, Scheduler};
 use lamina_core::DType;
 use lamina_core::graph::BufferMemory;
+use lamina_core::graph::TensorId;
 
-use crate::arch::{BuildContext, GraphShape, build_graph};
+use crate::arch::{BuildContext, GraphInputs, GraphShape, build_graph};
 use crate::kv_cache::{KvCache, MAX_SEQUENCES};
 use crate::{Model, ModelError};
 
@@ -103,6 +104,21 @@ pub struct Context {
     logits: Vec<f32>,
     /// For each token of the last batch, its row in `logits`.
     output_rows: Vec<Option<usize>>,
+    /// Per copy slot of the scheduler, the last graph scheduled in it: run again, with new
+    /// inputs, while micro-batches keep its shape (token generation: 256 steps, until the
+    /// attended cells grow past the next multiple of 256), so that building, placing and
+    /// allocating a graph is not repeated for every token.
+    graphs: Vec<Option<CachedGraph>>,
+    /// Graphs built and scheduled so far (the rest were reused).
+    graph_builds: usize,
+}
+
+/// A scheduled graph kept for reuse.
+struct CachedGraph {
+    shape: GraphShape,
+    sg: ScheduledGraph,
+    inputs: GraphInputs,
+    logits: TensorId,
 }
 
 impl Context {
@@ -135,6 +151,8 @@ impl Context {
             kv,
             logits: Vec::new(),
             output_rows: Vec::new(),
+            graphs: Vec::new(),
+            graph_builds: 0,
         };
         // Size the compute buffer once for the worst case: a full micro-batch over the whole cache.
         let worst = GraphShape {
@@ -145,6 +163,7 @@ impl Context {
         };
         let built = build_graph(&ctx.build_context(), worst)?;
         ctx.sched.reserve(built.graph, &built.hints)?;
+        ctx.graphs = (0..ctx.sched.n_slots()).map(|_| None).collect();
         Ok(ctx)
     }
 
@@ -165,6 +184,12 @@ impl Context {
     }
 
     /// The scheduler running this context's graphs.
+    /// How many micro-batch graphs this context has built and scheduled; a micro-batch with
+    /// the shape of the last one in its copy slot reuses that graph instead.
+    pub fn graph_builds(&self) -> usize {
+        self.graph_builds
+    }
+
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
     }
@@ -257,23 +282,21 @@ impl Context {
             }
         }
         let result = result.and_then(|()| self.sched.synchronize().map_err(ModelError::from));
-        let mut rows = Vec::new();
+        // Straight into `self.logits`, whose allocation is kept from batch to batch.
         let result = result.and_then(|()| {
             for f in &in_flight {
-                rows.push(f.finish(self.model.hparams.n_vocab as usize)?);
+                f.finish_into(self.model.hparams.n_vocab as usize, &mut self.logits)?;
             }
             Ok(())
         });
         if let Err(e) = result {
+            self.logits.clear();
             // What was queued may have half-run: forget all of this batch's cells.
             let _ = self.sched.synchronize();
             for f in &in_flight {
                 self.kv.release(&f.cells);
             }
             return Err(e);
-        }
-        for r in rows {
-            self.logits.extend_from_slice(&r);
         }
         Ok(())
     }
@@ -349,20 +372,34 @@ impl Context {
             n_outputs,
             embeddings,
         };
-        let built = build_graph(&self.build_context(), shape)?;
-        let io = built.inputs;
-        let sg = self.sched.schedule(built.graph, &built.hints)?;
+        let slot = self.sched.next_slot();
+        match &self.graphs[slot] {
+            Some(c) if c.shape == shape => self.sched.reuse_slot(&c.sg)?,
+            _ => {
+                let built = build_graph(&self.build_context(), shape)?;
+                let sg = self.sched.schedule(built.graph, &built.hints)?;
+                self.graph_builds += 1;
+                self.graphs[slot] = Some(CachedGraph {
+                    shape,
+                    sg,
+                    inputs: built.inputs,
+                    logits: built.logits,
+                });
+            }
+        }
+        let cached = self.graphs[slot].as_ref().expect("cached above");
+        let (sg, io) = (&cached.sg, cached.inputs);
         let sched = &self.sched;
         let tokens: Vec<i32> = ubatch.iter().map(|t| t.token as i32).collect();
         let pos: Vec<i32> = ubatch.iter().map(|t| t.pos).collect();
-        sched.set_input_i32(&sg, io.tokens, &tokens)?;
-        sched.set_input_i32(&sg, io.pos, &pos)?;
-        sched.set_input_f32(&sg, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
+        sched.set_input_i32(sg, io.tokens, &tokens)?;
+        sched.set_input_i32(sg, io.pos, &pos)?;
+        sched.set_input_f32(sg, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
         if let Some(swa) = io.kq_mask_swa {
-            sched.set_input_f32(&sg, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
+            sched.set_input_f32(sg, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
         }
         let k_idxs: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
-        sched.set_input_i32(&sg, io.k_idxs, &k_idxs)?;
+        sched.set_input_i32(sg, io.k_idxs, &k_idxs)?;
         // Transposed V: element (d, token t) goes to row d * size + cell(t).
         let n_embd_v = hp.n_embd_v_gqa(0) as usize;
         let size = self.kv.size();
@@ -370,15 +407,15 @@ impl Context {
             .iter()
             .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32))
             .collect();
-        sched.set_input_i32(&sg, io.v_idxs, &v_idxs)?;
+        sched.set_input_i32(sg, io.v_idxs, &v_idxs)?;
         let out_ids = if out_ids.is_empty() {
             vec![n_tokens as i32 - 1]
         } else {
             out_ids
         };
-        sched.set_input_i32(&sg, io.out_ids, &out_ids)?;
-        sched.compute_async(&sg)?;
-        let pending = sched.get_async(&sg, built.logits)?;
+        sched.set_input_i32(sg, io.out_ids, &out_ids)?;
+        sched.compute_async(sg)?;
+        let pending = sched.get_async(sg, cached.logits)?;
         let wanted = ubatch.iter().filter(|t| t.logits).count();
         Ok((pending, wanted))
     }
@@ -473,8 +510,13 @@ struct InFlight {
 impl InFlight {
     /// The wanted rows of width `width`, once the devices are done.
     fn finish(&self, width: usize) -> Result<Vec<f32>, ModelError> {
-        let mut rows = self.pending.wait_f32()?;
-        rows.truncate(self.wanted * width);
+        let mut rows = Vec::new();
+        self.finish_into(width, &mut rows)?;
         Ok(rows)
+    }
+
+    /// [`InFlight::finish`], appended to `out`.
+    fn finish_into(&self, width: usize, out: &mut Vec<f32>) -> Result<(), ModelError> {
+        Ok(self.pending.wait_f32_into(out, self.wanted * width)?)
     }
 }

@@ -131,6 +131,7 @@ fn check_model(name: &str) {
             .unwrap_or(greedy.len())
             .min(32);
         let mut next = argmax(ctx.last_logits().unwrap());
+        let builds = ctx.graph_builds();
         for (step, (&want, pos)) in greedy.iter().zip(tokens.len() as i32..).enumerate() {
             // The README's rule is the tokens before the first near-tie (`safe`); Lamina's
             // arithmetic is llama.cpp's, so the whole continuation must match.
@@ -150,6 +151,14 @@ fn check_model(name: &str) {
             ctx.decode(&Batch::sequence(&[next], pos, 0)).unwrap();
             next = argmax(ctx.last_logits().unwrap());
         }
+        // One-token steps over fewer than 256 cells all have one shape: after at most one
+        // build per copy slot, every step reuses its graph (and still matches llama.cpp).
+        let built = ctx.graph_builds() - builds;
+        assert!(
+            built <= ctx.scheduler().n_slots() && built < greedy.len() - 1,
+            "{name}: {built} graphs built for {} generation steps",
+            greedy.len() - 1
+        );
     }
 }
 

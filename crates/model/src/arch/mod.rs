@@ -46,8 +46,9 @@ pub struct BuiltGraph {
     pub hints: Vec<DeviceHint>,
 }
 
-/// The sizes one graph is built for.
-#[derive(Clone, Copy, Debug)]
+/// The sizes one graph is built for: everything a graph depends on besides the model and
+/// its cache, so a graph built for a shape can be run again for any batch of that shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GraphShape {
     pub n_tokens: usize,
     /// Cells attention looks at.
