@@ -217,24 +217,61 @@ unsafe fn q0<const T: u8, const RN: usize>(
     let mut acc = [[_mm256_setzero_ps(); RN]; 4];
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
-        let ov = _mm256_set1_epi8(offset as i8);
+        let ov = _mm512_set1_epi8(offset as i8);
         let mut dds = [[0f32; 16]; CHUNK];
-        for ib in 0..nb {
-            let off = ib * bx;
+        let fill = |ib: usize, dds: &mut [[f32; 16]; CHUNK]| {
+            for c in 0..CHUNK.min(nb - ib) {
+                let o = (ib + c) * bx;
+                outer4(scales4(w, o), scales4(a, (ib + c) * 34), &mut dds[c]);
+            }
+        };
+        // Two blocks per 512-bit vector: the integer work (lane sums, conversion) is done
+        // once for both; the FMAs stay one per block, in block order.
+        let mut ib = 0;
+        while ib + 2 <= nb {
             if ib % CHUNK == 0 {
-                for c in 0..CHUNK.min(nb - ib) {
-                    let o = (ib + c) * bx;
-                    outer4(scales4(w, o), scales4(a, (ib + c) * 34), &mut dds[c]);
+                fill(ib, &mut dds);
+            }
+            let (dd0, dd1) = (&dds[ib % CHUNK], &dds[(ib + 1) % CHUNK]);
+            let mut u = [_mm512_setzero_si512(); 4];
+            for i in 0..4 {
+                u[i] = q0_unsigned2::<T>(w[i].add(ib * bx), w[i].add((ib + 1) * bx));
+            }
+            for j in 0..RN {
+                let y = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(
+                        a[j].add(ib * 34 + 2) as *const __m256i
+                    )),
+                    _mm256_loadu_si256(a[j].add(ib * 34 + 36) as *const __m256i),
+                    1,
+                );
+                // -o·Σy per lane, the start of every weight row's lane sums.
+                let corr = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), ov, y),
+                );
+                for i in 0..4 {
+                    let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, u[i], y));
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(q), 1));
+                    fmadd_bcast!(acc[i][j], _mm512_castps512_ps256(q), &dd0[4 * i + j]);
+                    fmadd_bcast!(acc[i][j], hi, &dd1[4 * i + j]);
                 }
+            }
+            ib += 2;
+        }
+        if ib < nb {
+            // The last block of an odd count.
+            if ib % CHUNK == 0 {
+                fill(ib, &mut dds);
             }
             let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
             for i in 0..4 {
-                u[i] = q0_unsigned::<T>(w[i].add(off));
+                u[i] = q0_unsigned::<T>(w[i].add(ib * bx));
             }
+            let ov = _mm256_set1_epi8(offset as i8);
             for j in 0..RN {
                 let y = _mm256_loadu_si256(a[j].add(ib * 34 + 2) as *const __m256i);
-                // -o·Σy per lane, the start of every weight row's lane sums.
                 let corr = _mm256_sub_epi32(
                     _mm256_setzero_si256(),
                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ov, y),
@@ -252,6 +289,37 @@ unsafe fn q0<const T: u8, const RN: usize>(
             }
         }
         out
+    }
+}
+
+/// [`q0_unsigned`] of two blocks, `xb0`'s in the low half. Q5_0 (the common case) is unpacked
+/// for both blocks at once.
+#[inline(always)]
+unsafe fn q0_unsigned2<const T: u8>(xb0: *const u8, xb1: *const u8) -> __m512i {
+    // SAFETY: both point at whole blocks; AVX-512 F/BW enabled by the caller.
+    unsafe {
+        if T == 1 {
+            let qs = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(xb0.add(6) as *const __m128i)),
+                _mm_loadu_si128(xb1.add(6) as *const __m128i),
+                1,
+            );
+            let m4 = _mm256_set1_epi8(0xF);
+            let lo = _mm256_and_si256(qs, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+            // [lo0 lo1 hi0 hi1] (16 bytes each) to [lo0 hi0 lo1 hi1].
+            let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let z = _mm512_shuffle_i64x2(z, z, 0b11_01_10_00);
+            let qh = u64::from(xb0.add(2).cast::<u32>().read_unaligned())
+                | u64::from(xb1.add(2).cast::<u32>().read_unaligned()) << 32;
+            _mm512_mask_add_epi8(z, qh, z, _mm512_set1_epi8(16))
+        } else {
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(q0_unsigned::<T>(xb0)),
+                q0_unsigned::<T>(xb1),
+                1,
+            )
+        }
     }
 }
 
