@@ -136,7 +136,22 @@ pub fn plan_graph_where(
         let t = graph.tensor(id);
         if needs_memory(graph, id) && t.op.is_compute() {
             let size = size_of(id)?;
-            let off = fl.alloc(size);
+            // In place: the first source's memory, when this node is its last reader and
+            // nothing else (a view, a pin, another operand) holds it.
+            let inplace = t.src[0]
+                .filter(|&s| {
+                    t.op.runs_in_place()
+                        && graph.tensor(s).view_src.is_none()
+                        && graph.tensor(s).layout == t.layout
+                        && last_use[s.index()] == id.index()
+                        && !pinned(s)
+                        && t.src[1..].iter().flatten().all(|&o| graph.root(o) != s)
+                })
+                .and_then(|s| placed[s.index()].filter(|&(_, sz)| sz == size).map(|_| s));
+            let off = match inplace {
+                Some(s) => placed[s.index()].take().expect("checked above").0,
+                None => fl.alloc(size),
+            };
             placed[id.index()] = Some((off, size));
             offsets.push((id, off));
         }

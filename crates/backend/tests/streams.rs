@@ -605,3 +605,56 @@ fn async_copy_waits_for_queued_destination_work() {
         assert_eq!(second.wait_f32().unwrap(), want(&new), "round {round}");
     }
 }
+
+/// Softmax takes the memory of scores nothing else reads (ggml-alloc's in-place reuse) and
+/// computes the same bits as out of place; scores read again later keep their own memory.
+#[test]
+fn softmax_runs_in_place_over_scores_nothing_else_reads() {
+    let dev = &devices(1)[0];
+    // `pin`: the scores are also an output, so they may not be overwritten.
+    let build = |pin: bool| {
+        let mut g = Graph::new();
+        let w = g.new_input(DType::F32, &[16, 24]).unwrap();
+        let x = g.new_input(DType::F32, &[16, 8]).unwrap();
+        let kq = g.mul_mat(w, x).unwrap();
+        let sm = g.soft_max_ext(kq, None, 0.3, 0.0).unwrap();
+        let out = g.scale(sm, 2.0).unwrap();
+        g.set_output(out).unwrap();
+        if pin {
+            g.set_output(kq).unwrap();
+        }
+        (g, [w, x, kq, sm, out])
+    };
+    let wv: Vec<f32> = (0..16 * 24)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+        .collect();
+    let xv: Vec<f32> = (0..16 * 8)
+        .map(|i| ((i * 13 % 29) as f32 - 14.0) / 5.0)
+        .collect();
+    let mut results = Vec::new();
+    for pin in [false, true] {
+        let (mut g, [w, x, kq, sm, out]) = build(pin);
+        let plan = plan_graph(&g, &dev.buffer_type()).unwrap();
+        let off = |id: TensorId| plan.offsets.iter().find(|p| p.0 == id).unwrap().1;
+        assert_eq!(
+            off(kq) == off(sm),
+            !pin,
+            "in place unless the scores are pinned"
+        );
+        let mut alloc = GraphAllocator::new(dev.buffer_type());
+        alloc.allocate(&mut g).unwrap();
+        let g = Arc::new(g);
+        let s = dev.stream();
+        s.set_async(&BufferSlice::of_tensor(&g, w).unwrap(), f32_to_bytes(&wv))
+            .unwrap();
+        s.set_async(&BufferSlice::of_tensor(&g, x).unwrap(), f32_to_bytes(&xv))
+            .unwrap();
+        s.compute_async(g.clone()).unwrap();
+        let r = s
+            .get_async(&BufferSlice::of_tensor(&g, out).unwrap())
+            .unwrap();
+        s.synchronize().unwrap();
+        results.push(r.wait().unwrap());
+    }
+    assert_eq!(results[0], results[1]);
+}

@@ -195,6 +195,14 @@ impl Op {
     pub fn is_compute(&self) -> bool {
         !matches!(self, Op::Leaf) && !self.is_view()
     }
+
+    /// Ops whose output may take the memory of their first source (same size, and no later
+    /// reader of that source), as ggml-alloc lets them: each output row depends only on the
+    /// same input row, which backends read before writing. Softmax is the one that matters:
+    /// attention scores are the largest intermediates of a prompt.
+    pub fn runs_in_place(&self) -> bool {
+        matches!(self, Op::SoftMax { .. })
+    }
 }
 
 /// A node of the graph.

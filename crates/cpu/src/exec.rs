@@ -30,6 +30,11 @@ unsafe impl Send for TView {}
 unsafe impl Sync for TView {}
 
 impl TView {
+    /// Whether both views start at the same address (an op running in place).
+    pub fn same_start(&self, other: &TView) -> bool {
+        self.ptr == other.ptr
+    }
+
     #[inline]
     fn at(&self, i: [usize; 4]) -> *mut u8 {
         self.ptr.wrapping_add(self.l.offset_of(i))
@@ -339,7 +344,12 @@ pub(crate) fn prepare(
             }
             let (sb, soff) = locate(s, &mut loc)?;
             let sspan = graph.tensor(s).layout.span_bytes();
-            if sb == db && soff < doff + dspan && doff < soff + sspan {
+            // An op that runs in place may write exactly over its first source.
+            let in_place = t.op.runs_in_place()
+                && Some(s) == t.src[0]
+                && (sb, soff) == (db, doff)
+                && graph.tensor(s).layout == t.layout;
+            if !in_place && sb == db && soff < doff + dspan && doff < soff + sspan {
                 return Err(BackendError::Device {
                     device: device_name.to_owned(),
                     message: format!("output {id} of {} overlaps its input {s}", t.op.name()),

@@ -660,7 +660,15 @@ fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCt
         // SAFETY: dst row r owned by this thread; sources read-only; scratch slots are this
         // thread's; the mask row index is in range (mask.ne1 >= ne1, broadcast by modulo).
         unsafe {
-            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let buf = scratch(work, ctx, node, 0, a.l.ne[0]);
+            let x = if a.same_start(&d) {
+                // In place (see `Op::runs_in_place`): the row is copied out before the output
+                // row is borrowed over it.
+                buf.copy_from_slice(&a.row_f32(i1, i2, i3)[..a.l.ne[0]]);
+                &*buf
+            } else {
+                src_row(&a, i1, i2, i3, buf)
+            };
             let y = d.row_f32_mut(i1, i2, i3);
             let mrow = mask.map(|m| {
                 let (m2, m3) = (i2 % m.l.ne[2], i3 % m.l.ne[3]);
