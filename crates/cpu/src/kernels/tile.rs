@@ -70,7 +70,7 @@ pub(crate) fn tile_at(
                 && acts.iter().all(|r| r.len() >= nb * by),
             "tile rows too short"
         );
-        if isa >= Isa::Avx512 && avx512::covers(kind, w.len(), acts.len()) {
+        if isa >= Isa::Avx512 && avx512::covers(kind, nb, w.len(), acts.len()) {
             // SAFETY: the AVX-512 tier is detected (asserted above); every row holds `nb`
             // blocks (checked above); `covers` holds.
             unsafe { avx512::run(kind, nb, w, acts, out) };

@@ -14,7 +14,12 @@ use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
 /// Whether [`run`] has a kernel for this product.
-pub(super) fn covers(kind: super::TileKind, nw: usize, na: usize) -> bool {
+pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> bool {
+    if matches!(kind, super::TileKind::Q0(_) | super::TileKind::Q1(_))
+        && (nb > MAX_BLOCKS || nw > MAX_W || na > MAX_A)
+    {
+        return false;
+    }
     matches!(
         kind,
         super::TileKind::Q0(_)
@@ -77,15 +82,101 @@ pub(super) unsafe fn run(
     }
     // SAFETY (all arms): by this function's contract.
     match kind {
-        super::TileKind::Q0(0) => tiles!(q0, 0),
-        super::TileKind::Q0(1) => tiles!(q0, 1),
-        super::TileKind::Q0(2) => tiles!(q0, 2),
-        super::TileKind::Q0(_) => tiles!(q0, 3),
-        super::TileKind::Q1(false) => tiles!(q1, 0),
-        super::TileKind::Q1(true) => tiles!(q1, 1),
+        super::TileKind::Q0(0) => unsafe { scaled::<0, false>(nb, w, a, out) },
+        super::TileKind::Q0(1) => unsafe { scaled::<1, false>(nb, w, a, out) },
+        super::TileKind::Q0(2) => unsafe { scaled::<2, false>(nb, w, a, out) },
+        super::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
+        super::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
+        super::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
         super::TileKind::Q4KGemv => tiles!(q4k, 0),
         super::TileKind::Q4KGemm => tiles!(q4k, 1),
         _ => unreachable!("avx512::run called without a kernel"),
+    }
+}
+
+/// Blocks per row the Q0/Q1 tiles take (k up to 16384): their per-call scale tables live on
+/// the stack.
+pub(super) const MAX_BLOCKS: usize = 512;
+/// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16).
+const MAX_W: usize = 8;
+const MAX_A: usize = 16;
+
+/// The Q0 (`Q1 == false`) or Q1 tiles over the whole product. Each row group's block scales
+/// are converted once per call (f16 to f32, as `[d0 d1 d2 d3]` or `[d0 m0 … d3 m3]` per block)
+/// and shared by every tile of the group, instead of once per tile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn scaled<const T: u8, const Q1: bool>(
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    let (bx, by) = if Q1 {
+        (if T == 0 { 20 } else { 24 }, 36)
+    } else {
+        (q0_bytes(T), 34)
+    };
+    let na = a.len();
+    // One table per group of 4 rows, uninitialised until written (only `nb` entries of a
+    // group are written and read).
+    let mut tw: [std::mem::MaybeUninit<[__m256; MAX_BLOCKS]>; MAX_W / 4] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_W / 4];
+    let mut ta: [std::mem::MaybeUninit<[__m256; MAX_BLOCKS]>; MAX_A / 4] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_A / 4];
+    // SAFETY: rows hold `nb <= MAX_BLOCKS` blocks and there are at most `MAX_W`/`MAX_A` rows
+    // (`covers`); entries 0..nb of a table are written before they are read.
+    unsafe {
+        let table = |rows: [*const u8; 4], stride: usize, t: *mut __m256| {
+            for b in 0..nb {
+                let v = if Q1 {
+                    pairs4(rows, b * stride)
+                } else {
+                    _mm256_castps128_ps256(scales4(rows, b * stride))
+                };
+                t.add(b).write(v);
+            }
+        };
+        let group = |rows: &[&[u8]], g: usize| -> [*const u8; 4] {
+            let n = rows.len() - 4 * g;
+            std::array::from_fn(|j| rows[4 * g + j.min(n - 1)].as_ptr())
+        };
+        let ngw = w.len() / 4;
+        let nga = na.div_ceil(4);
+        for g in 0..ngw {
+            table(group(w, g), bx, tw[g].as_mut_ptr().cast::<__m256>());
+        }
+        for g in 0..nga {
+            table(group(a, g), by, ta[g].as_mut_ptr().cast::<__m256>());
+        }
+        for g in 0..ngw {
+            let wp = group(w, g);
+            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m256>(), nb);
+            for h in 0..nga {
+                let ap = group(a, h);
+                let sa = std::slice::from_raw_parts(ta[h].as_ptr().cast::<__m256>(), nb);
+                let rn = (na - 4 * h).min(4);
+                macro_rules! k {
+                    ($n:literal, $p:expr) => {
+                        if Q1 {
+                            spread(q1::<T, $n>(nb, wp, $p, sw, sa))
+                        } else {
+                            spread(q0::<T, $n>(nb, wp, $p, sw, sa))
+                        }
+                    };
+                }
+                let r = match rn {
+                    1 => k!(1, [ap[0]]),
+                    2 => k!(2, [ap[0], ap[1]]),
+                    3 => k!(3, [ap[0], ap[1], ap[2]]),
+                    _ => k!(4, ap),
+                };
+                for i in 0..4 {
+                    for j in 0..rn {
+                        out[(4 * g + i) * na + 4 * h + j] = r[i][j];
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -207,6 +298,8 @@ unsafe fn q0<const T: u8, const RN: usize>(
     nb: usize,
     w: [*const u8; 4],
     a: [*const u8; RN],
+    sw: &[__m256],
+    sa: &[__m256],
 ) -> [[f32; RN]; 4] {
     let bx = q0_bytes(T);
     let offset = match T {
@@ -221,8 +314,12 @@ unsafe fn q0<const T: u8, const RN: usize>(
         let mut dds = [[0f32; 16]; CHUNK];
         let fill = |ib: usize, dds: &mut [[f32; 16]; CHUNK]| {
             for c in 0..CHUNK.min(nb - ib) {
-                let o = (ib + c) * bx;
-                outer4(scales4(w, o), scales4(a, (ib + c) * 34), &mut dds[c]);
+                let (dx, dy) = (sw[ib + c], sa[ib + c]);
+                outer4(
+                    _mm256_castps256_ps128(dx),
+                    _mm256_castps256_ps128(dy),
+                    &mut dds[c],
+                );
             }
         };
         // Two blocks per 512-bit vector: the integer work (lane sums, conversion) is done
@@ -331,6 +428,8 @@ unsafe fn q1<const T: u8, const RN: usize>(
     nb: usize,
     w: [*const u8; 4],
     a: [*const u8; RN],
+    sw: &[__m256],
+    sa: &[__m256],
 ) -> [[f32; RN]; 4] {
     let bx = if T == 0 { 20 } else { 24 };
     let mut acc = [[_mm256_setzero_ps(); RN]; 4];
@@ -348,8 +447,8 @@ unsafe fn q1<const T: u8, const RN: usize>(
             let off = ib * bx;
             if ib % CHUNK == 0 {
                 for c in 0..CHUNK.min(nb - ib) {
-                    let pw = _mm512_castps256_ps512(pairs4(w, (ib + c) * bx));
-                    let pa = _mm512_castps256_ps512(pairs4(a, (ib + c) * 36));
+                    let pw = _mm512_castps256_ps512(sw[ib + c]);
+                    let pa = _mm512_castps256_ps512(sa[ib + c]);
                     // dd[4i + j] = d_i * d_j, one rounding each.
                     _mm512_storeu_ps(
                         dds[c].as_mut_ptr(),
