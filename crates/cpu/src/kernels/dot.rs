@@ -268,11 +268,19 @@ fn q4k_scales_mins(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
     utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
     utmp[2] = uaux;
     utmp[0] &= KMASK1;
-    let b = |i: usize| utmp[i / 4].to_le_bytes()[i % 4];
-    (std::array::from_fn(b), std::array::from_fn(|i| b(i + 8)))
+    // Little-endian words are the bytes in order (no closures: this is inlined into
+    // target-feature kernels).
+    let mut scales = [0u8; 8];
+    let mut mins = [0u8; 8];
+    scales[..4].copy_from_slice(&utmp[0].to_le_bytes());
+    scales[4..].copy_from_slice(&utmp[1].to_le_bytes());
+    mins[..4].copy_from_slice(&utmp[2].to_le_bytes());
+    mins[4..].copy_from_slice(&utmp[3].to_le_bytes());
+    (scales, mins)
 }
 
 /// Q4_K's 8 scales and 8 mins (for the repacked kernels).
+#[inline(always)]
 pub(crate) fn q4k_scales_mins_pub(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
     q4k_scales_mins(sc)
 }
