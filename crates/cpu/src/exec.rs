@@ -104,6 +104,27 @@ impl TView {
         }
     }
 
+    /// Stores `vals` at elements `i`, `i + [1, 0, 0, 0]`, … (a run along dim 0), converting as
+    /// [`TView::set`] does; f32 directly through the stride.
+    ///
+    /// # Safety
+    /// The run is in range and this thread is its elements' only user.
+    #[inline(always)]
+    pub unsafe fn set_run(&self, i: [usize; 4], vals: &[f32]) {
+        let p = self.at(i);
+        let step = self.l.nb[0];
+        for (k, &v) in vals.iter().enumerate() {
+            // SAFETY: in range by contract; alignment validated at enqueue.
+            unsafe {
+                if self.l.dtype == DType::F32 {
+                    *(p.wrapping_add(k * step) as *mut f32) = v;
+                } else {
+                    self.set([i[0] + k, i[1], i[2], i[3]], v);
+                }
+            }
+        }
+    }
+
     /// Stores `v` at element `i`, converting to the tensor's type (f32, f16, bf16, i32).
     ///
     /// # Safety

@@ -395,14 +395,13 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     let mut out = [0f32; WR * CALL];
     // Weight rows i0..i0 + rm of plane (i12, i13), as an array.
     let wrows = |i0: usize, rm: usize, i12: usize, i13: usize| -> [&[u8]; WR] {
-        std::array::from_fn(|i| {
-            if i < rm {
-                // SAFETY: row in range; weights are read-only during the node.
-                unsafe { a.row(i0 + i, i12 / r2, i13 / r3) }
-            } else {
-                &[]
-            }
-        })
+        let (p2, p3) = (i12 / r2, i13 / r3);
+        let mut rows: [&[u8]; WR] = [&[]; WR];
+        for (i, row) in rows.iter_mut().enumerate().take(rm) {
+            // SAFETY: row in range; weights are read-only during the node.
+            *row = unsafe { a.row(i0 + i, p2, p3) };
+        }
+        rows
     };
     // Converted activation rows j0..j0 + rn of plane (i12, i13).
     let arows = |j0: usize, rn: usize, i12: usize, i13: usize| -> [&[u8]; CALL] {
@@ -509,17 +508,16 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             let acts = arows(jc, nc, i12, i13);
             let k = plan.trimmed_k(k, &acts[..nc]);
             plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
-            for i in 0..rm {
-                for j in 0..rn {
-                    let v = if j < lead {
-                        0.0
-                    } else {
-                        out[i * nc + j - lead]
-                    };
-                    // SAFETY: dst element (i0 + i, j, i12, i13) belongs to task t, which only
-                    // this thread runs.
-                    unsafe { d.set([i0 + i, j0 + j, i12, i13], v) };
+            for j in 0..rn {
+                let mut col = [0f32; WR];
+                if j >= lead {
+                    for i in 0..rm {
+                        col[i] = out[i * nc + j - lead];
+                    }
                 }
+                // SAFETY: dst elements (i0..i0 + rm, j, i12, i13) belong to task t, which only
+                // this thread runs.
+                unsafe { d.set_run([i0, j0 + j, i12, i13], &col[..rm]) };
             }
             j0 = end;
         }
