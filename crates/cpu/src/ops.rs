@@ -406,14 +406,12 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // Converted activation rows j0..j0 + rn of plane (i12, i13).
     let arows = |j0: usize, rn: usize, i12: usize, i13: usize| -> [&[u8]; CALL] {
         let plane = n * (i12 + ne12 * i13);
-        std::array::from_fn(|j| {
-            if j < rn {
-                // SAFETY: the converted area is complete (barrier) and only read from now on.
-                unsafe { work.bytes_ref((plane + j0 + j) * brow, brow) }
-            } else {
-                &[]
-            }
-        })
+        let mut rows: [&[u8]; CALL] = [&[]; CALL];
+        for (j, row) in rows.iter_mut().enumerate().take(rn) {
+            // SAFETY: the converted area is complete (barrier) and only read from now on.
+            *row = unsafe { work.bytes_ref((plane + j0 + j) * brow, brow) };
+        }
+        rows
     };
     // `Graph::mul_mat_masked`: the leading activation rows of a call whose mask hides all of
     // the call's weight rows (a causal mask above the diagonal) are left out and read as 0.
