@@ -296,7 +296,7 @@ mod avx2 {
 
     /// [`ld_f16`] where only the 2 bytes of the f16 are readable (the last field of a block).
     #[inline(always)]
-    unsafe fn ld_f16_last(p: *const u8) -> f32 {
+    pub(super) unsafe fn ld_f16_last(p: *const u8) -> f32 {
         // SAFETY: 2 readable bytes at `p` by the caller's contract; F16C enabled by the caller.
         unsafe {
             let h = p.cast::<u16>().read_unaligned();
@@ -333,6 +333,45 @@ mod avx2 {
             let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
             _mm_cvtsi128_si32(s)
+        }
+    }
+
+    /// The float step of the repacked-Q4_K kernels for one output and superblock, from the
+    /// exact integer sums `p` (per sub-block pair, 8 lanes each) and `imin` (the 4 min sums):
+    /// `G == 0` (gemv) one FMA per superblock, `G == 1` (gemm) one per pair of sub-blocks;
+    /// `scales` is `(d, dmin, activation d)`.
+    #[inline(always)]
+    pub(super) unsafe fn q4k_accumulate<const G: u8>(
+        p: &[__m256i; 4],
+        imin: __m128i,
+        (d, dmin, yd): (f32, f32, f32),
+        acc: &mut f32,
+        acc_min: &mut f32,
+    ) {
+        // SAFETY: register-only intrinsics and local stores; AVX2 enabled by the caller.
+        unsafe {
+            if G == 0 {
+                let all =
+                    _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+                let sum = hsum_i32(all);
+                let smin = hsum_i32x4(imin);
+                *acc = (sum as f32).mul_add(d * yd, *acc);
+                *acc_min = (smin as f32).mul_add(dmin * yd, *acc_min);
+            } else {
+                let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                let h = _mm256_hadd_epi32(h01, h23);
+                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let mut iacc = [0f32; 4];
+                let mut imf = [0f32; 4];
+                _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
+                _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
+                let (dd, dm) = (d * yd, dmin * yd);
+                for sb in 0..4 {
+                    *acc = iacc[sb].mul_add(dd, *acc);
+                    *acc_min = imf[sb].mul_add(dm, *acc_min);
+                }
+            }
         }
     }
 
@@ -632,36 +671,13 @@ mod avx2 {
                                 _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q8h), scl[2 * sb + 1]);
                             p[sb] = _mm256_add_epi32(pl, ph);
                         }
-                        if G == 0 {
-                            let all = _mm256_add_epi32(
-                                _mm256_add_epi32(p[0], p[1]),
-                                _mm256_add_epi32(p[2], p[3]),
-                            );
-                            let sum = hsum_i32(all);
-                            let smin = hsum_i32x4(imin);
-                            acc[i][j] = (sum as f32).mul_add(d * yd[j], acc[i][j]);
-                            acc_min[i][j] = (smin as f32).mul_add(dmin * yd[j], acc_min[i][j]);
-                        } else {
-                            let h01 = _mm256_hadd_epi32(p[0], p[1]);
-                            let h23 = _mm256_hadd_epi32(p[2], p[3]);
-                            let h = _mm256_hadd_epi32(h01, h23);
-                            let s = _mm_add_epi32(
-                                _mm256_castsi256_si128(h),
-                                _mm256_extracti128_si256(h, 1),
-                            );
-                            let mut iacc = [0f32; 4];
-                            let mut imf = [0f32; 4];
-                            _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
-                            _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
-                            let (dd, dm) = (d * yd[j], dmin * yd[j]);
-                            let (mut x, mut y) = (acc[i][j], acc_min[i][j]);
-                            for sb in 0..4 {
-                                x = iacc[sb].mul_add(dd, x);
-                                y = imf[sb].mul_add(dm, y);
-                            }
-                            acc[i][j] = x;
-                            acc_min[i][j] = y;
-                        }
+                        q4k_accumulate::<G>(
+                            &p,
+                            imin,
+                            (d, dmin, yd[j]),
+                            &mut acc[i][j],
+                            &mut acc_min[i][j],
+                        );
                     }
                 }
             }

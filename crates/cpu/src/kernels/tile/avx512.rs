@@ -9,7 +9,7 @@
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
 //! one 16-lane multiply and read back as embedded broadcasts.
 
-use super::avx2::{KVALUES_IQ4NL, q0_bytes};
+use super::avx2::{KVALUES_IQ4NL, ld_f16_last, q0_bytes, q4k_accumulate};
 use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
@@ -530,8 +530,8 @@ unsafe fn q4k<const G: u8, const RN: usize>(
             }
             for i in 0..4 {
                 let xb = w[i].add(ib * 144);
-                let d = f16_scalar(xb);
-                let dmin = f16_scalar(xb.add(2));
+                let d = ld_f16_last(xb);
+                let dmin = ld_f16_last(xb.add(2));
                 let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
                     std::slice::from_raw_parts(xb.add(4), 12),
                 );
@@ -565,39 +565,13 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                             scl[2 * sb + 1],
                         );
                     }
-                    if G == 0 {
-                        let all = _mm256_add_epi32(
-                            _mm256_add_epi32(p[0], p[1]),
-                            _mm256_add_epi32(p[2], p[3]),
-                        );
-                        let sum = hsum_i32x4(_mm_add_epi32(
-                            _mm256_castsi256_si128(all),
-                            _mm256_extracti128_si256(all, 1),
-                        ));
-                        let smin = hsum_i32x4(imin);
-                        acc[i][j] = (sum as f32).mul_add(d * yd[j], acc[i][j]);
-                        acc_min[i][j] = (smin as f32).mul_add(dmin * yd[j], acc_min[i][j]);
-                    } else {
-                        let h01 = _mm256_hadd_epi32(p[0], p[1]);
-                        let h23 = _mm256_hadd_epi32(p[2], p[3]);
-                        let h = _mm256_hadd_epi32(h01, h23);
-                        let s = _mm_add_epi32(
-                            _mm256_castsi256_si128(h),
-                            _mm256_extracti128_si256(h, 1),
-                        );
-                        let mut iacc = [0f32; 4];
-                        let mut imf = [0f32; 4];
-                        _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
-                        _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
-                        let (dd, dm) = (d * yd[j], dmin * yd[j]);
-                        let (mut x, mut y) = (acc[i][j], acc_min[i][j]);
-                        for sb in 0..4 {
-                            x = iacc[sb].mul_add(dd, x);
-                            y = imf[sb].mul_add(dm, y);
-                        }
-                        acc[i][j] = x;
-                        acc_min[i][j] = y;
-                    }
+                    q4k_accumulate::<G>(
+                        &p,
+                        imin,
+                        (d, dmin, yd[j]),
+                        &mut acc[i][j],
+                        &mut acc_min[i][j],
+                    );
                 }
             }
         }
@@ -609,25 +583,4 @@ unsafe fn q4k<const G: u8, const RN: usize>(
         }
     }
     out
-}
-
-/// f16 at `p` as f32 (F16C; exact).
-#[inline(always)]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
-    // SAFETY: 2 readable bytes at `p` (the caller's contract); F16C enabled by the caller.
-    unsafe {
-        let h = p.cast::<u16>().read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-    }
-}
-
-/// Exact sum of the 4 i32 lanes.
-#[inline(always)]
-unsafe fn hsum_i32x4(s: __m128i) -> i32 {
-    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
-    unsafe {
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
-    }
 }
