@@ -120,6 +120,11 @@ pub mod scalar {
         super::silu_impl(x, None, y, false);
     }
 
+    /// [`super::geglu_row`] without AVX2.
+    pub fn geglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
+        super::geglu_scalar(x, g, y, super::gelu_table());
+    }
+
     /// [`super::swiglu_row`] without AVX2.
     pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
         super::silu_impl(x, Some(g), y, false);
@@ -263,6 +268,17 @@ pub fn gelu_row(x: &[f32], y: &mut [f32]) {
 /// `ggml_vec_geglu_f32` with `GGML_GELU_FP16`: `gelu(x) * g`.
 pub fn geglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
     let t = gelu_table();
+    let n = y.len().min(x.len()).min(g.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; the slices hold `n` values.
+        done = unsafe { avx2::geglu(n, x, g, y, t) };
+    }
+    geglu_scalar(&x[done..n], &g[done..n], &mut y[done..n], t);
+}
+
+fn geglu_scalar(x: &[f32], g: &[f32], y: &mut [f32], t: &[u16]) {
     for ((o, &v), &gv) in y.iter_mut().zip(x).zip(g) {
         *o = if v <= -10.0 {
             0.0
@@ -331,6 +347,22 @@ pub fn rope_cache(p: f32, prm: &RopeCacheParams, freq_factors: Option<&[f32]>, c
 /// mode), except that normal mode's last pair of an odd count takes the unfused
 /// `vmulps`/`vaddsubps` tail: `y0 = cos*x0 - sin*x1`, `y1 = cos*x1 + sin*x0`.
 pub fn rope_rotate(neox: bool, n_dims: usize, cache: &[f32], x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(neox: bool, n_dims: usize, cache: &[f32], x: &[f32], y: &mut [f32]) {
+            rope_rotate_impl(neox, n_dims, cache, x, y)
+        }
+        // SAFETY: AVX2/FMA present; the same operations, with `mul_add` as one `vfmadd`
+        // instead of a call to the software `fmaf` (same result).
+        unsafe { fast(neox, n_dims, cache, x, y) };
+        return;
+    }
+    rope_rotate_impl(neox, n_dims, cache, x, y);
+}
+
+#[inline(always)]
+fn rope_rotate_impl(neox: bool, n_dims: usize, cache: &[f32], x: &[f32], y: &mut [f32]) {
     let pairs = n_dims / 2;
     let (step, off) = if neox { (1, pairs) } else { (2, 1) };
     let fused = if neox { pairs } else { pairs / 2 * 2 };
@@ -351,6 +383,43 @@ pub fn rope_rotate(neox: bool, n_dims: usize, cache: &[f32], x: &[f32], y: &mut 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// [`super::geglu_row`] 8 values at a time: the same f16 rounding (`vcvtps2ph`, to
+    /// nearest even), the same table entries and products, the same ±10 cut-offs (NaN takes
+    /// the table, as in the scalar comparisons). Returns how many values it did (a multiple
+    /// of 8); the caller does the rest.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C present; `x`, `g` and `y` hold `n` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn geglu(n: usize, x: &[f32], g: &[f32], y: &mut [f32], t: &[u16]) -> usize {
+        let n8 = n / 8 * 8;
+        // SAFETY: indices below `n8 <= n`; table indices are u16 and the table has 65536
+        // entries.
+        unsafe {
+            assert!(t.len() == 1 << 16);
+            let lo = _mm256_set1_ps(-10.0);
+            let hi = _mm256_set1_ps(10.0);
+            for i in (0..n8).step_by(8) {
+                let v = _mm256_loadu_ps(x.as_ptr().add(i));
+                let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                let mut idx = [0u16; 8];
+                _mm_storeu_si128(idx.as_mut_ptr() as *mut __m128i, h);
+                let mut looked = [0u16; 8];
+                for l in 0..8 {
+                    looked[l] = *t.get_unchecked(usize::from(idx[l]));
+                }
+                let gl = _mm256_cvtph_ps(_mm_loadu_si128(looked.as_ptr() as *const __m128i));
+                let mid = _mm256_mul_ps(gl, gv);
+                let big = _mm256_mul_ps(v, gv);
+                let r = _mm256_blendv_ps(mid, big, _mm256_cmp_ps::<_CMP_GE_OQ>(v, hi));
+                let r = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(v, lo), r);
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+            }
+        }
+        n8
+    }
 
     /// The AVX2 `ggml_v_expf`.
     #[inline(always)]

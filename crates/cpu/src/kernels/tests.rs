@@ -176,6 +176,19 @@ fn activations_simd_match_scalar() {
             swiglu_row(&x, &g, &mut a);
             act::scalar::swiglu_row(&x, &g, &mut b);
             assert_eq!(bits(&a), bits(&b), "swiglu n={n}");
+            // GeGLU, with the cut-offs and a NaN in reach.
+            let mut xe = x.clone();
+            for (i, v) in xe.iter_mut().enumerate() {
+                match i % 11 {
+                    3 => *v = -10.0,
+                    5 => *v = 10.0,
+                    7 if i % 2 == 1 => *v = f32::NAN,
+                    _ => {}
+                }
+            }
+            geglu_row(&xe, &g, &mut a);
+            act::scalar::geglu_row(&xe, &g, &mut b);
+            assert_eq!(bits(&a), bits(&b), "geglu n={n}");
             let mask: Vec<f32> = (0..n)
                 .map(|i| if i % 5 == 4 { f32::NEG_INFINITY } else { 0.0 })
                 .collect();
