@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use lamina_backend::{BufferSlice, Device, HOST_ALIGNMENT};
+use lamina_backend::{BufferSlice, Device, GraphAllocator};
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::kernels::MatMul;
@@ -74,21 +74,11 @@ fn run_mul_mat(
     let a = g.new_input(dtype, &[k, m, wb]).unwrap();
     let b = g.new_input(DType::F32, &[k, n, ab]).unwrap();
     let out = g.mul_mat(a, b).unwrap();
-    let mut place = Vec::new();
-    let mut end = 0usize;
-    for id in g.ids() {
-        let t = g.tensor(id);
-        if t.view_src.is_none() && t.binding.is_none() {
-            let off = end.next_multiple_of(HOST_ALIGNMENT);
-            place.push((id, off));
-            end = off + t.layout.span_bytes();
-        }
-    }
-    let buffer = dev.buffer_type().alloc_buffer(end).unwrap();
-    for &(id, off) in &place {
-        g.bind(id, buffer.memory(), off).unwrap();
-    }
     g.set_output(out).unwrap();
+    // Inputs and outputs stay live for the whole graph, so each keeps its own memory.
+    GraphAllocator::new(dev.buffer_type())
+        .allocate(&mut g)
+        .unwrap();
     let g = Arc::new(g);
     let stream = dev.stream();
     let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use lamina_backend::{BufferSlice, Device, HOST_ALIGNMENT};
+use lamina_backend::{BufferSlice, Device, GraphAllocator};
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
@@ -44,22 +44,12 @@ fn run(
         g.mul_mat(a, b).unwrap()
     };
     let sm = g.soft_max_ext(kq, Some(m), 0.125, 0.0).unwrap();
-    let mut place = Vec::new();
-    let mut end = 0usize;
-    for id in g.ids() {
-        let t = g.tensor(id);
-        if t.view_src.is_none() && t.binding.is_none() {
-            let off = end.next_multiple_of(HOST_ALIGNMENT);
-            place.push((id, off));
-            end = off + t.layout.span_bytes();
-        }
-    }
-    let buffer = dev.buffer_type().alloc_buffer(end).unwrap();
-    for &(id, off) in &place {
-        g.bind(id, buffer.memory(), off).unwrap();
-    }
     g.set_output(kq).unwrap();
     g.set_output(sm).unwrap();
+    // Inputs and outputs stay live for the whole graph, so each keeps its own memory.
+    GraphAllocator::new(dev.buffer_type())
+        .allocate(&mut g)
+        .unwrap();
     let g = Arc::new(g);
     let stream = dev.stream();
     for (id, data) in [

@@ -785,20 +785,6 @@ mod avx2 {
         }
     }
 
-    const K6_SHUFFLE: [[u8; 16]; 8] = {
-        let mut t = [[0u8; 16]; 8];
-        let mut i = 0;
-        while i < 8 {
-            let mut b = 0;
-            while b < 16 {
-                t[i][b] = (2 * i + b / 8) as u8;
-                b += 1;
-            }
-            i += 1;
-        }
-        t
-    };
-
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
         // SAFETY: as in `q4_0`.

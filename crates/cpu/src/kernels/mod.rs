@@ -186,6 +186,22 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Q6_K's scale shuffles: row `i` picks scale bytes `2i` (lanes 0–7) and `2i + 1` (8–15),
+    /// as ggml's `get_scale_shuffle`.
+    pub const K6_SHUFFLE: [[u8; 16]; 8] = {
+        let mut t = [[0u8; 16]; 8];
+        let mut i = 0;
+        while i < 8 {
+            let mut b = 0;
+            while b < 16 {
+                t[i][b] = (2 * i + b / 8) as u8;
+                b += 1;
+            }
+            i += 1;
+        }
+        t
+    };
+
     /// `bytes_from_nibbles_32`: low nibbles of 16 bytes, then their high nibbles.
     #[inline(always)]
     pub unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {

@@ -90,7 +90,9 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::TileKind;
-    use crate::kernels::x86::{bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8};
+    use crate::kernels::x86::{
+        K6_SHUFFLE, bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8,
+    };
     use std::arch::x86_64::*;
 
     /// Calls `$kern::<$t, RM, RN>` over the whole `w × a` product in tiles of at most
@@ -690,20 +692,6 @@ mod avx2 {
         }
         out
     }
-
-    const K6_SHUFFLE: [[u8; 16]; 8] = {
-        let mut t = [[0u8; 16]; 8];
-        let mut i = 0;
-        while i < 8 {
-            let mut b = 0;
-            while b < 16 {
-                t[i][b] = (2 * i + b / 8) as u8;
-                b += 1;
-            }
-            i += 1;
-        }
-        t
-    };
 
     /// The tiled Q6_K kernel: per superblock `res = d_w*(float)s1`, `acc = fma(res, d_a, acc)`
     /// with `s1 = Σ scale·(q6-32)·q8` exact (as `Σ scale·q6·q8 - 32·Σ scale·bsum`).
