@@ -185,6 +185,23 @@ mod avx2 {
     /// AVX2/FMA/F16C present; every row holds `nb` blocks of `kind`.
     pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         match kind {
+            // Q4_0/Q5_0: unsigned weight bytes and per-call scale tables (see `offset_q0`).
+            TileKind::Q0(t @ (0 | 1))
+                if a.len() > 1
+                    && w.len().is_multiple_of(4)
+                    && nb <= MAX_BLOCKS
+                    && w.len() <= MAX_W
+                    && a.len() <= MAX_A =>
+            {
+                // SAFETY: by this function's contract; the table limits hold (checked above).
+                unsafe {
+                    if t == 0 {
+                        offset_q0::<0>(nb, w, a, out)
+                    } else {
+                        offset_q0::<1>(nb, w, a, out)
+                    }
+                }
+            }
             // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
             TileKind::Q0(t) if a.len() > 1 && w.len().is_multiple_of(4) => match t {
                 0 => run_4x2!(q0_4xn, 0, nb, w, a, out),
@@ -212,6 +229,203 @@ mod avx2 {
             TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
             TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
             TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
+        }
+    }
+
+    /// The f16 scales at `p[0] + off`, …, `p[3] + off` (rows past `N` read as zero) as 4 f32.
+    #[inline(always)]
+    pub(super) unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
+        // SAFETY: 2 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
+        // the caller.
+        unsafe {
+            let mut bits = 0u64;
+            for (i, pi) in p.iter().enumerate().take(4) {
+                bits |= u64::from(pi.add(off).cast::<u16>().read_unaligned()) << (16 * i);
+            }
+            _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
+        }
+    }
+
+    /// Blocks per row that the per-call scale tables hold (k up to 16384; they live on the
+    /// stack).
+    pub(super) const MAX_BLOCKS: usize = 512;
+    /// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16).
+    pub(super) const MAX_W: usize = 8;
+    pub(super) const MAX_A: usize = 16;
+
+    /// Blocks whose scale products a kernel computes ahead, in one pass, before it reads them
+    /// back by broadcast loads (right after their store they would wait on it).
+    const CHUNK: usize = 32;
+
+    /// Q4_0 (`T == 0`) / Q5_0 (`T == 1`) over the whole product, in tiles of 2 weight rows ×
+    /// up to 4 activation rows ([`q0u`]). Once per call, not once per tile: the block scales
+    /// are converted to f32 tables, and each weight row is decoded to unsigned bytes. About
+    /// 1.15× the 4×2 sign-trick tiles on Gemma 3's prompt at this tier.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C present; every row holds `nb <= MAX_BLOCKS` blocks; `w.len()` is a
+    /// multiple of 4 and at most `MAX_W`; `a.len() <= MAX_A`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        const RM: usize = 2;
+        let bx = q0_bytes(T);
+        let na = a.len();
+        // Tables, uninitialised until written (only `nb` entries of a row or group are
+        // written and read): the weight scales of a group of `RM` rows (as 4 lanes), the
+        // activation scale of a row, per block.
+        let mut tw: [std::mem::MaybeUninit<[__m128; MAX_BLOCKS]>; MAX_W / RM] =
+            [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+        let mut ta: [std::mem::MaybeUninit<[f32; MAX_BLOCKS]>; MAX_A] =
+            [const { std::mem::MaybeUninit::uninit() }; MAX_A];
+        // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
+        // read.
+        unsafe {
+            let group =
+                |g: usize| -> [*const u8; RM] { std::array::from_fn(|i| w[RM * g + i].as_ptr()) };
+            for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
+                let rows = group(g);
+                let t = t.as_mut_ptr().cast::<__m128>();
+                for b in 0..nb {
+                    t.add(b).write(scales4(rows, b * bx));
+                }
+            }
+            for (j, t) in ta.iter_mut().enumerate().take(na) {
+                let t = t.as_mut_ptr().cast::<f32>();
+                for b in 0..nb {
+                    t.add(b).write(ld_f16(a[j].as_ptr().add(b * 34)));
+                }
+            }
+            let sa = |j: usize| std::slice::from_raw_parts(ta[j].as_ptr().cast::<f32>(), nb);
+            // The group's weight blocks as unsigned bytes, decoded once for all the call's
+            // activation rows.
+            let mut dec: std::mem::MaybeUninit<[[__m256i; MAX_BLOCKS]; RM]> =
+                std::mem::MaybeUninit::uninit();
+            let dec = dec.as_mut_ptr().cast::<__m256i>();
+            for g in 0..w.len() / RM {
+                let rows = group(g);
+                for (i, row) in rows.iter().enumerate() {
+                    for b in 0..nb {
+                        dec.add(i * MAX_BLOCKS + b)
+                            .write(q0_unsigned::<T>(row.add(b * bx)));
+                    }
+                }
+                let wp: [*const __m256i; RM] =
+                    std::array::from_fn(|i| dec.add(i * MAX_BLOCKS).cast_const());
+                let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(4);
+                    let ap = |j: usize| a[j0 + j].as_ptr();
+                    macro_rules! k {
+                        ($n:literal) => {{
+                            let r = q0u::<T, RM, $n>(
+                                nb,
+                                wp,
+                                std::array::from_fn(ap),
+                                sw,
+                                std::array::from_fn(|j| sa(j0 + j)),
+                            );
+                            for i in 0..RM {
+                                for j in 0..$n {
+                                    out[(RM * g + i) * na + j0 + j] = r[i][j];
+                                }
+                            }
+                        }};
+                    }
+                    match rn {
+                        1 => k!(1),
+                        2 => k!(2),
+                        3 => k!(3),
+                        _ => k!(4),
+                    }
+                    j0 += rn;
+                }
+            }
+        }
+    }
+
+    /// The 32 values of a Q4_0 (`T == 0`) or Q5_0 block plus 8 or 16: unsigned bytes.
+    #[inline(always)]
+    unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
+        // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
+        unsafe {
+            if T == 0 {
+                bytes_from_nibbles_32(xb.add(2))
+            } else {
+                let qh = xb.add(2).cast::<u32>().read_unaligned();
+                let hi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(16));
+                _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), hi)
+            }
+        }
+    }
+
+    /// `$acc = fma(broadcast(*$s), $q, $acc)` (`$s: &f32`), one rounding, the broadcast
+    /// done by the load unit. Left to itself LLVM keeps the scale products in registers and
+    /// spends a shuffle or two on every broadcast. A macro, so that the register class sees
+    /// the calling kernel's AVX.
+    macro_rules! fmadd_bcast {
+        ($acc:expr, $q:expr, $s:expr) => {{
+            let s: &f32 = $s;
+            let d: __m256;
+            // Used inside the kernels' `unsafe` blocks. Sound: reads the 4 bytes of `*s`.
+            std::arch::asm!(
+                "vbroadcastss {d}, dword ptr [{s}]",
+                d = out(ymm_reg) d,
+                s = in(reg) s as *const f32,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+            $acc = _mm256_fmadd_ps(d, $q, $acc);
+        }};
+    }
+
+    /// `RM` weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
+    /// weight blocks decoded to unsigned bytes `u = x + o` (`o` = 8 or 16; `w` points at them):
+    /// `maddubs(u, y)` needs no sign fix-up, and the lane's `o·Σy`, formed once per activation
+    /// block for the `RM` rows, is taken off. The lane sums are the same exact integers (no
+    /// pair sum saturates: `31·128·2 < 2^15`), so the FMA chain, with the same products
+    /// `dx·dy` (from the scale tables), gives the same bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
+        nb: usize,
+        w: [*const __m256i; RM],
+        a: [*const u8; RN],
+        sw: &[__m128],
+        sa: [&[f32]; RN],
+    ) -> [[f32; RN]; RM] {
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
+            // dds[16 * c + 4 * j + i] = dx_i · dy_j of block `ib + c` (RN <= 4), written before
+            // it is read.
+            let mut dds = std::mem::MaybeUninit::<[f32; 16 * CHUNK]>::uninit();
+            let dds = dds.as_mut_ptr().cast::<f32>();
+            for ib in 0..nb {
+                if ib % CHUNK == 0 {
+                    for c in 0..CHUNK.min(nb - ib) {
+                        for j in 0..RN {
+                            let dd = _mm_mul_ps(sw[ib + c], _mm_set1_ps(sa[j][ib + c]));
+                            _mm_storeu_ps(dds.add(16 * c + 4 * j), dd);
+                        }
+                    }
+                }
+                let dd = dds.add(16 * (ib % CHUNK)).cast_const();
+                let mut u = [_mm256_setzero_si256(); RM];
+                for (i, ui) in u.iter_mut().enumerate() {
+                    *ui = _mm256_load_si256(w[i].add(ib));
+                }
+                for j in 0..RN {
+                    let y = loadu(a[j].add(ib * 34 + 2));
+                    let corr = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ov, y));
+                    for i in 0..RM {
+                        let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u[i], y));
+                        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, corr));
+                        fmadd_bcast!(acc[i][j], q, &*dd.add(4 * j + i));
+                    }
+                }
+            }
+            hsum_all(acc)
         }
     }
 

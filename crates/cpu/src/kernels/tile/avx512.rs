@@ -9,7 +9,9 @@
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
 //! one 16-lane multiply and read back as embedded broadcasts.
 
-use super::avx2::{KVALUES_IQ4NL, ld_f16_last, q0_bytes, q4k_accumulate};
+use super::avx2::{
+    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, ld_f16_last, q0_bytes, q4k_accumulate, scales4,
+};
 use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
@@ -94,13 +96,6 @@ pub(super) unsafe fn run(
     }
 }
 
-/// Blocks per row the Q0/Q1 tiles take (k up to 16384): their per-call scale tables live on
-/// the stack.
-pub(super) const MAX_BLOCKS: usize = 512;
-/// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16).
-const MAX_W: usize = 8;
-const MAX_A: usize = 16;
-
 /// The Q0 (`Q1 == false`) or Q1 tiles over the whole product. Each row group's block scales
 /// are converted once per call (f16 to f32, as `[d0 d1 d2 d3]` or `[d0 m0 … d3 m3]` per block)
 /// and shared by every tile of the group, instead of once per tile.
@@ -184,20 +179,6 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
 #[inline(always)]
 fn spread<const RN: usize>(r: [[f32; RN]; 4]) -> [[f32; 4]; 4] {
     r.map(|row| std::array::from_fn(|j| if j < RN { row[j] } else { 0.0 }))
-}
-
-/// The f16 scales at `p[0] + off`, …, `p[3] + off` (rows past `N` read as zero) as 4 f32.
-#[inline(always)]
-unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
-    // SAFETY: 2 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
-    // the caller.
-    unsafe {
-        let mut bits = 0u64;
-        for (i, pi) in p.iter().enumerate().take(4) {
-            bits |= u64::from(pi.add(off).cast::<u16>().read_unaligned()) << (16 * i);
-        }
-        _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
-    }
 }
 
 /// The two f16 values at `p[i] + off` (a block's `d` and `m`, or `d` and `s`) of 4 rows
