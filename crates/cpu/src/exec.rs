@@ -161,6 +161,34 @@ impl TView {
         }
     }
 
+    /// Copies row `(i1, i2, i3)` of `src` (same shape and dtype, not quantized; any strides)
+    /// into the same row of `self`: one `memcpy` when both rows are packed, else element by
+    /// element without per-element index or type dispatch.
+    ///
+    /// # Safety
+    /// As [`TView::copy_elem`] for every element of the row.
+    pub unsafe fn copy_row_from(&self, i1: usize, i2: usize, i3: usize, src: &TView) {
+        let ts = self.l.dtype.type_size() as usize;
+        let n = self.l.ne[0];
+        let (s, d) = (src.at([0, i1, i2, i3]), self.at([0, i1, i2, i3]));
+        let (ss, ds) = (src.l.nb[0], self.l.nb[0]);
+        // SAFETY: by the caller's contract.
+        unsafe {
+            if ss == ts && ds == ts {
+                std::ptr::copy_nonoverlapping(s, d, n * ts);
+            } else if ts == 4 {
+                for i in 0..n {
+                    let v = s.add(i * ss).cast::<u32>().read_unaligned();
+                    d.add(i * ds).cast::<u32>().write_unaligned(v);
+                }
+            } else {
+                for i in 0..n {
+                    std::ptr::copy_nonoverlapping(s.add(i * ss), d.add(i * ds), ts);
+                }
+            }
+        }
+    }
+
     /// Stores an i32 element.
     ///
     /// # Safety

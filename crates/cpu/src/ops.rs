@@ -444,7 +444,8 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             // zero-tail scan per weight-row group would cost a quarter of the products).
             let mut g = g0;
             while g < g1 {
-                let mut calls = [(0usize, 0usize, 0usize); 8];
+                // Each call's activation rows, gathered once for all weight-row groups.
+                let mut calls = [(0usize, 0usize, 0usize, [&[] as &[u8]; CALL]); 8];
                 let mut ncalls = 0;
                 while g < g1 && ncalls < calls.len() {
                     let j0 = g * AR;
@@ -454,29 +455,33 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     }
                     let rn = j1 - j0;
                     g = j1.div_ceil(AR);
+                    let acts = arows(j0, rn, i12, i13);
                     // A `k` that covers every row of the call covers any subset of them.
-                    calls[ncalls] = (j0, rn, plan.trimmed_k(k, &arows(j0, rn, i12, i13)[..rn]));
+                    let k = plan.trimmed_k(k, &acts[..rn]);
+                    calls[ncalls] = (j0, rn, k, acts);
                     ncalls += 1;
                 }
                 for i0 in (0..m).step_by(WR) {
                     let rm = WR.min(m - i0);
                     let w = wrows(i0, rm, i12, i13);
-                    for &(j0, rn, k) in &calls[..ncalls] {
+                    for (j0, rn, k, acts) in &calls[..ncalls] {
+                        let (j0, rn, k) = (*j0, *rn, *k);
                         let lead = masked_lead(i0, rm, j0, rn, i12, i13);
-                        let (jc, nc) = (j0 + lead, rn - lead);
-                        let acts = arows(jc, nc, i12, i13);
-                        plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
+                        let nc = rn - lead;
+                        let out = &mut out[..rm * nc];
+                        plan.dot_tile(k, &w[..rm], &acts[lead..rn], j0 + lead, out);
                         for j in 0..rn {
                             // SAFETY: dst rows j0..j0 + rn of this plane belong to this
                             // thread's task range only (activation-row groups are split
                             // across threads).
                             let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
-                            for i in 0..rm {
-                                row[i0 + i] = if j < lead {
-                                    0.0
-                                } else {
-                                    out[i * nc + j - lead]
-                                };
+                            let row = &mut row[i0..i0 + rm];
+                            if j < lead {
+                                row.fill(0.0);
+                            } else {
+                                for (i, v) in row.iter_mut().enumerate() {
+                                    *v = out[i * nc + j - lead];
+                                }
                             }
                         }
                     }
@@ -728,6 +733,14 @@ fn set_rows(node: &NodePlan, src: TView, ctx: &WorkerCtx<'_>, work: Work, err: &
 /// shapes (same element count) in flat ggml order.
 fn copy(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>) {
     let d = node.dst;
+    if a.l.ne == d.l.ne && a.l.dtype == d.l.dtype && !d.l.dtype.is_quantized() {
+        for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+            let (i1, i2, i3) = unravel_row(r, d.l.ne);
+            // SAFETY: dst row r owned by this thread; the source is read-only here.
+            unsafe { d.copy_row_from(i1, i2, i3, &a) };
+        }
+        return;
+    }
     if a.l.ne == d.l.ne {
         for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
             let (i1, i2, i3) = unravel_row(r, d.l.ne);
