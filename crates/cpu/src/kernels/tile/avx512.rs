@@ -143,8 +143,28 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
         for g in 0..nga {
             table(group(a, g), by, ta[g].as_mut_ptr().cast::<__m256>());
         }
+        // Q0: the group's weight blocks as unsigned bytes, two blocks per vector (the last of
+        // an odd count alone in the low half), decoded once for all the call's activation rows.
+        let mut dec: std::mem::MaybeUninit<[[__m512i; MAX_BLOCKS / 2]; 4]> =
+            std::mem::MaybeUninit::uninit();
+        let dec = dec.as_mut_ptr().cast::<__m512i>();
+        let up: [*const __m512i; 4] =
+            std::array::from_fn(|i| dec.add(i * (MAX_BLOCKS / 2)).cast_const());
         for g in 0..ngw {
             let wp = group(w, g);
+            if !Q1 {
+                for (i, row) in wp.iter().enumerate() {
+                    let d = dec.add(i * (MAX_BLOCKS / 2));
+                    for e in 0..nb / 2 {
+                        let x = row.add(2 * e * bx);
+                        d.add(e).write(q0_unsigned2::<T>(x, x.add(bx)));
+                    }
+                    if nb % 2 == 1 {
+                        let x = q0_unsigned::<T>(row.add((nb - 1) * bx));
+                        d.add(nb / 2).write(_mm512_castsi256_si512(x));
+                    }
+                }
+            }
             let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m256>(), nb);
             for h in 0..nga {
                 let ap = group(a, h);
@@ -155,7 +175,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
                         if Q1 {
                             spread(q1::<T, $n>(nb, wp, $p, sw, sa))
                         } else {
-                            spread(q0::<T, $n>(nb, wp, $p, sw, sa))
+                            spread(q0::<T, $n>(nb, up, $p, sw, sa))
                         }
                     };
                 }
@@ -277,12 +297,11 @@ unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q0<const T: u8, const RN: usize>(
     nb: usize,
-    w: [*const u8; 4],
+    w: [*const __m512i; 4],
     a: [*const u8; RN],
     sw: &[__m256],
     sa: &[__m256],
 ) -> [[f32; RN]; 4] {
-    let bx = q0_bytes(T);
     let offset = match T {
         0 => 8u8,
         1 => 16,
@@ -313,7 +332,7 @@ unsafe fn q0<const T: u8, const RN: usize>(
             let (dd0, dd1) = (&dds[ib % CHUNK], &dds[(ib + 1) % CHUNK]);
             let mut u = [_mm512_setzero_si512(); 4];
             for i in 0..4 {
-                u[i] = q0_unsigned2::<T>(w[i].add(ib * bx), w[i].add((ib + 1) * bx));
+                u[i] = _mm512_load_si512(w[i].add(ib / 2));
             }
             for j in 0..RN {
                 let y = _mm512_inserti64x4(
@@ -345,7 +364,7 @@ unsafe fn q0<const T: u8, const RN: usize>(
             let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
             for i in 0..4 {
-                u[i] = q0_unsigned::<T>(w[i].add(ib * bx));
+                u[i] = _mm256_load_si256(w[i].add(ib / 2).cast::<__m256i>());
             }
             let ov = _mm256_set1_epi8(offset as i8);
             for j in 0..RN {
