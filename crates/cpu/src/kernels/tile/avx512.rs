@@ -9,9 +9,7 @@
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
 //! one 16-lane multiply and read back as embedded broadcasts.
 
-use super::avx2::{
-    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, ld_f16_last, q0_bytes, q4k_accumulate, scales4,
-};
+use super::avx2::{KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, ld_f16_last, q0_bytes, scales4};
 use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
@@ -20,6 +18,9 @@ pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> 
     if matches!(kind, super::TileKind::Q0(_) | super::TileKind::Q1(_))
         && (nb > MAX_BLOCKS || nw > MAX_W || na > MAX_A)
     {
+        return false;
+    }
+    if matches!(kind, super::TileKind::Q4KGemm | super::TileKind::Q4KGemv) && nb > Q4K_MAX_BLOCKS {
         return false;
     }
     matches!(
@@ -45,43 +46,6 @@ pub(super) unsafe fn run(
     a: &[&[u8]],
     out: &mut [f32],
 ) {
-    macro_rules! tiles {
-        ($kern:ident, $t:expr) => {{
-            let na = a.len();
-            let mut i0 = 0;
-            while i0 + 4 <= w.len() {
-                let wp = [
-                    w[i0].as_ptr(),
-                    w[i0 + 1].as_ptr(),
-                    w[i0 + 2].as_ptr(),
-                    w[i0 + 3].as_ptr(),
-                ];
-                let mut j0 = 0;
-                while j0 < na {
-                    let rn = (na - j0).min(4);
-                    let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
-                    let ap = [ap(0), ap(1), ap(2), ap(3)];
-                    // SAFETY: rows hold `nb` blocks (the caller's contract); rows past `rn`
-                    // repeat the last one and their outputs are dropped.
-                    let r = unsafe {
-                        match rn {
-                            1 => spread($kern::<{ $t }, 1>(nb, wp, [ap[0]])),
-                            2 => spread($kern::<{ $t }, 2>(nb, wp, [ap[0], ap[1]])),
-                            3 => spread($kern::<{ $t }, 3>(nb, wp, [ap[0], ap[1], ap[2]])),
-                            _ => $kern::<{ $t }, 4>(nb, wp, ap),
-                        }
-                    };
-                    for i in 0..4 {
-                        for j in 0..rn {
-                            out[(i0 + i) * na + j0 + j] = r[i][j];
-                        }
-                    }
-                    j0 += rn;
-                }
-                i0 += 4;
-            }
-        }};
-    }
     // SAFETY (all arms): by this function's contract.
     match kind {
         super::TileKind::Q0(0) => unsafe { scaled::<0, false>(nb, w, a, out) },
@@ -90,8 +54,8 @@ pub(super) unsafe fn run(
         super::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
         super::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
         super::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
-        super::TileKind::Q4KGemv => tiles!(q4k, 0),
-        super::TileKind::Q4KGemm => tiles!(q4k, 1),
+        super::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
+        super::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
     }
 }
@@ -498,24 +462,110 @@ unsafe fn q1<const T: u8, const RN: usize>(
     }
 }
 
+/// Superblocks per row (k up to 16384) for which the Q4_K tiles decode a row group's scales
+/// once per call, into a table on the stack.
+const Q4K_MAX_BLOCKS: usize = 64;
+
+/// One Q4_K superblock's scales, decoded for the tiles.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Q4kScales {
+    /// The 8 sub-block scales, each in all 16 i16 lanes.
+    scl: [__m256i; 8],
+    /// The 8 sub-block mins as i16.
+    mins: __m128i,
+    d: f32,
+    dmin: f32,
+}
+
+/// The repacked-Q4_K tiles over the whole product: 4 weight rows × up to 4 activation rows,
+/// each group of 4 weight rows' superblock scales decoded once per call, not once per tile.
+///
+/// # Safety
+/// As [`run`]; `nb <= Q4K_MAX_BLOCKS`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    let na = a.len();
+    let mut dec: std::mem::MaybeUninit<[[Q4kScales; Q4K_MAX_BLOCKS]; 4]> =
+        std::mem::MaybeUninit::uninit();
+    let dec = dec.as_mut_ptr().cast::<Q4kScales>();
+    // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
+    // are read.
+    unsafe {
+        let dp: [*const Q4kScales; 4] =
+            std::array::from_fn(|i| dec.add(i * Q4K_MAX_BLOCKS).cast_const());
+        let mut i0 = 0;
+        while i0 + 4 <= w.len() {
+            let wp = [
+                w[i0].as_ptr(),
+                w[i0 + 1].as_ptr(),
+                w[i0 + 2].as_ptr(),
+                w[i0 + 3].as_ptr(),
+            ];
+            for (i, row) in wp.iter().enumerate() {
+                for b in 0..nb {
+                    let xb = row.add(b * 144);
+                    let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
+                        std::slice::from_raw_parts(xb.add(4), 12),
+                    );
+                    let mut scl = [_mm256_setzero_si256(); 8];
+                    for (v, &c) in scl.iter_mut().zip(&sc) {
+                        *v = _mm256_set1_epi16(i16::from(c));
+                    }
+                    dec.add(i * Q4K_MAX_BLOCKS + b).write(Q4kScales {
+                        scl,
+                        mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+                        d: ld_f16_last(xb),
+                        dmin: ld_f16_last(xb.add(2)),
+                    });
+                }
+            }
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
+                let ap = [ap(0), ap(1), ap(2), ap(3)];
+                let r = match rn {
+                    1 => spread(q4k::<G, 1>(nb, wp, dp, [ap[0]])),
+                    2 => spread(q4k::<G, 2>(nb, wp, dp, [ap[0], ap[1]])),
+                    3 => spread(q4k::<G, 3>(nb, wp, dp, [ap[0], ap[1], ap[2]])),
+                    _ => q4k::<G, 4>(nb, wp, dp, ap),
+                };
+                for i in 0..4 {
+                    for j in 0..rn {
+                        out[(i0 + i) * na + j0 + j] = r[i][j];
+                    }
+                }
+                j0 += rn;
+            }
+            i0 += 4;
+        }
+    }
+}
+
 /// The repacked-Q4_K kernels per output (`G == 0`: `ggml_gemv_q4_K_8x8_q8_K`, one FMA per
 /// superblock; `G == 1`: `ggml_gemm_q4_K_8x8_q8_K`, one per pair of sub-blocks), 4 weight rows
 /// × `RN` activation rows. Each weight row's superblock is unpacked once for the `RN`
 /// activation rows (the AVX2 tile has too few registers to keep it), and `vpdpwssd` applies
-/// the sub-block scales and accumulates in one step; the integer sums are the same.
+/// the sub-block scales and accumulates in one step; the integer sums are the same. The float
+/// steps run on 16-lane vectors, lane `4j + i` for output `(i, j)`: the per-pair sums are
+/// transposed into lanes, and each lane takes the scalar kernel's FMAs in the same order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4k<const G: u8, const RN: usize>(
     nb: usize,
     w: [*const u8; 4],
+    dp: [*const Q4kScales; 4],
     a: [*const u8; RN],
 ) -> [[f32; RN]; 4] {
-    let mut acc = [[0f32; RN]; 4];
-    let mut acc_min = [[0f32; RN]; 4];
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
+        let mut acc = _mm512_setzero_ps();
+        let mut acc_min = _mm512_setzero_ps();
         let m4 = _mm256_set1_epi8(0xF);
+        // Lane 4j + i takes row i's value (from 4 lanes) or column j's.
+        let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         for ib in 0..nb {
-            let mut yd = [0f32; RN];
+            let mut yd = [0f32; 4];
             let mut q8s = [_mm_setzero_si128(); RN];
             let mut yq = [std::ptr::null::<u8>(); RN];
             for j in 0..RN {
@@ -528,19 +578,17 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                     _mm_loadu_si128(yb.add(276) as *const __m128i),
                 );
             }
+            let mut dx = [0f32; 4];
+            let mut dm = [0f32; 4];
+            // Per row i: the 4 sub-block-pair sums of each column j, as 4-lane groups j.
+            let mut zs = [_mm512_setzero_si512(); 4];
+            let mut zm = [_mm512_setzero_si512(); 4];
             for i in 0..4 {
-                let xb = w[i].add(ib * 144);
-                let d = ld_f16_last(xb);
-                let dmin = ld_f16_last(xb.add(2));
-                let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
-                    std::slice::from_raw_parts(xb.add(4), 12),
-                );
-                let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
-                let q4 = xb.add(16);
-                let mut scl = [_mm256_setzero_si256(); 8];
-                for s in 0..8 {
-                    scl[s] = _mm256_set1_epi16(i16::from(sc[s]));
-                }
+                let ds = &*dp[i].add(ib);
+                dx[i] = ds.d;
+                dm[i] = ds.dmin;
+                let (mins, scl) = (ds.mins, &ds.scl);
+                let q4 = w[i].add(ib * 144 + 16);
                 let mut lo = [_mm256_setzero_si256(); 4];
                 let mut hi = [_mm256_setzero_si256(); 4];
                 for sb in 0..4 {
@@ -548,8 +596,10 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                     lo[sb] = _mm256_and_si256(bits, m4);
                     hi[sb] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
                 }
+                let mut s4 = [_mm_setzero_si128(); 4];
+                let mut m4s = [_mm_setzero_si128(); 4];
                 for j in 0..RN {
-                    let imin = _mm_madd_epi16(mins, q8s[j]);
+                    m4s[j] = _mm_madd_epi16(mins, q8s[j]);
                     let mut p = [_mm256_setzero_si256(); 4];
                     for sb in 0..4 {
                         let q8l = _mm256_loadu_si256(yq[j].add(64 * sb) as *const __m256i);
@@ -565,22 +615,76 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                             scl[2 * sb + 1],
                         );
                     }
-                    q4k_accumulate::<G>(
-                        &p,
-                        imin,
-                        (d, dmin, yd[j]),
-                        &mut acc[i][j],
-                        &mut acc_min[i][j],
-                    );
+                    // The exact (wrapping) lane sums of each pair of sub-blocks.
+                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                    let h = _mm256_hadd_epi32(h01, h23);
+                    s4[j] =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                }
+                zs[i] = join4(s4);
+                zm[i] = join4(m4s);
+            }
+            // Lane 4j + i: d_i · yd_j and dmin_i · yd_j, one rounding each.
+            let cols =
+                _mm512_permutexvar_ps(of_col, _mm512_castps128_ps512(_mm_loadu_ps(yd.as_ptr())));
+            let dd = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dx.as_ptr())), cols);
+            let ddm = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dm.as_ptr())), cols);
+            let s = transpose4(zs);
+            let m = transpose4(zm);
+            if G == 0 {
+                let sum =
+                    _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+                let smin =
+                    _mm512_add_epi32(_mm512_add_epi32(m[0], m[1]), _mm512_add_epi32(m[2], m[3]));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dd, acc);
+                acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(smin), ddm, acc_min);
+            } else {
+                for k in 0..4 {
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[k]), dd, acc);
+                    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m[k]), ddm, acc_min);
                 }
             }
         }
-    }
-    let mut out = [[0f32; RN]; 4];
-    for i in 0..4 {
-        for j in 0..RN {
-            out[i][j] = acc[i][j] - acc_min[i][j];
+        let mut r = [0f32; 16];
+        let mut rm = [0f32; 16];
+        _mm512_storeu_ps(r.as_mut_ptr(), acc);
+        _mm512_storeu_ps(rm.as_mut_ptr(), acc_min);
+        let mut out = [[0f32; RN]; 4];
+        for i in 0..4 {
+            for j in 0..RN {
+                out[i][j] = r[4 * j + i] - rm[4 * j + i];
+            }
         }
+        out
     }
-    out
+}
+
+/// Four 4-lane vectors as one 16-lane vector, `v[j]` in lanes `4j..4j + 4`.
+#[inline(always)]
+unsafe fn join4(v: [__m128i; 4]) -> __m512i {
+    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
+    unsafe {
+        let lo = _mm256_inserti128_si256(_mm256_castsi128_si256(v[0]), v[1], 1);
+        let hi = _mm256_inserti128_si256(_mm256_castsi128_si256(v[2]), v[3], 1);
+        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+    }
+}
+
+/// `z[i]` lane `4j + k` to `out[k]` lane `4j + i`: a 4×4 transpose inside each 128-bit group.
+#[inline(always)]
+unsafe fn transpose4(z: [__m512i; 4]) -> [__m512i; 4] {
+    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
+    unsafe {
+        let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+        let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+        let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+        let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+        [
+            _mm512_unpacklo_epi64(t0, t2),
+            _mm512_unpackhi_epi64(t0, t2),
+            _mm512_unpacklo_epi64(t1, t3),
+            _mm512_unpackhi_epi64(t1, t3),
+        ]
+    }
 }
