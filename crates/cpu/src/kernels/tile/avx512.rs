@@ -1,6 +1,6 @@
 //! AVX-512 (F/BW/VL + VNNI) tiles of 4 weight rows × up to 4 activation rows for the Q0
-//! types (Q4_0, Q5_0, Q8_0, IQ4_NL under tinyBLAS), Q4_1/Q5_1 and repacked Q4_K, bit-identical to the AVX2
-//! tiles. Only the exact integer part changes: each weight block is decoded to *unsigned*
+//! types (Q4_0, Q5_0, Q8_0, IQ4_NL under tinyBLAS), Q4_1/Q5_1, repacked Q4_K and tiled Q6_K,
+//! bit-identical to the AVX2 tiles. Only the exact integer part changes: each weight block is decoded to *unsigned*
 //! bytes `u = x + o` (a constant offset `o` per type), `vpdpbusd` forms the four-byte lane sums
 //! `Σ u·y` in one instruction, and the lane's `o·Σ y` (computed once per activation block and
 //! shared by the four weight rows) is taken off first. The lane sums are the same integers as
@@ -10,7 +10,7 @@
 //! one 16-lane multiply and read back as embedded broadcasts.
 
 use super::avx2::{KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, ld_f16_last, q0_bytes, scales4};
-use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
+use crate::kernels::x86::{K6_SHUFFLE, bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
 /// Whether [`run`] has a kernel for this product.
@@ -29,6 +29,7 @@ pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> 
             | super::TileKind::Q1(_)
             | super::TileKind::Q4KGemm
             | super::TileKind::Q4KGemv
+            | super::TileKind::Q6KTiled
     ) && na > 1
         && nw.is_multiple_of(4)
 }
@@ -56,6 +57,7 @@ pub(super) unsafe fn run(
         super::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
         super::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
         super::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
+        super::TileKind::Q6KTiled => unsafe { q6k_tiles(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
     }
 }
@@ -687,4 +689,118 @@ unsafe fn transpose4(z: [__m512i; 4]) -> [__m512i; 4] {
             _mm512_unpackhi_epi64(t1, t3),
         ]
     }
+}
+
+/// The tiled Q6_K kernel over the whole product, in tiles of 4 weight rows × up to 4
+/// activation rows ([`q6k`]).
+///
+/// # Safety
+/// As [`run`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    let na = a.len();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut i0 = 0;
+        while i0 + 4 <= w.len() {
+            let wp = [
+                w[i0].as_ptr(),
+                w[i0 + 1].as_ptr(),
+                w[i0 + 2].as_ptr(),
+                w[i0 + 3].as_ptr(),
+            ];
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
+                let ap = [ap(0), ap(1), ap(2), ap(3)];
+                let r = match rn {
+                    1 => spread(q6k::<1>(nb, wp, [ap[0]])),
+                    2 => spread(q6k::<2>(nb, wp, [ap[0], ap[1]])),
+                    3 => spread(q6k::<3>(nb, wp, [ap[0], ap[1], ap[2]])),
+                    _ => q6k::<4>(nb, wp, ap),
+                };
+                for i in 0..4 {
+                    for j in 0..rn {
+                        out[(i0 + i) * na + j0 + j] = r[i][j];
+                    }
+                }
+                j0 += rn;
+            }
+            i0 += 4;
+        }
+    }
+}
+
+/// The tiled Q6_K kernel per output (as the AVX2 tile: per superblock `res = d_w·(float)s1`,
+/// `acc = fma(res, d_a, acc)`, `s1 = Σ scale·q6·q8 - 32·Σ scale·bsum` exact), 4 weight rows ×
+/// `RN` activation rows. The exact sum is formed 64 values at a time: two of the AVX2 tile's
+/// 32-value chunks share one 512-bit `maddubs` and one `vpdpwssd` applies their scales and
+/// accumulates; each weight row's superblock is unpacked once for the `RN` rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN]) -> [[f32; RN]; 4] {
+    let mut acc = [[0f32; RN]; 4];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let m4 = _mm512_set1_epi8(0xF);
+        let m30 = _mm512_set1_epi8(0x30);
+        // Per 16-bit lane: chunk 0 | chunk 1 of a half take the high bits 0-1 | 2-3 of `qh`
+        // (shifted left 4 | 2), chunks 2 | 3 take bits 4-5 | 6-7 (shifted right 0 | 2).
+        let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        for ib in 0..nb {
+            let mut yd = [0f32; RN];
+            let mut q8sums = [_mm256_setzero_si256(); RN];
+            let mut yq = [std::ptr::null::<u8>(); RN];
+            for j in 0..RN {
+                let yb = a[j].add(ib * 292);
+                yd[j] = yb.cast::<f32>().read_unaligned();
+                yq[j] = yb.add(4);
+                q8sums[j] = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+            }
+            for i in 0..4 {
+                let xb = w[i].add(ib * 210);
+                let dw = ld_f16_last(xb.add(208));
+                let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                let scales_16 = _mm256_cvtepi8_epi16(scales);
+                let sc2 = _mm256_broadcastsi128_si256(scales);
+                // q6 values of chunks (0, 1) and (2, 3) of each half, and their scales.
+                let mut q6 = [_mm512_setzero_si512(); 4];
+                let mut sh = [_mm512_setzero_si512(); 4];
+                for h in 0..2 {
+                    let ql = _mm512_loadu_si512(xb.add(64 * h) as *const __m512i);
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        xb.add(128 + 32 * h) as *const __m256i
+                    ));
+                    let h01 = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+                    let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
+                    q6[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+                    q6[2 * h + 1] =
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+                    for c in 0..2 {
+                        // K6_SHUFFLE rows 4h + 2c and 4h + 2c + 1, back to back.
+                        let idx = _mm256_loadu_si256(
+                            K6_SHUFFLE[4 * h + 2 * c].as_ptr() as *const __m256i
+                        );
+                        sh[2 * h + c] = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+                    }
+                }
+                for j in 0..RN {
+                    let mut sumi = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        let y = _mm512_loadu_si512(yq[j].add(64 * c) as *const __m512i);
+                        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q6[c], y), sh[c]);
+                    }
+                    let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
+                    let s1 = _mm512_reduce_add_epi32(_mm512_sub_epi32(
+                        sumi,
+                        _mm512_zextsi256_si512(sub),
+                    ));
+                    let res = dw * s1 as f32;
+                    acc[i][j] = res.mul_add(yd[j], acc[i][j]);
+                }
+            }
+        }
+    }
+    acc
 }
