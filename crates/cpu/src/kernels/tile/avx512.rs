@@ -470,9 +470,9 @@ const Q4K_MAX_BLOCKS: usize = 64;
 
 /// One Q4_K superblock's scales, decoded for the tiles.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 struct Q4kScales {
-    /// The 8 sub-block scales, each in all 16 i16 lanes.
+    /// The 8 sub-block scales, each in all 16 i16 lanes (pairs read as 512-bit vectors).
     scl: [__m256i; 8],
     /// The 8 sub-block mins as i16.
     mins: __m128i,
@@ -563,7 +563,8 @@ unsafe fn q4k<const G: u8, const RN: usize>(
     unsafe {
         let mut acc = _mm512_setzero_ps();
         let mut acc_min = _mm512_setzero_ps();
-        let m4 = _mm256_set1_epi8(0xF);
+        let m4z = _mm512_set1_epi8(0xF);
+        let nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
         // Lane 4j + i takes row i's value (from 4 lanes) or column j's.
         let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         for ib in 0..nb {
@@ -591,40 +592,32 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                 dm[i] = ds.dmin;
                 let (mins, scl) = (ds.mins, &ds.scl);
                 let q4 = w[i].add(ib * 144 + 16);
-                let mut lo = [_mm256_setzero_si256(); 4];
-                let mut hi = [_mm256_setzero_si256(); 4];
-                for sb in 0..4 {
-                    let bits = _mm256_loadu_si256(q4.add(32 * sb) as *const __m256i);
-                    lo[sb] = _mm256_and_si256(bits, m4);
-                    hi[sb] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                // Sub-block pair k: [low nibbles | high nibbles] of its 32 bytes, against the
+                // activation's 64 values of the pair, with [scale 2k | scale 2k + 1].
+                let mut x = [_mm512_setzero_si512(); 4];
+                for (k, xk) in x.iter_mut().enumerate() {
+                    let bits = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        q4.add(32 * k) as *const __m256i
+                    ));
+                    *xk = _mm512_and_si512(_mm512_srlv_epi16(bits, nib_shift), m4z);
                 }
-                let mut s4 = [_mm_setzero_si128(); 4];
+                let mut v = [_mm512_setzero_si512(); 16];
                 let mut m4s = [_mm_setzero_si128(); 4];
                 for j in 0..RN {
                     m4s[j] = _mm_madd_epi16(mins, q8s[j]);
-                    let mut p = [_mm256_setzero_si256(); 4];
-                    for sb in 0..4 {
-                        let q8l = _mm256_loadu_si256(yq[j].add(64 * sb) as *const __m256i);
-                        let q8h = _mm256_loadu_si256(yq[j].add(64 * sb + 32) as *const __m256i);
-                        let pl = _mm256_dpwssd_epi32(
-                            _mm256_setzero_si256(),
-                            _mm256_maddubs_epi16(lo[sb], q8l),
-                            scl[2 * sb],
-                        );
-                        p[sb] = _mm256_dpwssd_epi32(
-                            pl,
-                            _mm256_maddubs_epi16(hi[sb], q8h),
-                            scl[2 * sb + 1],
+                    for k in 0..4 {
+                        let y = _mm512_loadu_si512(yq[j].add(64 * k) as *const __m512i);
+                        let sc = _mm512_load_si512(scl.as_ptr().add(2 * k).cast::<__m512i>());
+                        v[4 * j + k] = _mm512_dpwssd_epi32(
+                            _mm512_setzero_si512(),
+                            _mm512_maddubs_epi16(x[k], y),
+                            sc,
                         );
                     }
-                    // The exact (wrapping) lane sums of each pair of sub-blocks.
-                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
-                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
-                    let h = _mm256_hadd_epi32(h01, h23);
-                    s4[j] =
-                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
                 }
-                zs[i] = join4(s4);
+                // Lane 4j + k: the exact (wrapping) sum of sub-block pair k against column j.
+                let s4 = sum16(v);
+                zs[i] = s4;
                 zm[i] = join4(m4s);
             }
             // Lane 4j + i: d_i · yd_j and dmin_i · yd_j, one rounding each.
@@ -659,6 +652,41 @@ unsafe fn q4k<const G: u8, const RN: usize>(
             }
         }
         out
+    }
+}
+
+/// Lane `n` of the result: the (wrapping) sum of the 16 lanes of `v[n]`. A tree of pairwise
+/// sums: within 128-bit groups by unpacking, then across groups by 128-bit shuffles.
+#[inline(always)]
+unsafe fn sum16(v: [__m512i; 16]) -> __m512i {
+    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
+    unsafe {
+        let mut x = [_mm512_setzero_si512(); 8];
+        for p in 0..8 {
+            let (a, b) = (v[2 * p], v[2 * p + 1]);
+            x[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        }
+        let mut y = [_mm512_setzero_si512(); 4];
+        for q in 0..4 {
+            let (a, b) = (x[2 * q], x[2 * q + 1]);
+            y[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+        }
+        // Group g of y[q], lane m: v[4q + m] summed over group g.
+        let z0 = add_group_pairs(y[0], y[1]);
+        let z1 = add_group_pairs(y[2], y[3]);
+        add_group_pairs(z0, z1)
+    }
+}
+
+/// Groups `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` (128-bit groups, lane by lane).
+#[inline(always)]
+unsafe fn add_group_pairs(a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
+    unsafe {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4(a, b, 0b10_00_10_00),
+            _mm512_shuffle_i32x4(a, b, 0b11_01_11_01),
+        )
     }
 }
 
