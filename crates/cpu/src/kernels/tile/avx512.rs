@@ -767,17 +767,19 @@ unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
 /// accumulates; each weight row's superblock is unpacked once for the `RN` rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN]) -> [[f32; RN]; 4] {
-    let mut acc = [[0f32; RN]; 4];
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
+        // Lane 4j + i: output (i, j).
+        let mut acc = _mm512_setzero_ps();
         let m4 = _mm512_set1_epi8(0xF);
         let m30 = _mm512_set1_epi8(0x30);
         // Per 16-bit lane: chunk 0 | chunk 1 of a half take the high bits 0-1 | 2-3 of `qh`
         // (shifted left 4 | 2), chunks 2 | 3 take bits 4-5 | 6-7 (shifted right 0 | 2).
         let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
         let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         for ib in 0..nb {
-            let mut yd = [0f32; RN];
+            let mut yd = [0f32; 4];
             let mut q8sums = [_mm256_setzero_si256(); RN];
             let mut yq = [std::ptr::null::<u8>(); RN];
             for j in 0..RN {
@@ -786,9 +788,12 @@ unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN])
                 yq[j] = yb.add(4);
                 q8sums[j] = _mm256_loadu_si256(yb.add(260) as *const __m256i);
             }
+            let mut dw = [0f32; 4];
+            // v[4j + i]: lanes whose sum is s1 of output (i, j).
+            let mut v = [_mm512_setzero_si512(); 16];
             for i in 0..4 {
                 let xb = w[i].add(ib * 210);
-                let dw = ld_f16_last(xb.add(208));
+                dw[i] = ld_f16_last(xb.add(208));
                 let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
                 let scales_16 = _mm256_cvtepi8_epi16(scales);
                 let sc2 = _mm256_broadcastsi128_si256(scales);
@@ -814,21 +819,31 @@ unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN])
                     }
                 }
                 for j in 0..RN {
-                    let mut sumi = _mm512_setzero_si512();
+                    let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
+                    let mut sumi =
+                        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(sub));
                     for c in 0..4 {
                         let y = _mm512_loadu_si512(yq[j].add(64 * c) as *const __m512i);
                         sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q6[c], y), sh[c]);
                     }
-                    let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
-                    let s1 = _mm512_reduce_add_epi32(_mm512_sub_epi32(
-                        sumi,
-                        _mm512_zextsi256_si512(sub),
-                    ));
-                    let res = dw * s1 as f32;
-                    acc[i][j] = res.mul_add(yd[j], acc[i][j]);
+                    v[4 * j + i] = sumi;
                 }
             }
+            // res = d_w·(float)s1, then acc = fma(res, d_a, acc), lane by lane.
+            let s1 = _mm512_cvtepi32_ps(sum16(v));
+            let res = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dw.as_ptr())), s1);
+            let cols =
+                _mm512_permutexvar_ps(of_col, _mm512_castps128_ps512(_mm_loadu_ps(yd.as_ptr())));
+            acc = _mm512_fmadd_ps(res, cols, acc);
         }
+        let mut r = [0f32; 16];
+        _mm512_storeu_ps(r.as_mut_ptr(), acc);
+        let mut out = [[0f32; RN]; 4];
+        for i in 0..4 {
+            for j in 0..RN {
+                out[i][j] = r[4 * j + i];
+            }
+        }
+        out
     }
-    acc
 }
