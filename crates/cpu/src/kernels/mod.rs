@@ -202,6 +202,28 @@ pub(crate) mod x86 {
         t
     };
 
+    /// The largest `|v|` of `x` (a multiple of 8 values) and whether `x` holds a NaN; without
+    /// NaNs the maximum is exact whatever the order. NaNs are skipped.
+    #[inline(always)]
+    pub unsafe fn absmax(x: &[f32]) -> (f32, bool) {
+        // SAFETY: reads within `x`; AVX enabled by the caller.
+        unsafe {
+            let sign = _mm256_set1_ps(-0.0);
+            let mut m = _mm256_setzero_ps();
+            let mut nan = _mm256_setzero_ps();
+            for c in x.chunks_exact(8) {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                // `max(a, m)` returns `m` when `a` is NaN.
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            }
+            let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            (_mm_cvtss_f32(h), _mm256_movemask_ps(nan) != 0)
+        }
+    }
+
     /// `bytes_from_nibbles_32`: low nibbles of 16 bytes, then their high nibbles.
     #[inline(always)]
     pub unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {

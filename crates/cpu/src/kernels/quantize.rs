@@ -100,7 +100,13 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
     if simd_available() {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn fast(x: &[f32], out: &mut [u8]) {
-            quantize_q8_k_impl(x, out)
+            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BLOCK)) {
+                // SAFETY: AVX enabled here. The exact max of the non-NaN `|v|`, as the
+                // scalar scan finds it; `max` is its first element, as there.
+                let (amax, _) = unsafe { super::x86::absmax(xb) };
+                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+                quantize_q8_k_block(xb, ob, amax, max);
+            }
         }
         // SAFETY: AVX2/FMA/F16C present; the same operations (no contraction: there is no
         // `mul_add` in the code), only with SSE4.1 rounding instead of a libm call.
@@ -128,32 +134,39 @@ fn quantize_q8_k_impl(x: &[f32], out: &mut [u8]) {
                 max = v;
             }
         }
-        if amax == 0.0 {
-            ob.fill(0);
-            continue;
-        }
-        let iscale = -127.0 / max;
-        let (d, rest) = ob.split_at_mut(4);
-        let (qs, bsums) = rest.split_at_mut(256);
-        for (q, &v) in qs.iter_mut().zip(xb) {
-            // nearest_int: `fval + 1.5*2^23` rounds to nearest, ties to even.
-            let p = iscale * v;
-            let n = if p.abs() <= 4_194_303.0 {
-                p.round_ties_even() as i32
-            } else {
-                ((p + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-            };
-            *q = n.min(127) as i8 as u8;
-        }
-        for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
-            let sum: i32 = qs[j * 16..j * 16 + 16]
-                .iter()
-                .map(|&b| i32::from(b as i8))
-                .sum();
-            s.copy_from_slice(&(sum as i16).to_le_bytes());
-        }
-        d.copy_from_slice(&(1.0 / iscale).to_le_bytes());
+        quantize_q8_k_block(xb, ob, amax, max);
     }
+}
+
+/// One Q8_K block of `quantize_row_q8_K_ref`, given the block's largest `|v|` and its first
+/// element of that magnitude.
+#[inline(always)]
+fn quantize_q8_k_block(xb: &[f32], ob: &mut [u8], amax: f32, max: f32) {
+    if amax == 0.0 {
+        ob.fill(0);
+        return;
+    }
+    let iscale = -127.0 / max;
+    let (d, rest) = ob.split_at_mut(4);
+    let (qs, bsums) = rest.split_at_mut(256);
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        // nearest_int: `fval + 1.5*2^23` rounds to nearest, ties to even.
+        let p = iscale * v;
+        let n = if p.abs() <= 4_194_303.0 {
+            p.round_ties_even() as i32
+        } else {
+            ((p + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+        };
+        *q = n.min(127) as i8 as u8;
+    }
+    for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
+        let sum: i32 = qs[j * 16..j * 16 + 16]
+            .iter()
+            .map(|&b| i32::from(b as i8))
+            .sum();
+        s.copy_from_slice(&(sum as i16).to_le_bytes());
+    }
+    d.copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
 #[cfg(target_arch = "x86_64")]

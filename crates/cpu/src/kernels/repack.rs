@@ -53,7 +53,13 @@ pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
     if simd_available() {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn fast(x: &[f32], out: &mut [u8]) {
-            quantize_q8_k_4x8_impl(x, out)
+            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+                // SAFETY: AVX enabled here. Without NaNs the scalar scan's maximum is the
+                // plain maximum; with one, the scan's result depends on the order: take it.
+                let (amax, nan) = unsafe { super::x86::absmax(xb) };
+                let amax = if nan { scan_amax(xb) } else { amax };
+                quantize_q8_k_4x8_block(xb, ob, amax);
+            }
         }
         // SAFETY: AVX2/FMA/F16C present; the same operations (no `mul_add`, so nothing is
         // contracted), with SSE4.1 rounding instead of a libm call.
@@ -66,40 +72,52 @@ pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
 #[inline(always)]
 fn quantize_q8_k_4x8_impl(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
-        let mut amax = 0f32;
-        for &v in xb {
-            let a = v.abs();
-            amax = if amax > a { amax } else { a };
-        }
-        let positive_max = xb.contains(&amax);
-        let iscale = if amax == 0.0 {
-            0.0
-        } else if positive_max {
-            -127.0 / amax
-        } else {
-            127.0 / amax
-        };
-        let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
-        let (db, rest) = ob.split_at_mut(4);
-        let (qs, bsums) = rest.split_at_mut(256);
-        for (q, &v) in qs.iter_mut().zip(xb) {
-            let r = (v * iscale).round_ties_even();
-            let i = if (-2_147_483_648.0..2_147_483_648.0).contains(&r) {
-                r as i32
-            } else {
-                i32::MIN
-            };
-            *q = i.clamp(-128, 127) as i8 as u8;
-        }
-        for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
-            let sum: i32 = qs[j * 16..j * 16 + 16]
-                .iter()
-                .map(|&b| i32::from(b as i8))
-                .sum();
-            s.copy_from_slice(&(sum as i16).to_le_bytes());
-        }
-        db.copy_from_slice(&d.to_le_bytes());
+        quantize_q8_k_4x8_block(xb, ob, scan_amax(xb));
     }
+}
+
+/// The reference's running `amax = amax > |v| ? amax : |v|` (a NaN resets it).
+#[inline(always)]
+fn scan_amax(xb: &[f32]) -> f32 {
+    let mut amax = 0f32;
+    for &v in xb {
+        let a = v.abs();
+        amax = if amax > a { amax } else { a };
+    }
+    amax
+}
+
+/// One block of [`quantize_row_q8_k_4x8`], given the block's `amax`.
+#[inline(always)]
+fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
+    let positive_max = xb.contains(&amax);
+    let iscale = if amax == 0.0 {
+        0.0
+    } else if positive_max {
+        -127.0 / amax
+    } else {
+        127.0 / amax
+    };
+    let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+    let (db, rest) = ob.split_at_mut(4);
+    let (qs, bsums) = rest.split_at_mut(256);
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        let r = (v * iscale).round_ties_even();
+        let i = if (-2_147_483_648.0..2_147_483_648.0).contains(&r) {
+            r as i32
+        } else {
+            i32::MIN
+        };
+        *q = i.clamp(-128, 127) as i8 as u8;
+    }
+    for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
+        let sum: i32 = qs[j * 16..j * 16 + 16]
+            .iter()
+            .map(|&b| i32::from(b as i8))
+            .sum();
+        s.copy_from_slice(&(sum as i16).to_le_bytes());
+    }
+    db.copy_from_slice(&d.to_le_bytes());
 }
 
 /// Per superblock: `[Σ_j sc_j·dot_j for each pair of sub-blocks]` and the same for mins.

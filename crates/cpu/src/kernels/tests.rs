@@ -97,6 +97,50 @@ fn quantizers_simd_match_scalar() {
     }
 }
 
+/// The Q8_K quantizers (plain and the repacked kernels' 4x8 variant) against their scalar
+/// scans, including ties for the largest magnitude, zero blocks and NaNs.
+#[test]
+fn q8_k_quantizers_simd_match_scalar() {
+    let mut rng = Rng(0x0dd_ba11_cafe_f00d);
+    for case in 0..6 {
+        let mut x = rng.vec(3 * 256, 4.0);
+        match case {
+            // The largest magnitude twice, negative first.
+            1 => {
+                x[10] = -9.0;
+                x[200] = 9.0;
+            }
+            // Positive first.
+            2 => {
+                x[3] = 9.0;
+                x[77] = -9.0;
+            }
+            // A zero block.
+            3 => x[256..512].iter_mut().for_each(|v| *v = 0.0),
+            // NaNs at the start, in the middle and at the end of a block.
+            4 => {
+                x[0] = f32::NAN;
+                x[300] = f32::NAN;
+                x[767] = f32::NAN;
+            }
+            // A NaN after the largest magnitude.
+            5 => {
+                x[5] = 11.0;
+                x[6] = f32::NAN;
+            }
+            _ => {}
+        }
+        let mut a = vec![0u8; 3 * 292];
+        let mut b = vec![0u8; 3 * 292];
+        quantize::quantize_row_q8_k(&x, &mut a);
+        quantize::quantize_row_q8_k_scalar(&x, &mut b);
+        assert_eq!(a, b, "q8_k case {case}");
+        super::repack::quantize_row_q8_k_4x8(&x, &mut a);
+        super::repack::scalar::quantize_row_q8_k_4x8(&x, &mut b);
+        assert_eq!(a, b, "q8_k 4x8 case {case}");
+    }
+}
+
 #[test]
 fn dots_simd_match_scalar() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
