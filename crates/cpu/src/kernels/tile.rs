@@ -224,6 +224,13 @@ mod avx2 {
             TileKind::Q0Chain(_) => run_tiles!(q0_chain, 3, nb, w, a, out),
             TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
             TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
+            // SAFETY (both): by this function's contract; the table limit holds.
+            TileKind::Q4KGemv if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
+                q4k_pairs::<0>(nb, w, a, out)
+            },
+            TileKind::Q4KGemm if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
+                q4k_pairs::<1>(nb, w, a, out)
+            },
             TileKind::Q4KGemv => run_tiles!(q4k, 0, nb, w, a, out),
             TileKind::Q4KGemm => run_tiles!(q4k, 1, nb, w, a, out),
             TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
@@ -341,6 +348,236 @@ mod avx2 {
                     j0 += rn;
                 }
             }
+        }
+    }
+
+    /// Superblocks per row (k up to 8192) for which [`q4k_pairs`] decodes a pair of weight
+    /// rows once per call, into a table on the stack.
+    const Q4K_MAX_BLOCKS: usize = 32;
+
+    fn q4k_pairs_cover(nb: usize, nw: usize, na: usize) -> bool {
+        nb <= Q4K_MAX_BLOCKS && nw.is_multiple_of(2) && na > 1
+    }
+
+    /// One Q4_K superblock of a weight row, decoded for [`q4k2`].
+    #[derive(Clone, Copy)]
+    #[repr(C, align(32))]
+    struct Q4kDecoded {
+        /// Sub-block `s`'s 32 values (sub-blocks `2k`, `2k + 1`: the low and high nibbles of
+        /// the k-th 32 bytes).
+        q: [__m256i; 8],
+        /// Sub-block `s`'s scale in all 16 i16 lanes.
+        scl: [__m256i; 8],
+        /// The 8 mins as i16.
+        mins: __m128i,
+        d: f32,
+        dmin: f32,
+    }
+
+    /// The repacked-Q4_K kernels over the whole product in tiles of 2 weight rows × up to 4
+    /// activation rows ([`q4k2`]); each pair of weight rows is decoded once per call (values,
+    /// scales, mins), not once per tile.
+    ///
+    /// # Safety
+    /// As [`run`]; `q4k_pairs_cover` holds.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4k_pairs<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        let na = a.len();
+        let mut dec: std::mem::MaybeUninit<[[Q4kDecoded; Q4K_MAX_BLOCKS]; 2]> =
+            std::mem::MaybeUninit::uninit();
+        let dec = dec.as_mut_ptr().cast::<Q4kDecoded>();
+        // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
+        // are read.
+        unsafe {
+            let m4 = _mm256_set1_epi8(0xF);
+            let dp = [dec.cast_const(), dec.add(Q4K_MAX_BLOCKS).cast_const()];
+            for i0 in (0..w.len()).step_by(2) {
+                for i in 0..2 {
+                    let row = w[i0 + i].as_ptr();
+                    for b in 0..nb {
+                        let xb = row.add(b * 144);
+                        let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
+                            std::slice::from_raw_parts(xb.add(4), 12),
+                        );
+                        let mut q = [_mm256_setzero_si256(); 8];
+                        let mut scl = [_mm256_setzero_si256(); 8];
+                        for k in 0..4 {
+                            let bits = loadu(xb.add(16 + 32 * k));
+                            q[2 * k] = _mm256_and_si256(bits, m4);
+                            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                        }
+                        for (v, &c) in scl.iter_mut().zip(&sc) {
+                            *v = _mm256_set1_epi16(i16::from(c));
+                        }
+                        dec.add(i * Q4K_MAX_BLOCKS + b).write(Q4kDecoded {
+                            q,
+                            scl,
+                            mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+                            d: ld_f16(xb),
+                            dmin: ld_f16(xb.add(2)),
+                        });
+                    }
+                }
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(4);
+                    let ap = |j: usize| a[j0 + j].as_ptr();
+                    macro_rules! k {
+                        ($n:literal) => {{
+                            let r = q4k2::<G, $n>(nb, dp, std::array::from_fn(ap));
+                            for i in 0..2 {
+                                for j in 0..$n {
+                                    out[(i0 + i) * na + j0 + j] = r[i][j];
+                                }
+                            }
+                        }};
+                    }
+                    match rn {
+                        1 => k!(1),
+                        2 => k!(2),
+                        3 => k!(3),
+                        _ => k!(4),
+                    }
+                    j0 += rn;
+                }
+            }
+        }
+    }
+
+    /// [`q4k`] for 2 decoded weight rows × `RN` activation rows, with the float steps on
+    /// 8-lane vectors: the per-pair sums are transposed into lanes (output `(i, j)` in lane
+    /// `4(j % 2) + 2(j / 2) + i`), and each lane takes the scalar kernel's FMAs in order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4k2<const G: u8, const RN: usize>(
+        nb: usize,
+        dp: [*const Q4kDecoded; 2],
+        a: [*const u8; RN],
+    ) -> [[f32; RN]; 2] {
+        // SAFETY: the tables and rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_min = _mm256_setzero_ps();
+            let row_of = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+            let col_of = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+            for ib in 0..nb {
+                let mut yd = [0f32; 4];
+                let mut q8s = [_mm_setzero_si128(); RN];
+                let mut yq = [std::ptr::null::<u8>(); RN];
+                for j in 0..RN {
+                    let yb = a[j].add(ib * 292);
+                    yd[j] = ld_f32(yb);
+                    yq[j] = yb.add(4);
+                    // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
+                    q8s[j] = _mm_hadd_epi16(
+                        _mm_loadu_si128(yb.add(260) as *const __m128i),
+                        _mm_loadu_si128(yb.add(276) as *const __m128i),
+                    );
+                }
+                // s[i][j]: the 4 sub-block-pair sums; m[i][j]: the 4 min sums.
+                let mut s = [[_mm_setzero_si128(); 4]; 2];
+                let mut m = [[_mm_setzero_si128(); 4]; 2];
+                let mut dx = [0f32; 2];
+                let mut dm = [0f32; 2];
+                for i in 0..2 {
+                    let ds = &*dp[i].add(ib);
+                    dx[i] = ds.d;
+                    dm[i] = ds.dmin;
+                    for j in 0..RN {
+                        m[i][j] = _mm_madd_epi16(ds.mins, q8s[j]);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for (k, pk) in p.iter_mut().enumerate() {
+                            let q8l = loadu(yq[j].add(64 * k));
+                            let q8h = loadu(yq[j].add(64 * k + 32));
+                            let pl = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(ds.q[2 * k], q8l),
+                                ds.scl[2 * k],
+                            );
+                            let ph = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(ds.q[2 * k + 1], q8h),
+                                ds.scl[2 * k + 1],
+                            );
+                            *pk = _mm256_add_epi32(pl, ph);
+                        }
+                        let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                        let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                        let h = _mm256_hadd_epi32(h01, h23);
+                        s[i][j] = _mm_add_epi32(
+                            _mm256_castsi256_si128(h),
+                            _mm256_extracti128_si256(h, 1),
+                        );
+                    }
+                }
+                let r = transpose_2x4(s);
+                let rm = transpose_2x4(m);
+                let ydv = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(_mm_loadu_ps(yd.as_ptr())),
+                    col_of,
+                );
+                let dxv = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(_mm_setr_ps(dx[0], dx[1], 0.0, 0.0)),
+                    row_of,
+                );
+                let dmv = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(_mm_setr_ps(dm[0], dm[1], 0.0, 0.0)),
+                    row_of,
+                );
+                // d·yd and dmin·yd per lane, one rounding each.
+                let dd = _mm256_mul_ps(dxv, ydv);
+                let ddm = _mm256_mul_ps(dmv, ydv);
+                if G == 0 {
+                    let sum = _mm256_add_epi32(
+                        _mm256_add_epi32(r[0], r[1]),
+                        _mm256_add_epi32(r[2], r[3]),
+                    );
+                    let smin = _mm256_add_epi32(
+                        _mm256_add_epi32(rm[0], rm[1]),
+                        _mm256_add_epi32(rm[2], rm[3]),
+                    );
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc);
+                    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(smin), ddm, acc_min);
+                } else {
+                    for k in 0..4 {
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r[k]), dd, acc);
+                        acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rm[k]), ddm, acc_min);
+                    }
+                }
+            }
+            let mut va = [0f32; 8];
+            let mut vm = [0f32; 8];
+            _mm256_storeu_ps(va.as_mut_ptr(), acc);
+            _mm256_storeu_ps(vm.as_mut_ptr(), acc_min);
+            let mut out = [[0f32; RN]; 2];
+            for i in 0..2 {
+                for j in 0..RN {
+                    let l = 4 * (j % 2) + 2 * (j / 2) + i;
+                    out[i][j] = va[l] - vm[l];
+                }
+            }
+            out
+        }
+    }
+
+    /// `v[i][j]` (4 lanes, k) to `out[k]` lane `4(j % 2) + 2(j / 2) + i`: a 4×4 transpose
+    /// inside each 128-bit half of `[v[0][0] | v[0][1]]`, `[v[1][0] | v[1][1]]`,
+    /// `[v[0][2] | v[0][3]]`, `[v[1][2] | v[1][3]]`.
+    #[inline(always)]
+    unsafe fn transpose_2x4(v: [[__m128i; 4]; 2]) -> [__m256i; 4] {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            let a = _mm256_set_m128i(v[0][1], v[0][0]);
+            let b = _mm256_set_m128i(v[1][1], v[1][0]);
+            let c = _mm256_set_m128i(v[0][3], v[0][2]);
+            let d = _mm256_set_m128i(v[1][3], v[1][2]);
+            let t0 = _mm256_unpacklo_epi32(a, b);
+            let t1 = _mm256_unpackhi_epi32(a, b);
+            let t2 = _mm256_unpacklo_epi32(c, d);
+            let t3 = _mm256_unpackhi_epi32(c, d);
+            [
+                _mm256_unpacklo_epi64(t0, t2),
+                _mm256_unpackhi_epi64(t0, t2),
+                _mm256_unpacklo_epi64(t1, t3),
+                _mm256_unpackhi_epi64(t1, t3),
+            ]
         }
     }
 
