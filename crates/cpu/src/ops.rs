@@ -479,9 +479,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                             if j < lead {
                                 row.fill(0.0);
                             } else {
-                                for (i, v) in row.iter_mut().enumerate() {
-                                    *v = out[i * nc + j - lead];
-                                }
+                                row.copy_from_slice(&out[(j - lead) * rm..(j - lead + 1) * rm]);
                             }
                         }
                     }
@@ -511,16 +509,16 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             let acts = arows(jc, nc, i12, i13);
             let k = plan.trimmed_k(k, &acts[..nc]);
             plan.dot_tile(k, &w[..rm], &acts[..nc], jc, &mut out[..rm * nc]);
+            let zeros = [0f32; WR];
             for j in 0..rn {
-                let mut col = [0f32; WR];
-                if j >= lead {
-                    for i in 0..rm {
-                        col[i] = out[i * nc + j - lead];
-                    }
-                }
+                let col = if j >= lead {
+                    &out[(j - lead) * rm..(j - lead + 1) * rm]
+                } else {
+                    &zeros[..rm]
+                };
                 // SAFETY: dst elements (i0..i0 + rm, j, i12, i13) belong to task t, which only
                 // this thread runs.
-                unsafe { d.set_run([i0, j0 + j, i12, i13], &col[..rm]) };
+                unsafe { d.set_run([i0, j0 + j, i12, i13], col) };
             }
             j0 = end;
         }

@@ -361,7 +361,7 @@ fn tiled_products(
             plan.dot_tile(k, &wr[i0..i0 + rm], &ar[j0..end], j0, &mut out[..rm * rn]);
             for i in 0..rm {
                 for j in 0..rn {
-                    got[(j0 + j) * m + i0 + i] = out[i * rn + j];
+                    got[(j0 + j) * m + i0 + i] = out[j * rm + i];
                 }
             }
             j0 = end;

@@ -260,7 +260,7 @@ impl MatMul {
     }
 
     /// Outputs of weight rows `w` (each `k` values) against converted activation rows `acts`
-    /// (rows `j0..j0 + acts.len()` of their plane): `out[i * acts.len() + j]` is
+    /// (rows `j0..j0 + acts.len()` of their plane): `out[j * w.len() + i]` is
     /// `self.dot(k, w[i], acts[j], j0 + j)`, bit for bit, computed in register-blocked tiles
     /// where a SIMD tile kernel exists.
     pub fn dot_tile(&self, k: usize, w: &[&[u8]], acts: &[&[u8]], j0: usize, out: &mut [f32]) {
@@ -290,7 +290,7 @@ impl MatMul {
         }
         for (i, wr) in w.iter().enumerate() {
             for (j, act) in acts.iter().enumerate() {
-                out[i * na + j] = self.dot(k, wr, act, j0 + j);
+                out[j * w.len() + i] = self.dot(k, wr, act, j0 + j);
             }
         }
     }

@@ -331,7 +331,7 @@ fn tiles_match_scalar() {
                             for i in 0..rm {
                                 for j in 0..rn {
                                     let s = plan.dot_scalar(k, wr[i0 + i], ar[j0 + j], j0 + j);
-                                    let v = out[i * rn + j];
+                                    let v = out[j * rm + i];
                                     let d = plan.dot(k, wr[i0 + i], ar[j0 + j], j0 + j);
                                     assert_eq!(
                                         (v.to_bits(), d.to_bits()),

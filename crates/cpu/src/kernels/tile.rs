@@ -48,7 +48,7 @@ impl TileKind {
     }
 }
 
-/// `out[i * acts.len() + j]` = the output of weight row `w[i]` and activation row `acts[j]` (rows
+/// `out[j * w.len() + i]` = the output of weight row `w[i]` and activation row `acts[j]` (rows
 /// of `k` values), when tier `isa` (at most [`super::detected_isa`]) has a tile kernel for
 /// `kind`; returns `false` (and leaves `out` alone) otherwise.
 pub(crate) fn tile_at(
@@ -136,7 +136,7 @@ mod avx2 {
             let r = unsafe { $kern::<{ $t }, $rm, $rn>($nb, wp, ap) };
             for i in 0..$rm {
                 for j in 0..$rn {
-                    $out[($i0 + i) * $na + $j0 + j] = r[i][j];
+                    $out[($j0 + j) * $w.len() + $i0 + i] = r[i][j];
                 }
             }
         }};
@@ -163,15 +163,15 @@ mod avx2 {
                         // SAFETY: rows hold `nb` blocks (checked by `tile`).
                         let r = unsafe { $kern::<{ $t }, 2>(nb, wp, ap) };
                         for i in 0..4 {
-                            out[(i0 + i) * na + j0] = r[i][0];
-                            out[(i0 + i) * na + j0 + 1] = r[i][1];
+                            out[j0 * w.len() + i0 + i] = r[i][0];
+                            out[(j0 + 1) * w.len() + i0 + i] = r[i][1];
                         }
                         j0 += 2;
                     } else {
                         // SAFETY: as above.
                         let r = unsafe { $kern::<{ $t }, 1>(nb, wp, [a[j0].as_ptr()]) };
                         for i in 0..4 {
-                            out[(i0 + i) * na + j0] = r[i][0];
+                            out[j0 * w.len() + i0 + i] = r[i][0];
                         }
                         j0 += 1;
                     }
@@ -334,7 +334,7 @@ mod avx2 {
                             );
                             for i in 0..RM {
                                 for j in 0..$n {
-                                    out[(RM * g + i) * na + j0 + j] = r[i][j];
+                                    out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
                                 }
                             }
                         }};
@@ -427,7 +427,7 @@ mod avx2 {
                             let r = q4k2::<G, $n>(nb, dp, std::array::from_fn(ap));
                             for i in 0..2 {
                                 for j in 0..$n {
-                                    out[(i0 + i) * na + j0 + j] = r[i][j];
+                                    out[(j0 + j) * w.len() + i0 + i] = r[i][j];
                                 }
                             }
                         }};

@@ -153,7 +153,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
                 };
                 for i in 0..4 {
                     for j in 0..rn {
-                        out[(4 * g + i) * na + 4 * h + j] = r[i][j];
+                        out[(4 * h + j) * w.len() + 4 * g + i] = r[i][j];
                     }
                 }
             }
@@ -535,7 +535,7 @@ unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 };
                 for i in 0..4 {
                     for j in 0..rn {
-                        out[(i0 + i) * na + j0 + j] = r[i][j];
+                        out[(j0 + j) * w.len() + i0 + i] = r[i][j];
                     }
                 }
                 j0 += rn;
@@ -750,7 +750,7 @@ unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
                 };
                 for i in 0..4 {
                     for j in 0..rn {
-                        out[(i0 + i) * na + j0 + j] = r[i][j];
+                        out[(j0 + j) * w.len() + i0 + i] = r[i][j];
                     }
                 }
                 j0 += rn;
