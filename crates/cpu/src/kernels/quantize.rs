@@ -159,6 +159,13 @@ fn quantize_q8_k_block(xb: &[f32], ob: &mut [u8], amax: f32, max: f32) {
         };
         *q = n.min(127) as i8 as u8;
     }
+    q8_k_bsums(qs, bsums);
+    d.copy_from_slice(&(1.0 / iscale).to_le_bytes());
+}
+
+/// A Q8_K block's 16 sums of 16 quants each, as i16 (the block's `bsums`).
+#[inline(always)]
+pub(crate) fn q8_k_bsums(qs: &[u8], bsums: &mut [u8]) {
     for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
         let sum: i32 = qs[j * 16..j * 16 + 16]
             .iter()
@@ -166,7 +173,6 @@ fn quantize_q8_k_block(xb: &[f32], ob: &mut [u8], amax: f32, max: f32) {
             .sum();
         s.copy_from_slice(&(sum as i16).to_le_bytes());
     }
-    d.copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -110,13 +110,7 @@ fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
         };
         *q = i.clamp(-128, 127) as i8 as u8;
     }
-    for (j, s) in bsums.chunks_exact_mut(2).enumerate() {
-        let sum: i32 = qs[j * 16..j * 16 + 16]
-            .iter()
-            .map(|&b| i32::from(b as i8))
-            .sum();
-        s.copy_from_slice(&(sum as i16).to_le_bytes());
-    }
+    super::quantize::q8_k_bsums(qs, bsums);
     db.copy_from_slice(&d.to_le_bytes());
 }
 

@@ -353,25 +353,73 @@ mod avx2 {
 
     /// Superblocks per row (k up to 8192) for which [`q4k_pairs`] decodes a pair of weight
     /// rows once per call, into a table on the stack.
-    const Q4K_MAX_BLOCKS: usize = 32;
+    pub(super) const Q4K_MAX_BLOCKS: usize = 32;
 
     fn q4k_pairs_cover(nb: usize, nw: usize, na: usize) -> bool {
         nb <= Q4K_MAX_BLOCKS && nw.is_multiple_of(2) && na > 1
     }
 
-    /// One Q4_K superblock of a weight row, decoded for [`q4k2`].
+    /// One Q4_K superblock of a weight row, decoded once per call for the tiles.
     #[derive(Clone, Copy)]
-    #[repr(C, align(32))]
-    struct Q4kDecoded {
+    #[repr(C, align(64))]
+    pub(super) struct Q4kDecoded {
         /// Sub-block `s`'s 32 values (sub-blocks `2k`, `2k + 1`: the low and high nibbles of
-        /// the k-th 32 bytes).
-        q: [__m256i; 8],
+        /// the k-th 32 bytes, so `q[2k..2k + 2]` is one 512-bit pair).
+        pub q: [__m256i; 8],
         /// Sub-block `s`'s scale in all 16 i16 lanes.
-        scl: [__m256i; 8],
+        pub scl: [__m256i; 8],
         /// The 8 mins as i16.
-        mins: __m128i,
-        d: f32,
-        dmin: f32,
+        pub mins: __m128i,
+        pub d: f32,
+        pub dmin: f32,
+    }
+
+    /// Decodes the Q4_K superblock at `xb`.
+    ///
+    /// # Safety
+    /// 144 readable bytes at `xb`; AVX2/F16C enabled by the caller.
+    #[inline(always)]
+    pub(super) unsafe fn decode_q4k(xb: *const u8) -> Q4kDecoded {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let m4 = _mm256_set1_epi8(0xF);
+            let (sc, mn) =
+                crate::kernels::dot::q4k_scales_mins_pub(std::slice::from_raw_parts(xb.add(4), 12));
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut scl = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let bits = loadu(xb.add(16 + 32 * k));
+                q[2 * k] = _mm256_and_si256(bits, m4);
+                q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            }
+            for (v, &c) in scl.iter_mut().zip(&sc) {
+                *v = _mm256_set1_epi16(i16::from(c));
+            }
+            Q4kDecoded {
+                q,
+                scl,
+                mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+                d: ld_f16_last(xb),
+                dmin: ld_f16_last(xb.add(2)),
+            }
+        }
+    }
+
+    /// A Q8_K activation superblock as the repacked-Q4_K kernels read it: `d`, the sums of
+    /// pairs of 16-value bsums (wrapping i16), and the quants.
+    ///
+    /// # Safety
+    /// 292 readable bytes at `yb`; AVX2 enabled by the caller.
+    #[inline(always)]
+    pub(super) unsafe fn q8k_act(yb: *const u8) -> (f32, __m128i, *const u8) {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let q8s = _mm_hadd_epi16(
+                _mm_loadu_si128(yb.add(260) as *const __m128i),
+                _mm_loadu_si128(yb.add(276) as *const __m128i),
+            );
+            (ld_f32(yb), q8s, yb.add(4))
+        }
     }
 
     /// The repacked-Q4_K kernels over the whole product in tiles of 2 weight rows × up to 4
@@ -389,33 +437,13 @@ mod avx2 {
         // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
         // are read.
         unsafe {
-            let m4 = _mm256_set1_epi8(0xF);
             let dp = [dec.cast_const(), dec.add(Q4K_MAX_BLOCKS).cast_const()];
             for i0 in (0..w.len()).step_by(2) {
                 for i in 0..2 {
                     let row = w[i0 + i].as_ptr();
                     for b in 0..nb {
-                        let xb = row.add(b * 144);
-                        let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
-                            std::slice::from_raw_parts(xb.add(4), 12),
-                        );
-                        let mut q = [_mm256_setzero_si256(); 8];
-                        let mut scl = [_mm256_setzero_si256(); 8];
-                        for k in 0..4 {
-                            let bits = loadu(xb.add(16 + 32 * k));
-                            q[2 * k] = _mm256_and_si256(bits, m4);
-                            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                        }
-                        for (v, &c) in scl.iter_mut().zip(&sc) {
-                            *v = _mm256_set1_epi16(i16::from(c));
-                        }
-                        dec.add(i * Q4K_MAX_BLOCKS + b).write(Q4kDecoded {
-                            q,
-                            scl,
-                            mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
-                            d: ld_f16(xb),
-                            dmin: ld_f16(xb.add(2)),
-                        });
+                        dec.add(i * Q4K_MAX_BLOCKS + b)
+                            .write(decode_q4k(row.add(b * 144)));
                     }
                 }
                 let mut j0 = 0;
@@ -464,14 +492,7 @@ mod avx2 {
                 let mut q8s = [_mm_setzero_si128(); RN];
                 let mut yq = [std::ptr::null::<u8>(); RN];
                 for j in 0..RN {
-                    let yb = a[j].add(ib * 292);
-                    yd[j] = ld_f32(yb);
-                    yq[j] = yb.add(4);
-                    // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
-                    q8s[j] = _mm_hadd_epi16(
-                        _mm_loadu_si128(yb.add(260) as *const __m128i),
-                        _mm_loadu_si128(yb.add(276) as *const __m128i),
-                    );
+                    (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
                 }
                 // s[i][j]: the 4 sub-block-pair sums; m[i][j]: the 4 min sums.
                 let mut s = [[_mm_setzero_si128(); 4]; 2];
@@ -1088,14 +1109,7 @@ mod avx2 {
                 let mut q8s = [_mm_setzero_si128(); RN];
                 let mut yq = [std::ptr::null::<u8>(); RN];
                 for j in 0..RN {
-                    let yb = a[j].add(ib * 292);
-                    yd[j] = ld_f32(yb);
-                    yq[j] = yb.add(4);
-                    // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
-                    q8s[j] = _mm_hadd_epi16(
-                        _mm_loadu_si128(yb.add(260) as *const __m128i),
-                        _mm_loadu_si128(yb.add(276) as *const __m128i),
-                    );
+                    (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
                 }
                 for i in 0..RM {
                     let xb = w[i].add(ib * 144);

@@ -9,7 +9,10 @@
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
 //! one 16-lane multiply and read back as embedded broadcasts.
 
-use super::avx2::{KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, ld_f16_last, q0_bytes, scales4};
+use super::avx2::{
+    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, Q4K_MAX_BLOCKS, Q4kDecoded, decode_q4k, ld_f16_last,
+    q0_bytes, q8k_act, scales4,
+};
 use crate::kernels::x86::{K6_SHUFFLE, bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
@@ -464,82 +467,58 @@ unsafe fn q1<const T: u8, const RN: usize>(
     }
 }
 
-/// Superblocks per row (k up to 16384) for which the Q4_K tiles decode a row group's scales
-/// once per call, into a table on the stack.
-const Q4K_MAX_BLOCKS: usize = 64;
-
-/// One Q4_K superblock's scales, decoded for the tiles.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Q4kScales {
-    /// The 8 sub-block scales, each in all 16 i16 lanes (pairs read as 512-bit vectors).
-    scl: [__m256i; 8],
-    /// The 8 sub-block mins as i16.
-    mins: __m128i,
-    d: f32,
-    dmin: f32,
+/// For weight rows `$i0..$i0 + 4` (of `$nw`): runs `$kern::<[$g,] RN>($arg…, rows)` on the
+/// activation rows of `$a` in groups of up to `RN = 4` and writes the outputs to `$out`.
+macro_rules! act_groups {
+    ($a:expr, $out:expr, $nw:expr, $i0:expr, $kern:ident $(::<$g:ident>)? ($($arg:expr),*)) => {{
+        let (a, out, nw, i0): (&[&[u8]], &mut [f32], usize, usize) = ($a, $out, $nw, $i0);
+        let na = a.len();
+        let mut j0 = 0;
+        while j0 < na {
+            let rn = (na - j0).min(4);
+            let p = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
+            let ap = [p(0), p(1), p(2), p(3)];
+            let r = match rn {
+                1 => spread($kern::<$($g,)? 1>($($arg,)* [ap[0]])),
+                2 => spread($kern::<$($g,)? 2>($($arg,)* [ap[0], ap[1]])),
+                3 => spread($kern::<$($g,)? 3>($($arg,)* [ap[0], ap[1], ap[2]])),
+                _ => $kern::<$($g,)? 4>($($arg,)* ap),
+            };
+            for i in 0..4 {
+                for j in 0..rn {
+                    out[(j0 + j) * nw + i0 + i] = r[i][j];
+                }
+            }
+            j0 += rn;
+        }
+    }};
 }
 
 /// The repacked-Q4_K tiles over the whole product: 4 weight rows × up to 4 activation rows,
-/// each group of 4 weight rows' superblock scales decoded once per call, not once per tile.
+/// each group of 4 weight rows decoded once per call ([`decode_q4k`]), not once per tile.
 ///
 /// # Safety
 /// As [`run`]; `nb <= Q4K_MAX_BLOCKS`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
-    let na = a.len();
-    let mut dec: std::mem::MaybeUninit<[[Q4kScales; Q4K_MAX_BLOCKS]; 4]> =
+    let mut dec: std::mem::MaybeUninit<[[Q4kDecoded; Q4K_MAX_BLOCKS]; 4]> =
         std::mem::MaybeUninit::uninit();
-    let dec = dec.as_mut_ptr().cast::<Q4kScales>();
+    let dec = dec.as_mut_ptr().cast::<Q4kDecoded>();
     // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
     // are read.
     unsafe {
-        let dp: [*const Q4kScales; 4] =
+        let dp: [*const Q4kDecoded; 4] =
             std::array::from_fn(|i| dec.add(i * Q4K_MAX_BLOCKS).cast_const());
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp = [
-                w[i0].as_ptr(),
-                w[i0 + 1].as_ptr(),
-                w[i0 + 2].as_ptr(),
-                w[i0 + 3].as_ptr(),
-            ];
+            let wp: [*const u8; 4] = std::array::from_fn(|i| w[i0 + i].as_ptr());
             for (i, row) in wp.iter().enumerate() {
                 for b in 0..nb {
-                    let xb = row.add(b * 144);
-                    let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
-                        std::slice::from_raw_parts(xb.add(4), 12),
-                    );
-                    let mut scl = [_mm256_setzero_si256(); 8];
-                    for (v, &c) in scl.iter_mut().zip(&sc) {
-                        *v = _mm256_set1_epi16(i16::from(c));
-                    }
-                    dec.add(i * Q4K_MAX_BLOCKS + b).write(Q4kScales {
-                        scl,
-                        mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
-                        d: ld_f16_last(xb),
-                        dmin: ld_f16_last(xb.add(2)),
-                    });
+                    dec.add(i * Q4K_MAX_BLOCKS + b)
+                        .write(decode_q4k(row.add(b * 144)));
                 }
             }
-            let mut j0 = 0;
-            while j0 < na {
-                let rn = (na - j0).min(4);
-                let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
-                let ap = [ap(0), ap(1), ap(2), ap(3)];
-                let r = match rn {
-                    1 => spread(q4k::<G, 1>(nb, wp, dp, [ap[0]])),
-                    2 => spread(q4k::<G, 2>(nb, wp, dp, [ap[0], ap[1]])),
-                    3 => spread(q4k::<G, 3>(nb, wp, dp, [ap[0], ap[1], ap[2]])),
-                    _ => q4k::<G, 4>(nb, wp, dp, ap),
-                };
-                for i in 0..4 {
-                    for j in 0..rn {
-                        out[(j0 + j) * w.len() + i0 + i] = r[i][j];
-                    }
-                }
-                j0 += rn;
-            }
+            act_groups!(a, out, w.len(), i0, q4k::<G>(nb, dp));
             i0 += 4;
         }
     }
@@ -555,16 +534,13 @@ unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4k<const G: u8, const RN: usize>(
     nb: usize,
-    w: [*const u8; 4],
-    dp: [*const Q4kScales; 4],
+    dp: [*const Q4kDecoded; 4],
     a: [*const u8; RN],
 ) -> [[f32; RN]; 4] {
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
         let mut acc = _mm512_setzero_ps();
         let mut acc_min = _mm512_setzero_ps();
-        let m4z = _mm512_set1_epi8(0xF);
-        let nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
         // Lane 4j + i takes row i's value (from 4 lanes) or column j's.
         let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         for ib in 0..nb {
@@ -572,14 +548,7 @@ unsafe fn q4k<const G: u8, const RN: usize>(
             let mut q8s = [_mm_setzero_si128(); RN];
             let mut yq = [std::ptr::null::<u8>(); RN];
             for j in 0..RN {
-                let yb = a[j].add(ib * 292);
-                yd[j] = yb.cast::<f32>().read_unaligned();
-                yq[j] = yb.add(4);
-                // bsum(2k) + bsum(2k+1) as wrapping i16, k = 0..8.
-                q8s[j] = _mm_hadd_epi16(
-                    _mm_loadu_si128(yb.add(260) as *const __m128i),
-                    _mm_loadu_si128(yb.add(276) as *const __m128i),
-                );
+                (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
             }
             let mut dx = [0f32; 4];
             let mut dm = [0f32; 4];
@@ -590,27 +559,19 @@ unsafe fn q4k<const G: u8, const RN: usize>(
                 let ds = &*dp[i].add(ib);
                 dx[i] = ds.d;
                 dm[i] = ds.dmin;
-                let (mins, scl) = (ds.mins, &ds.scl);
-                let q4 = w[i].add(ib * 144 + 16);
                 // Sub-block pair k: [low nibbles | high nibbles] of its 32 bytes, against the
                 // activation's 64 values of the pair, with [scale 2k | scale 2k + 1].
-                let mut x = [_mm512_setzero_si512(); 4];
-                for (k, xk) in x.iter_mut().enumerate() {
-                    let bits = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        q4.add(32 * k) as *const __m256i
-                    ));
-                    *xk = _mm512_and_si512(_mm512_srlv_epi16(bits, nib_shift), m4z);
-                }
                 let mut v = [_mm512_setzero_si512(); 16];
                 let mut m4s = [_mm_setzero_si128(); 4];
                 for j in 0..RN {
-                    m4s[j] = _mm_madd_epi16(mins, q8s[j]);
+                    m4s[j] = _mm_madd_epi16(ds.mins, q8s[j]);
                     for k in 0..4 {
                         let y = _mm512_loadu_si512(yq[j].add(64 * k) as *const __m512i);
-                        let sc = _mm512_load_si512(scl.as_ptr().add(2 * k).cast::<__m512i>());
+                        let x = _mm512_load_si512(ds.q.as_ptr().add(2 * k).cast::<__m512i>());
+                        let sc = _mm512_load_si512(ds.scl.as_ptr().add(2 * k).cast::<__m512i>());
                         v[4 * j + k] = _mm512_dpwssd_epi32(
                             _mm512_setzero_si512(),
-                            _mm512_maddubs_epi16(x[k], y),
+                            _mm512_maddubs_epi16(x, y),
                             sc,
                         );
                     }
@@ -726,35 +687,12 @@ unsafe fn transpose4(z: [__m512i; 4]) -> [__m512i; 4] {
 /// As [`run`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
-    let na = a.len();
     // SAFETY: the caller's contract.
     unsafe {
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp = [
-                w[i0].as_ptr(),
-                w[i0 + 1].as_ptr(),
-                w[i0 + 2].as_ptr(),
-                w[i0 + 3].as_ptr(),
-            ];
-            let mut j0 = 0;
-            while j0 < na {
-                let rn = (na - j0).min(4);
-                let ap = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
-                let ap = [ap(0), ap(1), ap(2), ap(3)];
-                let r = match rn {
-                    1 => spread(q6k::<1>(nb, wp, [ap[0]])),
-                    2 => spread(q6k::<2>(nb, wp, [ap[0], ap[1]])),
-                    3 => spread(q6k::<3>(nb, wp, [ap[0], ap[1], ap[2]])),
-                    _ => q6k::<4>(nb, wp, ap),
-                };
-                for i in 0..4 {
-                    for j in 0..rn {
-                        out[(j0 + j) * w.len() + i0 + i] = r[i][j];
-                    }
-                }
-                j0 += rn;
-            }
+            let wp: [*const u8; 4] = std::array::from_fn(|i| w[i0 + i].as_ptr());
+            act_groups!(a, out, w.len(), i0, q6k(nb, wp));
             i0 += 4;
         }
     }
