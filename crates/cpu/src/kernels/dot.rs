@@ -833,16 +833,16 @@ mod avx2 {
                     let q8_3 = _mm256_loadu_si256(q8.add(96) as *const __m256i);
                     q8 = q8.add(128);
                     let is = 4 * j;
-                    let sh = |k: usize| {
-                        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                            scales,
-                            _mm_loadu_si128(K6_SHUFFLE[is + k].as_ptr() as *const __m128i),
-                        ))
-                    };
-                    let p16_0 = _mm256_madd_epi16(sh(0), _mm256_maddubs_epi16(q4_0, q8_0));
-                    let p16_1 = _mm256_madd_epi16(sh(1), _mm256_maddubs_epi16(q4_1, q8_1));
-                    let p16_2 = _mm256_madd_epi16(sh(2), _mm256_maddubs_epi16(q4_2, q8_2));
-                    let p16_3 = _mm256_madd_epi16(sh(3), _mm256_maddubs_epi16(q4_3, q8_3));
+                    let sh = [
+                        q6k_scale_shuffle(scales, is),
+                        q6k_scale_shuffle(scales, is + 1),
+                        q6k_scale_shuffle(scales, is + 2),
+                        q6k_scale_shuffle(scales, is + 3),
+                    ];
+                    let p16_0 = _mm256_madd_epi16(sh[0], _mm256_maddubs_epi16(q4_0, q8_0));
+                    let p16_1 = _mm256_madd_epi16(sh[1], _mm256_maddubs_epi16(q4_1, q8_1));
+                    let p16_2 = _mm256_madd_epi16(sh[2], _mm256_maddubs_epi16(q4_2, q8_2));
+                    let p16_3 = _mm256_madd_epi16(sh[3], _mm256_maddubs_epi16(q4_3, q8_3));
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
                 }

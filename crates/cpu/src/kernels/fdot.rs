@@ -202,12 +202,15 @@ mod avx2 {
         unsafe {
             let np = n & !31;
             let mut s = [_mm256_setzero_ps(); 4];
-            let ld = |p: &[u8], k: usize| {
-                _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr().add(2 * k) as *const __m128i))
-            };
+            // No closure for the loads: it would not inherit the target features.
             for i in (0..np).step_by(32) {
                 for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = _mm256_fmadd_ps(ld(x, i + 8 * j), ld(y, i + 8 * j), *sj);
+                    let k = i + 8 * j;
+                    let xv =
+                        _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
+                    let yv =
+                        _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(2 * k) as *const __m128i));
+                    *sj = _mm256_fmadd_ps(xv, yv, *sj);
                 }
             }
             let mut sumf = f64::from(reduce4(s));

@@ -224,6 +224,19 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Q6_K scales `2i` and `2i + 1` of the 16 in `scales`, each in 8 i16 lanes.
+    #[inline(always)]
+    pub unsafe fn q6k_scale_shuffle(scales: __m128i, i: usize) -> __m256i {
+        // SAFETY: reads row `i` of the table (`i < 8`, checked by the index); AVX2 enabled by
+        // the caller.
+        unsafe {
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                scales,
+                _mm_loadu_si128(K6_SHUFFLE[i].as_ptr() as *const __m128i),
+            ))
+        }
+    }
+
     /// `bytes_from_nibbles_32`: low nibbles of 16 bytes, then their high nibbles.
     #[inline(always)]
     pub unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {

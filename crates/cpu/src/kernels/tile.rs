@@ -84,6 +84,19 @@ pub(crate) fn tile_at(
     false
 }
 
+/// `rows[start + i]` for `i < N`, the last of `rows` repeated past its end, as pointers. A
+/// plain loop: the tile drivers run under target features, and a closure there (`from_fn`,
+/// `map`) would not inherit them and would stay a call.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn row_ptrs<const N: usize>(rows: &[&[u8]], start: usize) -> [*const u8; N] {
+    let mut p = [std::ptr::null(); N];
+    for (i, pi) in p.iter_mut().enumerate() {
+        *pi = rows[(start + i).min(rows.len() - 1)].as_ptr();
+    }
+    p
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -91,7 +104,7 @@ mod avx512;
 mod avx2 {
     use super::TileKind;
     use crate::kernels::x86::{
-        K6_SHUFFLE, bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8,
+        bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8, q6k_scale_shuffle,
     };
     use std::arch::x86_64::*;
 
@@ -130,8 +143,8 @@ mod avx2 {
     macro_rules! call {
         ($kern:ident, $t:expr, $rm:literal, $rn:literal, $nb:expr, $w:ident, $a:ident, $out:ident,
          $i0:ident, $j0:ident, $na:ident) => {{
-            let wp: [*const u8; $rm] = std::array::from_fn(|i| $w[$i0 + i].as_ptr());
-            let ap: [*const u8; $rn] = std::array::from_fn(|j| $a[$j0 + j].as_ptr());
+            let wp: [*const u8; $rm] = super::row_ptrs($w, $i0);
+            let ap: [*const u8; $rn] = super::row_ptrs($a, $j0);
             // SAFETY: rows hold `nb` blocks (checked by `tile`); AVX2/FMA/F16C present.
             let r = unsafe { $kern::<{ $t }, $rm, $rn>($nb, wp, ap) };
             for i in 0..$rm {
@@ -287,10 +300,8 @@ mod avx2 {
         // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
         // read.
         unsafe {
-            let group =
-                |g: usize| -> [*const u8; RM] { std::array::from_fn(|i| w[RM * g + i].as_ptr()) };
             for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
-                let rows = group(g);
+                let rows: [*const u8; RM] = super::row_ptrs(w, RM * g);
                 let t = t.as_mut_ptr().cast::<__m128>();
                 for b in 0..nb {
                     t.add(b).write(scales4(rows, b * bx));
@@ -302,36 +313,42 @@ mod avx2 {
                     t.add(b).write(ld_f16(a[j].as_ptr().add(b * 34)));
                 }
             }
-            let sa = |j: usize| std::slice::from_raw_parts(ta[j].as_ptr().cast::<f32>(), nb);
             // The group's weight blocks as unsigned bytes, decoded once for all the call's
             // activation rows.
             let mut dec: std::mem::MaybeUninit<[[__m256i; MAX_BLOCKS]; RM]> =
                 std::mem::MaybeUninit::uninit();
             let dec = dec.as_mut_ptr().cast::<__m256i>();
             for g in 0..w.len() / RM {
-                let rows = group(g);
+                let rows: [*const u8; RM] = super::row_ptrs(w, RM * g);
                 for (i, row) in rows.iter().enumerate() {
                     for b in 0..nb {
                         dec.add(i * MAX_BLOCKS + b)
                             .write(q0_unsigned::<T>(row.add(b * bx)));
                     }
                 }
-                let wp: [*const __m256i; RM] =
-                    std::array::from_fn(|i| dec.add(i * MAX_BLOCKS).cast_const());
+                let mut wp = [std::ptr::null::<__m256i>(); RM];
+                for (i, p) in wp.iter_mut().enumerate() {
+                    *p = dec.add(i * MAX_BLOCKS).cast_const();
+                }
                 let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
                 let mut j0 = 0;
                 while j0 < na {
                     let rn = (na - j0).min(4);
-                    let ap = |j: usize| a[j0 + j].as_ptr();
+                    // Plain loops, not `from_fn` closures: those would be calls here (a
+                    // closure does not inherit the target features).
+                    let mut ap = [std::ptr::null::<u8>(); 4];
+                    let mut sj: [&[f32]; 4] = [&[]; 4];
+                    for j in 0..rn {
+                        ap[j] = a[j0 + j].as_ptr();
+                        sj[j] = std::slice::from_raw_parts(ta[j0 + j].as_ptr().cast::<f32>(), nb);
+                    }
                     macro_rules! k {
                         ($n:literal) => {{
-                            let r = q0u::<T, RM, $n>(
-                                nb,
-                                wp,
-                                std::array::from_fn(ap),
-                                sw,
-                                std::array::from_fn(|j| sa(j0 + j)),
-                            );
+                            let mut apn = [std::ptr::null::<u8>(); $n];
+                            let mut sjn: [&[f32]; $n] = [&[]; $n];
+                            apn.copy_from_slice(&ap[..$n]);
+                            sjn.copy_from_slice(&sj[..$n]);
+                            let r = q0u::<T, RM, $n>(nb, wp, apn, sw, sjn);
                             for i in 0..RM {
                                 for j in 0..$n {
                                     out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
@@ -449,10 +466,9 @@ mod avx2 {
                 let mut j0 = 0;
                 while j0 < na {
                     let rn = (na - j0).min(4);
-                    let ap = |j: usize| a[j0 + j].as_ptr();
                     macro_rules! k {
                         ($n:literal) => {{
-                            let r = q4k2::<G, $n>(nb, dp, std::array::from_fn(ap));
+                            let r = q4k2::<G, $n>(nb, dp, super::row_ptrs(a, j0));
                             for i in 0..2 {
                                 for j in 0..$n {
                                     out[(j0 + j) * w.len() + i0 + i] = r[i][j];
@@ -1211,10 +1227,7 @@ mod avx2 {
                         ];
                         let mut sh = [_mm256_setzero_si256(); 4];
                         for k in 0..4 {
-                            sh[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                                scales,
-                                _mm_loadu_si128(K6_SHUFFLE[4 * h + k].as_ptr() as *const __m128i),
-                            ));
+                            sh[k] = q6k_scale_shuffle(scales, 4 * h + k);
                         }
                         for j in 0..RN {
                             let q8 = yq[j].add(128 * h);
@@ -1239,6 +1252,19 @@ mod avx2 {
         acc
     }
 
+    /// Group `l` of 8 values at `p`: f16 (`T == 0`) or f32, as f32.
+    #[inline(always)]
+    unsafe fn ld_f16_or_f32<const T: u8>(p: *const u8, l: usize) -> __m256 {
+        // SAFETY: group `l` is readable (the caller's contract); AVX/F16C enabled by the caller.
+        unsafe {
+            if T == 0 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * l) as *const __m128i))
+            } else {
+                _mm256_loadu_ps(p.add(32 * l) as *const f32)
+            }
+        }
+    }
+
     /// tinyBLAS f16 (`T == 0`, 16 bytes per 8 values) or f32 (`T == 1`): one 8-lane FMA chain,
     /// then `hsum`.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1250,20 +1276,13 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         // SAFETY: rows hold `nb` groups of 8 values (the caller's contract).
         unsafe {
-            let ld = |p: *const u8, l: usize| {
-                if T == 0 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * l) as *const __m128i))
-                } else {
-                    _mm256_loadu_ps(p.add(32 * l) as *const f32)
-                }
-            };
             for l in 0..nb {
                 let mut vb = [_mm256_setzero_ps(); RN];
                 for j in 0..RN {
-                    vb[j] = ld(a[j], l);
+                    vb[j] = ld_f16_or_f32::<T>(a[j], l);
                 }
                 for i in 0..RM {
-                    let va = ld(w[i], l);
+                    let va = ld_f16_or_f32::<T>(w[i], l);
                     for j in 0..RN {
                         acc[i][j] = _mm256_fmadd_ps(va, vb[j], acc[i][j]);
                     }

@@ -90,37 +90,35 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
     // SAFETY: rows hold `nb <= MAX_BLOCKS` blocks and there are at most `MAX_W`/`MAX_A` rows
     // (`covers`); entries 0..nb of a table are written before they are read.
     unsafe {
-        let table = |rows: [*const u8; 4], stride: usize, t: *mut __m256| {
-            for b in 0..nb {
-                let v = if Q1 {
-                    pairs4(rows, b * stride)
-                } else {
-                    _mm256_castps128_ps256(scales4(rows, b * stride))
-                };
-                t.add(b).write(v);
-            }
-        };
-        let group = |rows: &[&[u8]], g: usize| -> [*const u8; 4] {
-            let n = rows.len() - 4 * g;
-            std::array::from_fn(|j| rows[4 * g + j.min(n - 1)].as_ptr())
-        };
         let ngw = w.len() / 4;
         let nga = na.div_ceil(4);
         for g in 0..ngw {
-            table(group(w, g), bx, tw[g].as_mut_ptr().cast::<__m256>());
+            scale_table::<Q1>(
+                nb,
+                super::row_ptrs(w, 4 * g),
+                bx,
+                tw[g].as_mut_ptr().cast::<__m256>(),
+            );
         }
         for g in 0..nga {
-            table(group(a, g), by, ta[g].as_mut_ptr().cast::<__m256>());
+            scale_table::<Q1>(
+                nb,
+                super::row_ptrs(a, 4 * g),
+                by,
+                ta[g].as_mut_ptr().cast::<__m256>(),
+            );
         }
         // Q0: the group's weight blocks as unsigned bytes, two blocks per vector (the last of
         // an odd count alone in the low half), decoded once for all the call's activation rows.
         let mut dec: std::mem::MaybeUninit<[[__m512i; MAX_BLOCKS / 2]; 4]> =
             std::mem::MaybeUninit::uninit();
         let dec = dec.as_mut_ptr().cast::<__m512i>();
-        let up: [*const __m512i; 4] =
-            std::array::from_fn(|i| dec.add(i * (MAX_BLOCKS / 2)).cast_const());
+        let mut up = [std::ptr::null::<__m512i>(); 4];
+        for (i, p) in up.iter_mut().enumerate() {
+            *p = dec.add(i * (MAX_BLOCKS / 2)).cast_const();
+        }
         for g in 0..ngw {
-            let wp = group(w, g);
+            let wp: [*const u8; 4] = super::row_ptrs(w, 4 * g);
             if !Q1 {
                 for (i, row) in wp.iter().enumerate() {
                     let d = dec.add(i * (MAX_BLOCKS / 2));
@@ -136,7 +134,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
             }
             let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m256>(), nb);
             for h in 0..nga {
-                let ap = group(a, h);
+                let ap: [*const u8; 4] = super::row_ptrs(a, 4 * h);
                 let sa = std::slice::from_raw_parts(ta[h].as_ptr().cast::<__m256>(), nb);
                 let rn = (na - 4 * h).min(4);
                 macro_rules! k {
@@ -164,10 +162,39 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
     }
 }
 
+/// Writes `t[b]` for the `nb` blocks of 4 rows (`stride` bytes per block): the rows' f16
+/// scales `[d0 d1 d2 d3]` (Q0), or their `[d0 m0 … d3 m3]` pairs (Q1), as f32.
+///
+/// # Safety
+/// Each row holds `nb` blocks; `t` has room for `nb` entries; F16C enabled by the caller.
+#[inline(always)]
+unsafe fn scale_table<const Q1: bool>(
+    nb: usize,
+    rows: [*const u8; 4],
+    stride: usize,
+    t: *mut __m256,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        for b in 0..nb {
+            let v = if Q1 {
+                pairs4(rows, b * stride)
+            } else {
+                _mm256_castps128_ps256(scales4(rows, b * stride))
+            };
+            t.add(b).write(v);
+        }
+    }
+}
+
 /// A `[[f32; RN]; 4]` result widened to 4 columns (the extra ones zero).
 #[inline(always)]
 fn spread<const RN: usize>(r: [[f32; RN]; 4]) -> [[f32; 4]; 4] {
-    r.map(|row| std::array::from_fn(|j| if j < RN { row[j] } else { 0.0 }))
+    let mut out = [[0f32; 4]; 4];
+    for i in 0..4 {
+        out[i][..RN].copy_from_slice(&r[i]);
+    }
+    out
 }
 
 /// The two f16 values at `p[i] + off` (a block's `d` and `m`, or `d` and `s`) of 4 rows
@@ -178,14 +205,11 @@ unsafe fn pairs4<const N: usize>(p: [*const u8; N], off: usize) -> __m256 {
     // SAFETY: 4 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
     // the caller.
     unsafe {
-        let ld = |i: usize| {
-            if i < N {
-                p[i].add(off).cast::<i32>().read_unaligned()
-            } else {
-                0
-            }
-        };
-        _mm256_cvtph_ps(_mm_set_epi32(ld(3), ld(2), ld(1), ld(0)))
+        let mut v = [0i32; 4];
+        for (i, pi) in p.iter().enumerate().take(4) {
+            v[i] = pi.add(off).cast::<i32>().read_unaligned();
+        }
+        _mm256_cvtph_ps(_mm_set_epi32(v[3], v[2], v[1], v[0]))
     }
 }
 
@@ -281,22 +305,19 @@ unsafe fn q0<const T: u8, const RN: usize>(
     unsafe {
         let ov = _mm512_set1_epi8(offset as i8);
         let mut dds = [[0f32; 16]; CHUNK];
-        let fill = |ib: usize, dds: &mut [[f32; 16]; CHUNK]| {
-            for c in 0..CHUNK.min(nb - ib) {
-                let (dx, dy) = (sw[ib + c], sa[ib + c]);
-                outer4(
-                    _mm256_castps256_ps128(dx),
-                    _mm256_castps256_ps128(dy),
-                    &mut dds[c],
-                );
-            }
-        };
         // Two blocks per 512-bit vector: the integer work (lane sums, conversion) is done
         // once for both; the FMAs stay one per block, in block order.
         let mut ib = 0;
         while ib + 2 <= nb {
             if ib % CHUNK == 0 {
-                fill(ib, &mut dds);
+                for c in 0..CHUNK.min(nb - ib) {
+                    let (dx, dy) = (sw[ib + c], sa[ib + c]);
+                    outer4(
+                        _mm256_castps256_ps128(dx),
+                        _mm256_castps256_ps128(dy),
+                        &mut dds[c],
+                    );
+                }
             }
             let (dd0, dd1) = (&dds[ib % CHUNK], &dds[(ib + 1) % CHUNK]);
             let mut u = [_mm512_setzero_si512(); 4];
@@ -328,7 +349,14 @@ unsafe fn q0<const T: u8, const RN: usize>(
         if ib < nb {
             // The last block of an odd count.
             if ib % CHUNK == 0 {
-                fill(ib, &mut dds);
+                for c in 0..CHUNK.min(nb - ib) {
+                    let (dx, dy) = (sw[ib + c], sa[ib + c]);
+                    outer4(
+                        _mm256_castps256_ps128(dx),
+                        _mm256_castps256_ps128(dy),
+                        &mut dds[c],
+                    );
+                }
             }
             let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
@@ -476,8 +504,7 @@ macro_rules! act_groups {
         let mut j0 = 0;
         while j0 < na {
             let rn = (na - j0).min(4);
-            let p = |j: usize| a[j0 + j.min(rn - 1)].as_ptr();
-            let ap = [p(0), p(1), p(2), p(3)];
+            let ap: [*const u8; 4] = super::row_ptrs(&a[..j0 + rn], j0);
             let r = match rn {
                 1 => spread($kern::<$($g,)? 1>($($arg,)* [ap[0]])),
                 2 => spread($kern::<$($g,)? 2>($($arg,)* [ap[0], ap[1]])),
@@ -507,11 +534,13 @@ unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
     // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
     // are read.
     unsafe {
-        let dp: [*const Q4kDecoded; 4] =
-            std::array::from_fn(|i| dec.add(i * Q4K_MAX_BLOCKS).cast_const());
+        let mut dp = [std::ptr::null::<Q4kDecoded>(); 4];
+        for (i, p) in dp.iter_mut().enumerate() {
+            *p = dec.add(i * Q4K_MAX_BLOCKS).cast_const();
+        }
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = std::array::from_fn(|i| w[i0 + i].as_ptr());
+            let wp: [*const u8; 4] = super::row_ptrs(w, i0);
             for (i, row) in wp.iter().enumerate() {
                 for b in 0..nb {
                     dec.add(i * Q4K_MAX_BLOCKS + b)
@@ -691,7 +720,7 @@ unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     unsafe {
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = std::array::from_fn(|i| w[i0 + i].as_ptr());
+            let wp: [*const u8; 4] = super::row_ptrs(w, i0);
             act_groups!(a, out, w.len(), i0, q6k(nb, wp));
             i0 += 4;
         }
