@@ -219,6 +219,21 @@ unsafe fn pairs4<const N: usize>(p: [*const u8; N], off: usize) -> __m256 {
 /// every block.
 const CHUNK: usize = 32;
 
+/// `dds[c]` = the 16 scale products ([`outer4`]) of the next `CHUNK` blocks (fewer at the end).
+#[inline(always)]
+unsafe fn fill_products(sw: &[__m256], sa: &[__m256], dds: &mut [[f32; 16]; CHUNK]) {
+    // SAFETY: register-only intrinsics and local stores; AVX-512F enabled by the caller.
+    unsafe {
+        for c in 0..CHUNK.min(sw.len()) {
+            outer4(
+                _mm256_castps256_ps128(sw[c]),
+                _mm256_castps256_ps128(sa[c]),
+                &mut dds[c],
+            );
+        }
+    }
+}
+
 /// `dd[4 * i + j] = dx[i] * dy[j]`: each one f32 product, as the AVX2 tiles round it.
 #[inline(always)]
 unsafe fn outer4(dx: __m128, dy: __m128, dd: &mut [f32; 16]) {
@@ -310,14 +325,7 @@ unsafe fn q0<const T: u8, const RN: usize>(
         let mut ib = 0;
         while ib + 2 <= nb {
             if ib % CHUNK == 0 {
-                for c in 0..CHUNK.min(nb - ib) {
-                    let (dx, dy) = (sw[ib + c], sa[ib + c]);
-                    outer4(
-                        _mm256_castps256_ps128(dx),
-                        _mm256_castps256_ps128(dy),
-                        &mut dds[c],
-                    );
-                }
+                fill_products(&sw[ib..nb], &sa[ib..nb], &mut dds);
             }
             let (dd0, dd1) = (&dds[ib % CHUNK], &dds[(ib + 1) % CHUNK]);
             let mut u = [_mm512_setzero_si512(); 4];
@@ -349,14 +357,7 @@ unsafe fn q0<const T: u8, const RN: usize>(
         if ib < nb {
             // The last block of an odd count.
             if ib % CHUNK == 0 {
-                for c in 0..CHUNK.min(nb - ib) {
-                    let (dx, dy) = (sw[ib + c], sa[ib + c]);
-                    outer4(
-                        _mm256_castps256_ps128(dx),
-                        _mm256_castps256_ps128(dy),
-                        &mut dds[c],
-                    );
-                }
+                fill_products(&sw[ib..nb], &sa[ib..nb], &mut dds);
             }
             let dd = &dds[ib % CHUNK];
             let mut u = [_mm256_setzero_si256(); 4];
