@@ -6,8 +6,11 @@
 //! `MatMul::dot_scalar`, which never take a SIMD path) and close to an f64 product of the
 //! dequantized operands (normalized MSE, as in the conformance suite).
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{Rng, bytes_f32};
 use lamina_backend::{BufferSlice, Device, GraphAllocator};
 use lamina_core::DType;
 use lamina_core::graph::Graph;
@@ -18,19 +21,6 @@ const WEIGHT_TYPES: [DType; 15] = lamina_cpu::MATMUL_WEIGHT_TYPES;
 
 /// Normalized MSE limit for quantized products (ggml's test-backend-ops value).
 const MUL_MAT_NMSE: f64 = 5e-4;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
 
 /// Devices with 2 and 3 worker threads (so both ways of splitting the work are exercised).
 fn devices() -> Vec<(usize, Arc<dyn Device>)> {
@@ -81,7 +71,7 @@ fn run_mul_mat(
         .unwrap();
     let g = Arc::new(g);
     let stream = dev.stream();
-    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xb = bytes_f32(x);
     stream
         .set_async(&BufferSlice::of_tensor(&g, a).unwrap(), w.to_vec())
         .unwrap();
@@ -114,7 +104,7 @@ fn nmse(out: &[f32], reference: &[f64]) -> f64 {
 /// One product on every device: bit-exact against the scalar emulation, NMSE against f64.
 #[allow(clippy::too_many_arguments)]
 fn check(dtype: DType, k: usize, m: usize, n: usize, wb: usize, ab: usize, seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let (w, wvals) = encode(dtype, k, &rng.vec(k * m * wb, 1.0));
     let x = rng.vec(k * n * ab, 2.0);
     let wrow = dtype.row_size(k as u64).unwrap() as usize;

@@ -6,8 +6,11 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the reference formulas
 
+mod common;
+
 use std::sync::Arc;
 
+use common::Rng;
 use lamina_backend::{BufferSlice, Device, HOST_ALIGNMENT};
 use lamina_core::DType;
 use lamina_core::graph::{GluOp, Graph, RopeMode, RopeParams, TensorId, build_kq_mask};
@@ -20,22 +23,6 @@ const EXACT: f64 = 1e-7;
 /// backend computes them: f16 precision, so a looser limit than [`EXACT`].
 const GELU_F16_TABLE: f64 = 1e-6;
 const MUL_MAT: f64 = 5e-4;
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
 
 /// Device configurations the suite runs on.
 fn device_sets() -> Vec<Vec<Arc<dyn Device>>> {
@@ -98,7 +85,7 @@ fn leaf(g: &mut Graph, dtype: DType, ne: &[usize], vals: &[f32]) -> HostTensor {
 
 fn rand_leaf(g: &mut Graph, rng: &mut Rng, dtype: DType, ne: &[usize]) -> HostTensor {
     let n: usize = ne.iter().product();
-    let v = rng.vec(n);
+    let v = rng.vec(n, 1.0);
     leaf(g, dtype, ne, &v)
 }
 
@@ -858,8 +845,8 @@ fn attention_block_through_allocator() {
     for_devices(|dev| {
         let (hd, nh, nt) = (8usize, 2usize, 3usize);
         let mut rng = Rng::new(1100);
-        let x_vals = rng.vec(hd * nh * nt);
-        let w_vals = rng.vec(hd * nh * hd * nh);
+        let x_vals = rng.vec(hd * nh * nt, 1.0);
+        let w_vals = rng.vec(hd * nh * hd * nh, 1.0);
         let build = |g: &mut Graph| {
             let w = g.new_input(DType::F32, &[hd * nh, hd * nh]).unwrap();
             let x = g.new_input(DType::F32, &[hd * nh, nt]).unwrap();

@@ -3,26 +3,15 @@
 //! causal mask over several sequences and for a mask with holes, with f16 keys broadcast over
 //! query heads, on devices with 1, 2 and 3 threads. Unmasked scores are the same bits too.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{Rng, bytes_f32};
 use lamina_backend::{BufferSlice, Device, GraphAllocator};
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-fn bytes_f32(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 
 /// `(scores, softmax)` of keys `[k, n_kv, kv_heads]` (f16) and queries `[k, n_tok, heads]`.
 #[allow(clippy::too_many_arguments)]

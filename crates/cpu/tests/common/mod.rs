@@ -1,0 +1,30 @@
+//! Helpers shared by the CPU backend's integration tests.
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+/// A small xorshift generator: the same values on every run and machine.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A generator from any seed (mixed, and never zero).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// The next value in [-1, 1).
+    pub fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` values in [-scale, scale).
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// f32 values as little-endian bytes.
+pub fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
