@@ -387,26 +387,19 @@ impl Buffer {
             unsafe { std::ptr::copy(p.add(src_offset), p.add(dst_offset), len) };
             return Ok(());
         }
-        let pair = [self.clone(), src.clone()];
-        let guards = lock_buffers(&pair);
-        let (gd, gs) = if guards[0].id() == self.id() {
-            (&guards[0], &guards[1])
+        // Lock in id order, the global lock order (so two threads locking overlapping sets
+        // cannot deadlock).
+        let (gd, gs) = if self.id() < src.id() {
+            let gd = self.lock();
+            (gd, src.lock())
         } else {
-            (&guards[1], &guards[0])
+            let gs = src.lock();
+            (self.lock(), gs)
         };
         gd.bytes_mut(dst_offset, len)?
             .copy_from_slice(gs.bytes(src_offset, len)?);
         Ok(())
     }
-}
-
-/// Locks several buffers in id order (the global lock order, so two threads locking
-/// overlapping sets cannot deadlock); duplicates are locked once.
-pub fn lock_buffers(buffers: &[Buffer]) -> Vec<BufferGuard<'_>> {
-    let mut order: Vec<&Buffer> = buffers.iter().collect();
-    order.sort_by_key(|b| b.id());
-    order.dedup_by_key(|b| b.id());
-    order.into_iter().map(|b| b.lock()).collect()
 }
 
 /// Exclusive access to a buffer's bytes while held.

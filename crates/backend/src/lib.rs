@@ -19,13 +19,13 @@ pub mod stream;
 pub use alloc::{AllocPlan, GraphAllocator, plan_graph, plan_graph_where};
 pub use buffer::{
     Buffer, BufferGuard, BufferSlice, BufferType, BufferUsage, HOST_ALIGNMENT, HostMemory,
-    bytes_to_f32, f32_to_bytes, lock_buffers, tensor_get, tensor_get_f32, tensor_set,
-    tensor_set_f32, tensor_set_i32,
+    bytes_to_f32, f32_to_bytes, tensor_get, tensor_get_f32, tensor_set, tensor_set_f32,
+    tensor_set_i32,
 };
 pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryInfo, Registry};
 pub use error::BackendError;
 pub use event::Event;
-pub use queue::{Command, CommandQueue};
+pub use queue::{Command, CommandQueue, QueuedCommand};
 pub use sched::{
     Assignment, DeviceHint, PIPELINE_COPIES, ScheduledGraph, Scheduler, Split, SplitCopy,
     assign_devices, split_graph,

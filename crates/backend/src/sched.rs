@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lamina_core::graph::{Graph, Op, TensorId};
 use lamina_core::tensor::TensorFlags;
@@ -397,6 +397,8 @@ pub struct Scheduler {
     /// `[slot][device]`: recorded after each split of that device using that slot.
     events: Vec<Vec<Option<Event>>>,
     next_slot: usize,
+    /// Where typed inputs are turned into bytes (kept, so per-token inputs allocate nothing).
+    input_bytes: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -452,6 +454,7 @@ impl Scheduler {
             events,
             devices,
             next_slot: 0,
+            input_bytes: Mutex::new(Vec::new()),
         })
     }
 
@@ -629,7 +632,7 @@ impl Scheduler {
             for c in &split.copies {
                 if c.from == id && c.src_device.is_none() {
                     let dst = BufferSlice::of_tensor(g, c.to)?;
-                    self.streams[split.device].set_async(&dst, data.to_vec())?;
+                    self.streams[split.device].set_async_from(&dst, data)?;
                 }
             }
         }
@@ -643,7 +646,9 @@ impl Scheduler {
         id: TensorId,
         data: &[i32],
     ) -> Result<(), BackendError> {
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut bytes = self.input_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        bytes.clear();
+        bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
         self.set_input(sg, id, &bytes)
     }
 
@@ -654,7 +659,9 @@ impl Scheduler {
         id: TensorId,
         data: &[f32],
     ) -> Result<(), BackendError> {
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut bytes = self.input_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        bytes.clear();
+        bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
         self.set_input(sg, id, &bytes)
     }
 
@@ -692,10 +699,22 @@ impl Scheduler {
         sg: &ScheduledGraph,
         id: TensorId,
     ) -> Result<PendingRead, BackendError> {
+        let pending = PendingRead::new();
+        self.get_async_into(sg, id, &pending)?;
+        Ok(pending)
+    }
+
+    /// [`Scheduler::get_async`] into a `PendingRead` the caller keeps and reuses.
+    pub fn get_async_into(
+        &self,
+        sg: &ScheduledGraph,
+        id: TensorId,
+        into: &PendingRead,
+    ) -> Result<(), BackendError> {
         let root = sg.graph.get(id).map(|_| sg.graph.root(id))?;
         let d = sg.assignment[root.index()]
             .ok_or_else(|| BackendError::Unbound(format!("{id} is on no device")))?;
-        self.streams[d].get_async(&BufferSlice::of_tensor(&sg.graph, id)?)
+        self.streams[d].get_async_into(&BufferSlice::of_tensor(&sg.graph, id)?, into)
     }
 
     /// Waits for every device's queue; reports the first error.

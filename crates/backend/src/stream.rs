@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use lamina_core::graph::Graph;
 
@@ -39,6 +39,12 @@ pub trait StreamImpl: Send + Sync + Any {
         nodes: Range<usize>,
     ) -> Result<(), BackendError>;
     fn set_async(&self, dst: BufferSlice, data: Vec<u8>) -> Result<(), BackendError>;
+    /// [`StreamImpl::set_async`] from borrowed data; a stream that recycles its staging
+    /// buffers overrides it to copy without allocating.
+    fn set_async_from(&self, dst: BufferSlice, data: &[u8]) -> Result<(), BackendError> {
+        self.set_async(dst, data.to_vec())
+    }
+    /// Reads `src` into `into` (see [`PendingRead::complete_from`]) after the queued work.
     fn get_async(&self, src: BufferSlice, into: PendingRead) -> Result<(), BackendError>;
     /// Called on the *destination* stream. Queues `src → dst` after everything queued on
     /// `src_stream` (and on this stream), such that later work here waits for it, without
@@ -67,11 +73,18 @@ pub trait StreamImpl: Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// Result of an asynchronous read; ready once the stream has run the read.
+/// Result of an asynchronous read; ready once the stream has run the read. A caller that reads
+/// again and again (one read per generated token) keeps one and passes it to
+/// [`Stream::get_async_into`]: its byte buffer is then reused, and reads allocate nothing.
 #[derive(Clone, Default)]
-pub struct PendingRead(Arc<(Mutex<Option<ReadResult>>, Condvar)>);
+pub struct PendingRead(Arc<(Mutex<ReadSlot>, Condvar)>);
 
-type ReadResult = Result<Vec<u8>, BackendError>;
+#[derive(Default)]
+struct ReadSlot {
+    /// `None` while the read is queued; the read's outcome once it ran.
+    status: Option<Result<(), BackendError>>,
+    data: Vec<u8>,
+}
 
 impl fmt::Debug for PendingRead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -84,27 +97,53 @@ impl PendingRead {
         PendingRead::default()
     }
 
+    fn slot(&self) -> MutexGuard<'_, ReadSlot> {
+        self.0.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the read queued again (for a reused `PendingRead`).
+    fn reset(&self) {
+        self.slot().status = None;
+    }
+
     /// Device side: delivers the data.
     pub fn complete(&self, result: Result<Vec<u8>, BackendError>) {
-        let mut slot = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
-        *slot = Some(result);
+        let mut slot = self.slot();
+        slot.status = Some(result.map(|data| slot.data = data));
         drop(slot);
         self.0.1.notify_all();
     }
 
+    /// Device side: reads `src` into the kept buffer (no allocation once it is big enough);
+    /// returns the read's status.
+    pub fn complete_from(&self, src: &BufferSlice) -> Result<(), BackendError> {
+        let mut slot = self.slot();
+        let slot = &mut *slot;
+        slot.data.clear();
+        slot.data.resize(src.len, 0);
+        let r = src.buffer.read(src.offset, &mut slot.data);
+        slot.status = Some(r.clone());
+        self.0.1.notify_all();
+        r
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.0.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.slot().status.is_some()
+    }
+
+    fn wait_slot(&self) -> MutexGuard<'_, ReadSlot> {
+        let mut slot = self.slot();
+        while slot.status.is_none() {
+            slot = self.0.1.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+        slot
     }
 
     /// Blocks until the data arrived and takes it.
     pub fn wait(&self) -> Result<Vec<u8>, BackendError> {
-        let mut slot = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = slot.take() {
-                return r;
-            }
-            slot = self.0.1.wait(slot).unwrap_or_else(|e| e.into_inner());
-        }
+        let mut slot = self.wait_slot();
+        slot.status.take().expect("waited for")?;
+        Ok(std::mem::take(&mut slot.data))
     }
 
     /// [`PendingRead::wait`], as little-endian f32 values.
@@ -112,12 +151,14 @@ impl PendingRead {
         self.wait().map(|b| bytes_to_f32(&b))
     }
 
-    /// [`PendingRead::wait_f32`], appending at most `max` values to `out` (whose allocation
-    /// is reused: no second copy of the data is made).
+    /// [`PendingRead::wait_f32`], appending at most `max` values to `out`; the read's buffer
+    /// is kept for the next read into this `PendingRead`.
     pub fn wait_f32_into(&self, out: &mut Vec<f32>, max: usize) -> Result<(), BackendError> {
-        let b = self.wait()?;
+        let mut slot = self.wait_slot();
+        slot.status.take().expect("waited for")?;
         out.extend(
-            b.chunks_exact(4)
+            slot.data
+                .chunks_exact(4)
                 .take(max)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
@@ -197,14 +238,7 @@ impl Stream {
     /// Writes `data` into `dst` after all queued work. Without an async path: synchronize, then
     /// write.
     pub fn set_async(&self, dst: &BufferSlice, data: Vec<u8>) -> Result<(), BackendError> {
-        self.check_owned(dst)?;
-        if data.len() != dst.len {
-            return Err(BackendError::SizeMismatch {
-                what: "set_async",
-                expected: dst.len,
-                actual: data.len(),
-            });
-        }
+        self.check_set(dst, data.len())?;
         if self.0.is_async() {
             self.0.set_async(dst.clone(), data)
         } else {
@@ -213,17 +247,54 @@ impl Stream {
         }
     }
 
-    /// Reads `src` after all queued work. Without an async path: synchronize, then read.
-    pub fn get_async(&self, src: &BufferSlice) -> Result<PendingRead, BackendError> {
-        self.check_owned(src)?;
-        let pending = PendingRead::new();
+    /// [`Stream::set_async`] from borrowed data (copied into a staging buffer the stream may
+    /// recycle, so that per-token inputs are written without allocating).
+    pub fn set_async_from(&self, dst: &BufferSlice, data: &[u8]) -> Result<(), BackendError> {
+        self.check_set(dst, data.len())?;
         if self.0.is_async() {
-            self.0.get_async(src.clone(), pending.clone())?;
+            self.0.set_async_from(dst.clone(), data)
         } else {
             self.0.synchronize()?;
-            pending.complete(src.read());
+            dst.write(data)
         }
+    }
+
+    fn check_set(&self, dst: &BufferSlice, len: usize) -> Result<(), BackendError> {
+        self.check_owned(dst)?;
+        if len != dst.len {
+            return Err(BackendError::SizeMismatch {
+                what: "set_async",
+                expected: dst.len,
+                actual: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads `src` after all queued work. Without an async path: synchronize, then read.
+    pub fn get_async(&self, src: &BufferSlice) -> Result<PendingRead, BackendError> {
+        let pending = PendingRead::new();
+        self.get_async_into(src, &pending)?;
         Ok(pending)
+    }
+
+    /// [`Stream::get_async`] into a `PendingRead` the caller keeps (and reuses: its buffer is
+    /// recycled). A read still queued into `into` must have been waited for first.
+    pub fn get_async_into(
+        &self,
+        src: &BufferSlice,
+        into: &PendingRead,
+    ) -> Result<(), BackendError> {
+        self.check_owned(src)?;
+        into.reset();
+        if self.0.is_async() {
+            self.0.get_async(src.clone(), into.clone())
+        } else {
+            self.0.synchronize()?;
+            // The outcome is delivered through `into`.
+            let _ = into.complete_from(src);
+            Ok(())
+        }
     }
 
     /// Blocks until all queued work is done; reports the first error since the last call.

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use lamina_backend::{
     BackendError, Buffer, BufferSlice, BufferType, CommandQueue, Device, DeviceCaps, DeviceKey,
-    DeviceType, Event, HOST_ALIGNMENT, HostMemory, MemoryInfo, PendingRead, Stream, StreamImpl,
+    DeviceType, Event, HOST_ALIGNMENT, HostMemory, MemoryInfo, PendingRead, QueuedCommand, Stream,
+    StreamImpl,
 };
 use lamina_core::graph::{Graph, TensorId};
 
@@ -137,7 +138,7 @@ impl Device for CpuDevice {
 pub struct CpuStream {
     key: DeviceKey,
     name: String,
-    queue: CommandQueue<ExecState>,
+    queue: CommandQueue<ExecState, CpuCommand>,
     /// Fence recorded on this stream when it is the destination of a cross-device copy.
     ev_sync: Event,
     /// Signalled on this stream after the copies it performs as a copy source.
@@ -150,6 +151,63 @@ pub struct CpuStream {
 /// Prepared graph ranges a stream keeps (a few graph shapes × copy slots).
 const PREPARED_CACHE: usize = 8;
 
+/// What a CPU queue runs. A plain enum, held by value in the queue's ring, so that steady-state
+/// work (a token's inputs, graph, events and logits read) is queued without allocating.
+pub(crate) enum CpuCommand {
+    Compute(Arc<exec::Prepared>),
+    Write {
+        dst: BufferSlice,
+        data: Vec<u8>,
+    },
+    Read {
+        src: BufferSlice,
+        into: PendingRead,
+    },
+    /// Waits for `fence` (if any), copies, then signals `done` (if any): one command, so the
+    /// signal can never overtake the copy.
+    Copy {
+        src: BufferSlice,
+        dst: BufferSlice,
+        fence: Option<(Event, u64)>,
+        done: Option<(Event, u64)>,
+    },
+    Signal(Event, u64),
+    Wait(Event, u64),
+}
+
+impl QueuedCommand<ExecState> for CpuCommand {
+    fn run(self, state: &mut ExecState) -> Result<(), BackendError> {
+        match self {
+            CpuCommand::Compute(prepared) => exec::execute(state, &prepared),
+            CpuCommand::Write { dst, data } => dst.write(&data),
+            CpuCommand::Read { src, into } => into.complete_from(&src),
+            CpuCommand::Copy {
+                src,
+                dst,
+                fence,
+                done,
+            } => {
+                if let Some((ev, v)) = fence {
+                    ev.wait_for(v);
+                }
+                let r = dst.copy_from(&src);
+                if let Some((ev, v)) = done {
+                    ev.signal(v);
+                }
+                r
+            }
+            CpuCommand::Signal(ev, v) => {
+                ev.signal(v);
+                Ok(())
+            }
+            CpuCommand::Wait(ev, v) => {
+                ev.wait_for(v);
+                Ok(())
+            }
+        }
+    }
+}
+
 impl CpuStream {
     fn new(
         key: DeviceKey,
@@ -158,29 +216,22 @@ impl CpuStream {
         asynchronous: bool,
     ) -> Result<CpuStream, BackendError> {
         let pool_name = name.to_lowercase();
+        let device_name = name.to_owned();
         let queue = if asynchronous {
             // The pool is created on the queue thread; a failure to spawn workers degrades to a
             // single-threaded pool rather than a dead queue.
-            CommandQueue::threaded(name, move || ExecState {
-                pool: WorkerPool::new(&pool_name, threads).unwrap_or_else(|_| {
+            CommandQueue::threaded(name, move || {
+                let pool = WorkerPool::new(&pool_name, threads).unwrap_or_else(|_| {
                     WorkerPool::new(&pool_name, 1).expect("one thread spawns nothing")
-                }),
-                work: Vec::new(),
-                nodes: Vec::new(),
+                });
+                ExecState::new(pool, device_name)
             })?
         } else {
             let pool = WorkerPool::new(&pool_name, threads).map_err(|e| BackendError::Device {
                 device: name.to_owned(),
                 message: e.to_string(),
             })?;
-            CommandQueue::inline(
-                name,
-                ExecState {
-                    pool,
-                    work: Vec::new(),
-                    nodes: Vec::new(),
-                },
-            )
+            CommandQueue::inline(name, ExecState::new(pool, device_name))
         };
         Ok(CpuStream {
             key,
@@ -218,46 +269,41 @@ impl CpuStream {
         }
         let (src, dst) = (src.clone(), dst.clone());
         if std::ptr::eq(src_impl, self) {
-            self.queue.submit(move |_| dst.copy_from(&src))?;
+            self.queue.submit(CpuCommand::Copy {
+                src,
+                dst,
+                fence: None,
+                done: None,
+            })?;
             return Ok(true);
         }
         // (1) The fence: behind the destination's queued work (its readers of `dst`).
         let fence = if fenced {
-            let fence_ev = self.ev_sync.clone();
+            let fence_ev = &self.ev_sync;
             let v = fence_ev.record_with(|v| {
-                let ev = fence_ev.clone();
                 self.queue
-                    .submit(move |_| {
-                        ev.signal(v);
-                        Ok(())
-                    })
+                    .submit(CpuCommand::Signal(fence_ev.clone(), v))
                     .map(|_| v)
             })?;
-            Some((fence_ev, v))
+            Some((fence_ev.clone(), v))
         } else {
             None
         };
-        let done_ev = src_impl.ev_cpy.clone();
+        let done_ev = &src_impl.ev_cpy;
+        // (2) On the source queue: wait for the fence, copy, signal, as one command.
         let done = done_ev.record_with(|v| {
-            let (fence, done_ev) = (fence.clone(), done_ev.clone());
-            // (2) On the source queue: wait for the fence, copy, signal, as one command.
             src_impl
                 .queue
-                .submit(move |_| {
-                    if let Some((fence_ev, v)) = fence {
-                        fence_ev.wait_for(v);
-                    }
-                    let r = dst.copy_from(&src);
-                    done_ev.signal(v);
-                    r
+                .submit(CpuCommand::Copy {
+                    src,
+                    dst,
+                    fence,
+                    done: Some((done_ev.clone(), v)),
                 })
                 .map(|_| v)
         })?;
         // (3) Later work on the destination waits for the copy.
-        self.queue.submit(move |_| {
-            done_ev.wait_for(done);
-            Ok(())
-        })?;
+        self.queue.submit(CpuCommand::Wait(done_ev.clone(), done))?;
         Ok(true)
     }
 }
@@ -303,22 +349,25 @@ impl StreamImpl for CpuStream {
                 }
             }
         };
-        let name = self.name.clone();
-        self.queue
-            .submit(move |state| exec::execute(state, &prepared, &name))
+        self.queue.submit(CpuCommand::Compute(prepared))
     }
 
     fn set_async(&self, dst: BufferSlice, data: Vec<u8>) -> Result<(), BackendError> {
-        self.queue.submit(move |_| dst.write(&data))
+        self.queue.submit(CpuCommand::Write { dst, data })
+    }
+
+    /// A write into an idle queue is done at once, from the caller's memory: nothing queued
+    /// could be ordered before it, and no staging copy is made. A token's inputs are written
+    /// this way (the previous token's work is done), so they allocate nothing.
+    fn set_async_from(&self, dst: BufferSlice, data: &[u8]) -> Result<(), BackendError> {
+        match self.queue.run_if_idle(|| dst.write(data)) {
+            Some(r) => r,
+            None => self.set_async(dst, data.to_vec()),
+        }
     }
 
     fn get_async(&self, src: BufferSlice, into: PendingRead) -> Result<(), BackendError> {
-        self.queue.submit(move |_| {
-            let r = src.read();
-            let status = r.as_ref().map(|_| ()).map_err(Clone::clone);
-            into.complete(r);
-            status
-        })
+        self.queue.submit(CpuCommand::Read { src, into })
     }
 
     fn copy_async(
@@ -345,11 +394,7 @@ impl StreamImpl for CpuStream {
 
     fn record(&self, event: &Event) -> Result<(), BackendError> {
         event.record_with(|v| {
-            let ev = event.clone();
-            let r = self.queue.submit(move |_| {
-                ev.signal(v);
-                Ok(())
-            });
+            let r = self.queue.submit(CpuCommand::Signal(event.clone(), v));
             if r.is_err() {
                 // Never leave a reserved value unsignalled: waiters would hang.
                 event.signal(v);
@@ -359,12 +404,8 @@ impl StreamImpl for CpuStream {
     }
 
     fn wait(&self, event: &Event) -> Result<(), BackendError> {
-        let v = event.target();
-        let ev = event.clone();
-        self.queue.submit(move |_| {
-            ev.wait_for(v);
-            Ok(())
-        })
+        self.queue
+            .submit(CpuCommand::Wait(event.clone(), event.target()))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use lamina_backend::{BackendError, Buffer, DeviceKey, lock_buffers};
+use lamina_backend::{BackendError, Buffer, DeviceKey};
 use lamina_core::DType;
 use lamina_core::graph::{Graph, Op, TensorId};
 use lamina_core::tensor::Layout;
@@ -306,6 +306,9 @@ pub(crate) struct Prepared {
     /// Indices of the nodes to run (compute nodes in this range, in order).
     pub nodes: Range<usize>,
     pub buffers: Vec<Buffer>,
+    /// Indices into `buffers` by ascending buffer id: the order they are locked in, the same
+    /// on every queue, so two queues never deadlock.
+    pub lock_order: Vec<usize>,
     /// Per tensor: index into `buffers` and byte offset, for tensors the compute touches.
     pub loc: Vec<Option<(usize, usize)>>,
 }
@@ -415,10 +418,13 @@ pub(crate) fn prepare(
             return Err(BackendError::ReadOnly(buffers[bi].name()));
         }
     }
+    let mut lock_order: Vec<usize> = (0..buffers.len()).collect();
+    lock_order.sort_by_key(|&i| buffers[i].id());
     Ok(Prepared {
         graph,
         nodes,
         buffers,
+        lock_order,
         loc,
     })
 }
@@ -426,38 +432,77 @@ pub(crate) fn prepare(
 /// The queue thread's state for one CPU device.
 pub(crate) struct ExecState {
     pub pool: WorkerPool,
+    /// The device's name, for errors.
+    name: String,
     /// Grow-only scratch (u64 for 8-byte alignment).
-    pub work: Vec<u64>,
+    work: Vec<u64>,
     /// The node plans of the graph being run, kept for their allocation (their views are
     /// only valid during one [`execute`]).
-    pub nodes: Vec<NodePlan>,
+    nodes: Vec<NodePlan>,
+    /// Base address of each of the running graph's buffers, kept for its allocation.
+    bases: Vec<BasePtr>,
+}
+
+impl ExecState {
+    pub fn new(pool: WorkerPool, name: String) -> ExecState {
+        ExecState {
+            pool,
+            name,
+            work: Vec::new(),
+            nodes: Vec::new(),
+            bases: Vec::new(),
+        }
+    }
+}
+
+/// A buffer's base address while its guard is held.
+#[derive(Clone, Copy)]
+struct BasePtr(*mut u8);
+
+// SAFETY: only an address; it is dereferenced (through `TView`s) only inside `execute`, while
+// the buffer it points into is locked by that same call.
+unsafe impl Send for BasePtr {}
+
+/// Locks the buffers of `p` in `order` one by one, noting each one's base address in `bases`,
+/// then runs `f` with all of them held. Recursion keeps the guards on the stack (a graph has a
+/// handful of buffers), so nothing is allocated per run.
+fn with_locked<R>(
+    p: &Prepared,
+    order: &[usize],
+    bases: &mut [BasePtr],
+    f: impl FnOnce(&[BasePtr]) -> R,
+) -> Result<R, BackendError> {
+    let Some((&i, rest)) = order.split_first() else {
+        return Ok(f(bases));
+    };
+    let g = p.buffers[i].lock();
+    bases[i] = BasePtr(if g.is_read_only() {
+        g.as_ptr() as *mut u8
+    } else {
+        g.as_mut_ptr()?
+    });
+    with_locked(p, rest, bases, f)
 }
 
 /// Runs a prepared graph (on the device's queue thread).
-pub(crate) fn execute(
-    state: &mut ExecState,
-    p: &Prepared,
-    device_name: &str,
-) -> Result<(), BackendError> {
+pub(crate) fn execute(state: &mut ExecState, p: &Prepared) -> Result<(), BackendError> {
+    let mut bases = std::mem::take(&mut state.bases);
+    bases.clear();
+    bases.resize(p.buffers.len(), BasePtr(std::ptr::null_mut()));
+    let r = with_locked(p, &p.lock_order, &mut bases, |bases| {
+        run_locked(state, p, bases)
+    });
+    state.bases = bases;
+    r?
+}
+
+/// [`execute`], with every buffer of `p` locked at `bases`.
+fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<(), BackendError> {
     let graph = &*p.graph;
-    let guards = lock_buffers(&p.buffers);
-    // Base pointer of each buffer, in `p.buffers` order.
-    let mut bases = Vec::with_capacity(p.buffers.len());
-    for b in &p.buffers {
-        let g = guards
-            .iter()
-            .find(|g| g.id() == b.id())
-            .expect("every buffer is locked");
-        bases.push(if g.is_read_only() {
-            g.as_ptr() as *mut u8
-        } else {
-            g.as_mut_ptr()?
-        });
-    }
     let view = |id: TensorId| -> Option<TView> {
         let (bi, off) = p.loc[id.index()]?;
         Some(TView {
-            ptr: bases[bi].wrapping_add(off),
+            ptr: bases[bi].0.wrapping_add(off),
             l: graph.tensor(id).layout,
         })
     };
@@ -500,17 +545,16 @@ pub(crate) fn execute(
             ctx.barrier.wait();
         }
     });
-    drop(guards);
     state.nodes = nodes;
     if !ok {
         return Err(BackendError::Device {
-            device: device_name.to_owned(),
+            device: state.name.clone(),
             message: "a kernel panicked".into(),
         });
     }
     match errors.take() {
         Some(message) => Err(BackendError::Device {
-            device: device_name.to_owned(),
+            device: state.name.clone(),
             message,
         }),
         None => Ok(()),

@@ -2,6 +2,7 @@
 //! devices, and `decode`, which turns a batch of tokens into logits (llama.cpp's
 //! `llama_context`).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use lamina_backend::{PendingRead, ScheduledGraph, Scheduler};
@@ -45,6 +46,11 @@ impl Batch {
                 })
                 .collect(),
         }
+    }
+
+    /// Empties the batch, keeping its allocation (a generation loop reuses one batch).
+    pub fn clear(&mut self) {
+        self.tokens.clear();
     }
 
     pub fn push(&mut self, token: u32, pos: i32, seq: usize, logits: bool) {
@@ -111,6 +117,23 @@ pub struct Context {
     graphs: Vec<Option<CachedGraph>>,
     /// Graphs built and scheduled so far (the rest were reused).
     graph_builds: usize,
+    /// The micro-batches of the batch being decoded.
+    in_flight: Vec<InFlight>,
+    /// The cells they claimed (`InFlight::cells` are ranges of it).
+    cells: Vec<usize>,
+    /// The output read of each micro-batch position, reused from batch to batch.
+    reads: Vec<PendingRead>,
+    /// Where micro-batch inputs are built.
+    scratch: InputScratch,
+}
+
+/// Buffers the inputs of a micro-batch are built in; kept with their allocations, so that
+/// decoding a token allocates nothing once the first few tokens have sized them.
+#[derive(Default)]
+struct InputScratch {
+    placement: Vec<(i32, usize)>,
+    ints: Vec<i32>,
+    mask: Vec<f32>,
 }
 
 /// A scheduled graph kept for reuse.
@@ -153,6 +176,10 @@ impl Context {
             output_rows: Vec::new(),
             graphs: Vec::new(),
             graph_builds: 0,
+            in_flight: Vec::new(),
+            cells: Vec::new(),
+            reads: Vec::new(),
+            scratch: InputScratch::default(),
         };
         // Size the compute buffer once for the worst case: a full micro-batch over the whole cache.
         let worst = GraphShape {
@@ -263,10 +290,12 @@ impl Context {
         // scheduler pipelines them (micro-batch k+1 starts on the first device while k is on the
         // next). Host-side, each one's cells are claimed before the next is built, so its mask
         // sees them.
-        let mut in_flight = Vec::new();
+        let mut in_flight = std::mem::take(&mut self.in_flight);
+        in_flight.clear();
+        self.cells.clear();
         let mut result = Ok(());
-        for ubatch in batch.tokens.chunks(self.params.n_ubatch) {
-            match self.submit_ubatch(ubatch, false) {
+        for (k, ubatch) in batch.tokens.chunks(self.params.n_ubatch).enumerate() {
+            match self.submit_ubatch(ubatch, false, k) {
                 Ok(f) => in_flight.push(f),
                 Err(e) => {
                     result = Err(e);
@@ -294,10 +323,12 @@ impl Context {
             // What was queued may have half-run: forget all of this batch's cells.
             let _ = self.sched.synchronize();
             for f in &in_flight {
-                self.kv.release(&f.cells);
+                self.kv.release(&self.cells[f.cells.clone()]);
             }
+            self.in_flight = in_flight;
             return Err(e);
         }
+        self.in_flight = in_flight;
         Ok(())
     }
 
@@ -310,47 +341,62 @@ impl Context {
     ) -> Result<Vec<f32>, ModelError> {
         let hp = &self.model.hparams;
         let width = if embeddings { hp.n_embd } else { hp.n_vocab } as usize;
-        let f = self.submit_ubatch(ubatch, embeddings)?;
+        self.cells.clear();
+        let f = self.submit_ubatch(ubatch, embeddings, 0)?;
         let r = self
             .sched
             .synchronize()
             .map_err(ModelError::from)
             .and_then(|()| f.finish(width));
         if r.is_err() {
-            self.kv.release(&f.cells);
+            self.kv.release(&self.cells[f.cells]);
         }
         r
     }
 
-    /// Claims cells for one micro-batch, builds and schedules its graph, writes its inputs and
-    /// queues it; the result is read when the devices are done.
+    /// Claims cells for one micro-batch (appended to `self.cells`), builds and schedules its
+    /// graph, writes its inputs and queues it, reading its output into the `k`-th kept read;
+    /// the result is read when the devices are done.
     fn submit_ubatch(
         &mut self,
         ubatch: &[BatchToken],
         embeddings: bool,
+        k: usize,
     ) -> Result<InFlight, ModelError> {
-        let placement: Vec<(i32, usize)> = ubatch.iter().map(|t| (t.pos, t.seq)).collect();
-        let cells = self.kv.place(&placement)?;
-        match self.queue_ubatch(ubatch, &placement, &cells, embeddings) {
-            Ok((pending, wanted)) => Ok(InFlight {
-                pending,
-                wanted,
-                cells,
-            }),
-            Err(e) => {
-                self.kv.release(&cells);
-                Err(e)
-            }
-        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.placement.clear();
+        scratch
+            .placement
+            .extend(ubatch.iter().map(|t| (t.pos, t.seq)));
+        let start = self.cells.len();
+        let r = self
+            .kv
+            .place_into(&scratch.placement, &mut self.cells)
+            .and_then(|()| {
+                let cells = start..self.cells.len();
+                let pending = self.queue_ubatch(ubatch, &mut scratch, cells.clone(), embeddings, k);
+                if pending.is_err() {
+                    self.kv.release(&self.cells[cells.clone()]);
+                    self.cells.truncate(start);
+                }
+                Ok(InFlight {
+                    pending: pending?,
+                    wanted: ubatch.iter().filter(|t| t.logits).count(),
+                    cells,
+                })
+            });
+        self.scratch = scratch;
+        r
     }
 
     fn queue_ubatch(
         &mut self,
         ubatch: &[BatchToken],
-        placement: &[(i32, usize)],
-        cells: &[usize],
+        scratch: &mut InputScratch,
+        cells: Range<usize>,
         embeddings: bool,
-    ) -> Result<(PendingRead, usize), ModelError> {
+        k: usize,
+    ) -> Result<PendingRead, ModelError> {
         let hp = &self.model.hparams;
         let n_tokens = ubatch.len();
         // Attend over the used cells padded to 256, as llama.cpp's `get_n_kv` does: the padding
@@ -360,12 +406,9 @@ impl Context {
             .kv
             .size()
             .min(self.kv.n_kv().next_multiple_of(256).max(256));
-        let out_ids: Vec<i32> = (0..n_tokens)
-            .filter(|&i| ubatch[i].logits)
-            .map(|i| i as i32)
-            .collect();
+        let n_wanted = ubatch.iter().filter(|t| t.logits).count();
         // A micro-batch that wants no logits still runs (to fill the cache); it computes one row.
-        let n_outputs = out_ids.len().max(1);
+        let n_outputs = n_wanted.max(1);
         let shape = GraphShape {
             n_tokens,
             n_kv,
@@ -390,34 +433,51 @@ impl Context {
         let cached = self.graphs[slot].as_ref().expect("cached above");
         let (sg, io) = (&cached.sg, cached.inputs);
         let sched = &self.sched;
-        let tokens: Vec<i32> = ubatch.iter().map(|t| t.token as i32).collect();
-        let pos: Vec<i32> = ubatch.iter().map(|t| t.pos).collect();
-        sched.set_input_i32(sg, io.tokens, &tokens)?;
-        sched.set_input_i32(sg, io.pos, &pos)?;
-        sched.set_input_f32(sg, io.kq_mask, &self.kv.mask(placement, n_kv, None))?;
+        let ints = &mut scratch.ints;
+        let placement = &scratch.placement;
+        ints.clear();
+        ints.extend(ubatch.iter().map(|t| t.token as i32));
+        sched.set_input_i32(sg, io.tokens, ints)?;
+        ints.clear();
+        ints.extend(ubatch.iter().map(|t| t.pos));
+        sched.set_input_i32(sg, io.pos, ints)?;
+        self.kv.mask_into(placement, n_kv, None, &mut scratch.mask);
+        sched.set_input_f32(sg, io.kq_mask, &scratch.mask)?;
         if let Some(swa) = io.kq_mask_swa {
-            sched.set_input_f32(sg, swa, &self.kv.mask(placement, n_kv, Some(hp.n_swa)))?;
+            self.kv
+                .mask_into(placement, n_kv, Some(hp.n_swa), &mut scratch.mask);
+            sched.set_input_f32(sg, swa, &scratch.mask)?;
         }
-        let k_idxs: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
-        sched.set_input_i32(sg, io.k_idxs, &k_idxs)?;
+        let cells = &self.cells[cells];
+        ints.clear();
+        ints.extend(cells.iter().map(|&c| c as i32));
+        sched.set_input_i32(sg, io.k_idxs, ints)?;
         // Transposed V: element (d, token t) goes to row d * size + cell(t).
         let n_embd_v = hp.n_embd_v_gqa(0) as usize;
         let size = self.kv.size();
-        let v_idxs: Vec<i32> = cells
-            .iter()
-            .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32))
-            .collect();
-        sched.set_input_i32(sg, io.v_idxs, &v_idxs)?;
-        let out_ids = if out_ids.is_empty() {
-            vec![n_tokens as i32 - 1]
-        } else {
-            out_ids
-        };
-        sched.set_input_i32(sg, io.out_ids, &out_ids)?;
+        ints.clear();
+        ints.extend(
+            cells
+                .iter()
+                .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32)),
+        );
+        sched.set_input_i32(sg, io.v_idxs, ints)?;
+        ints.clear();
+        ints.extend(
+            (0..n_tokens)
+                .filter(|&i| ubatch[i].logits)
+                .map(|i| i as i32),
+        );
+        if ints.is_empty() {
+            ints.push(n_tokens as i32 - 1);
+        }
+        sched.set_input_i32(sg, io.out_ids, ints)?;
         sched.compute_async(sg)?;
-        let pending = sched.get_async(sg, cached.logits)?;
-        let wanted = ubatch.iter().filter(|t| t.logits).count();
-        Ok((pending, wanted))
+        if self.reads.len() <= k {
+            self.reads.resize_with(k + 1, PendingRead::new);
+        }
+        sched.get_async_into(sg, cached.logits, &self.reads[k])?;
+        Ok(self.reads[k].clone())
     }
 
     /// The mean over `tokens` of the model's final-normed hidden states, L2-normalised (what
@@ -504,7 +564,8 @@ struct InFlight {
     pending: PendingRead,
     /// Rows of output wanted (the graph computes at least one).
     wanted: usize,
-    cells: Vec<usize>,
+    /// Its cells, as a range of `Context::cells`.
+    cells: Range<usize>,
 }
 
 impl InFlight {

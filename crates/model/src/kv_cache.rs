@@ -157,24 +157,38 @@ impl KvCache {
     /// Claims a free cell for each `(pos, seq)` token, lowest cells first; nothing is claimed
     /// if they do not all fit.
     pub fn place(&mut self, tokens: &[(i32, usize)]) -> Result<Vec<usize>, ModelError> {
-        let free: Vec<usize> = (0..self.size)
-            .filter(|&i| self.cells[i].is_free())
-            .take(tokens.len())
-            .collect();
-        if free.len() < tokens.len() {
+        let mut cells = Vec::with_capacity(tokens.len());
+        self.place_into(tokens, &mut cells)?;
+        Ok(cells)
+    }
+
+    /// [`KvCache::place`], appending the cells to `out` (left as it was on error).
+    pub fn place_into(
+        &mut self,
+        tokens: &[(i32, usize)],
+        out: &mut Vec<usize>,
+    ) -> Result<(), ModelError> {
+        let start = out.len();
+        out.extend(
+            (0..self.size)
+                .filter(|&i| self.cells[i].is_free())
+                .take(tokens.len()),
+        );
+        if out.len() - start < tokens.len() {
+            out.truncate(start);
             return Err(ModelError::ContextFull {
                 needed: tokens.len(),
                 free: self.size - self.used(),
                 size: self.size,
             });
         }
-        for (&cell, &(pos, seq)) in free.iter().zip(tokens) {
+        for (&cell, &(pos, seq)) in out[start..].iter().zip(tokens) {
             self.cells[cell] = Cell {
                 pos,
                 seqs: 1 << seq,
             };
         }
-        Ok(free)
+        Ok(())
     }
 
     /// Frees the given cells (undoing a failed [`KvCache::place`]).
@@ -221,7 +235,21 @@ impl KvCache {
     /// builds it: 0 where the token may attend to the cell (same sequence, not in the future,
     /// and within the sliding window when `window` is set), -inf elsewhere.
     pub fn mask(&self, tokens: &[(i32, usize)], n_kv: usize, window: Option<u32>) -> Vec<f32> {
-        let mut mask = vec![f32::NEG_INFINITY; n_kv * tokens.len()];
+        let mut mask = Vec::new();
+        self.mask_into(tokens, n_kv, window, &mut mask);
+        mask
+    }
+
+    /// [`KvCache::mask`], into `mask` (replacing what it held; its allocation is reused).
+    pub fn mask_into(
+        &self,
+        tokens: &[(i32, usize)],
+        n_kv: usize,
+        window: Option<u32>,
+        mask: &mut Vec<f32>,
+    ) {
+        mask.clear();
+        mask.resize(n_kv * tokens.len(), f32::NEG_INFINITY);
         for (row, &(pos, seq)) in mask.chunks_exact_mut(n_kv).zip(tokens) {
             for (m, cell) in row.iter_mut().zip(&self.cells[..n_kv]) {
                 let visible = cell.seqs & (1 << seq) != 0
@@ -232,6 +260,5 @@ impl KvCache {
                 }
             }
         }
-        mask
     }
 }

@@ -307,7 +307,8 @@ impl Tokenizer {
         self.piece(id, special).to_vec()
     }
 
-    fn piece(&self, id: TokenId, special: bool) -> &[u8] {
+    /// [`Tokenizer::token_to_piece`], borrowed (a generation loop copies nothing).
+    pub fn piece(&self, id: TokenId, special: bool) -> &[u8] {
         let Some(&a) = self.v.attrs.get(id as usize) else {
             return &[];
         };

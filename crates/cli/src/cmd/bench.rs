@@ -417,8 +417,11 @@ fn decode_gen(
     rng: &mut SplitMix64,
 ) -> anyhow::Result<()> {
     let mut token = first_token.unwrap_or_else(|| rng.below(n_vocab));
+    let mut batch = Batch::default();
     for i in 0..n_gen {
-        ctx.decode(&Batch::sequence(&[token], (pos0 + i) as i32, 0))?;
+        batch.clear();
+        batch.push(token, (pos0 + i) as i32, 0, true);
+        ctx.decode(&batch)?;
         token = rng.below(n_vocab);
     }
     Ok(())

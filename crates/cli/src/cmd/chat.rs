@@ -123,6 +123,7 @@ fn reply(
     let mut text = Vec::new();
     let mut out = Utf8Stream::default();
     let mut produced = 0i64;
+    let mut batch = Batch::default();
     let result = (|| -> anyhow::Result<()> {
         while !INTERRUPTED.load(Ordering::SeqCst) && (n_predict < 0 || produced < n_predict) {
             let token = sampler.sample(ctx.last_logits().context("no logits")?)?;
@@ -130,9 +131,9 @@ fn reply(
             if tok.is_eog(token) {
                 break;
             }
-            let piece = tok.token_to_piece(token, false);
-            text.extend_from_slice(&piece);
-            emit(&out.push(&piece))?;
+            let piece = tok.piece(token, false);
+            text.extend_from_slice(piece);
+            emit(out.push(piece))?;
             let _ = std::io::stdout().flush();
             produced += 1;
             if cached.len() >= ctx.n_ctx() {
@@ -142,7 +143,9 @@ fn reply(
                 );
                 break;
             }
-            ctx.decode(&Batch::sequence(&[token], cached.len() as i32, 0))?;
+            batch.clear();
+            batch.push(token, cached.len() as i32, 0, true);
+            ctx.decode(&batch)?;
             cached.push(token);
         }
         Ok(())

@@ -267,30 +267,34 @@ pub fn load_with(
     Ok(Loaded { context, tokenizer })
 }
 
-/// Turns token pieces (bytes that may split a UTF-8 character) into printable text.
+/// Turns token pieces (bytes that may split a UTF-8 character) into printable text. Its
+/// buffers are kept, so streaming a token allocates nothing.
 #[derive(Default)]
 pub struct Utf8Stream {
     pending: Vec<u8>,
+    text: String,
 }
 
 impl Utf8Stream {
     /// Adds `bytes`; returns the text that is complete so far.
-    pub fn push(&mut self, bytes: &[u8]) -> String {
+    pub fn push(&mut self, bytes: &[u8]) -> &str {
         self.pending.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            // An incomplete character at the end waits for more bytes; an invalid one is
-            // replaced now.
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => {
-                let text = String::from_utf8_lossy(&self.pending).into_owned();
-                self.pending.clear();
-                return text;
+        self.text.clear();
+        match std::str::from_utf8(&self.pending) {
+            Ok(text) => self.text.push_str(text),
+            // An incomplete character at the end waits for more bytes.
+            Err(e) if e.error_len().is_none() => {
+                let valid = e.valid_up_to();
+                self.text
+                    .push_str(&String::from_utf8_lossy(&self.pending[..valid]));
+                self.pending.drain(..valid);
+                return &self.text;
             }
-        };
-        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-        self.pending.drain(..valid);
-        text
+            // An invalid one is replaced now.
+            Err(_) => self.text.push_str(&String::from_utf8_lossy(&self.pending)),
+        }
+        self.pending.clear();
+        &self.text
     }
 
     /// Whatever is left (an incomplete character becomes U+FFFD).

@@ -136,6 +136,8 @@ fn generate(
     };
     let mut pos = prompt.len();
     let mut produced: i64 = 0;
+    // One batch for the whole loop: a generated token allocates nothing.
+    let mut batch = Batch::default();
     let t1 = Instant::now();
     loop {
         if args.n_predict >= 0 && produced >= args.n_predict {
@@ -147,7 +149,7 @@ fn generate(
         if tok.is_eog(token) && !args.ignore_eos {
             break;
         }
-        emit(&out.push(&tok.token_to_piece(token, false)))?;
+        emit(out.push(tok.piece(token, false)))?;
         let _ = std::io::stdout().flush();
         produced += 1;
         if pos >= ctx.n_ctx() {
@@ -157,7 +159,9 @@ fn generate(
             ));
             break;
         }
-        ctx.decode(&Batch::sequence(&[token], pos as i32, 0))?;
+        batch.clear();
+        batch.push(token, pos as i32, 0, true);
+        ctx.decode(&batch)?;
         stats.n_eval += 1;
         pos += 1;
     }
