@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lamina_core::graph::{Graph, Op, TensorId};
 use lamina_core::tensor::TensorFlags;
@@ -397,8 +397,6 @@ pub struct Scheduler {
     /// `[slot][device]`: recorded after each split of that device using that slot.
     events: Vec<Vec<Option<Event>>>,
     next_slot: usize,
-    /// Where typed inputs are turned into bytes (kept, so per-token inputs allocate nothing).
-    input_bytes: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -454,7 +452,6 @@ impl Scheduler {
             events,
             devices,
             next_slot: 0,
-            input_bytes: Mutex::new(Vec::new()),
         })
     }
 
@@ -646,9 +643,7 @@ impl Scheduler {
         id: TensorId,
         data: &[i32],
     ) -> Result<(), BackendError> {
-        let mut bytes = self.input_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        bytes.clear();
-        bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.set_input(sg, id, &bytes)
     }
 
@@ -659,9 +654,7 @@ impl Scheduler {
         id: TensorId,
         data: &[f32],
     ) -> Result<(), BackendError> {
-        let mut bytes = self.input_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        bytes.clear();
-        bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.set_input(sg, id, &bytes)
     }
 

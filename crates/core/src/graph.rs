@@ -148,6 +148,10 @@ pub enum Op {
         dim: usize,
     },
     ArgMax,
+    /// Fused attention (see [`Graph::attention`]): `src` = q, k, v, mask.
+    Attention {
+        scale: f32,
+    },
 }
 
 impl Op {
@@ -167,6 +171,7 @@ impl Op {
             Op::Norm { .. } => "NORM",
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
+            Op::Attention { .. } => "ATTENTION",
             Op::Unary(UnaryOp::Silu) => "SILU",
             Op::Unary(UnaryOp::Gelu) => "GELU",
             Op::Glu {
@@ -198,19 +203,22 @@ impl Op {
 
     /// Ops whose output may take the memory of their first source (same size, and no later
     /// reader of that source), as ggml-alloc lets them: each output row depends only on the
-    /// same input row, which backends read before writing. Softmax is the one that matters:
-    /// attention scores are the largest intermediates of a prompt.
+    /// same input row, which backends read before writing. Softmax (attention scores, when not
+    /// fused) and the gated activation (the FFN's widest intermediates) are the ones that matter.
     pub fn runs_in_place(&self) -> bool {
-        matches!(self, Op::SoftMax { .. })
+        matches!(self, Op::SoftMax { .. } | Op::Glu { .. })
     }
 }
+
+/// Sources a node can have (fused attention has four: q, k, v, mask).
+pub const MAX_SRC: usize = 4;
 
 /// A node of the graph.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     pub layout: Layout,
     pub op: Op,
-    pub src: [Option<TensorId>; 3],
+    pub src: [Option<TensorId>; MAX_SRC],
     /// The root tensor whose memory this one aliases (never itself a view), with a byte offset.
     pub view_src: Option<TensorId>,
     pub view_offset: usize,
@@ -366,7 +374,7 @@ impl Graph {
         &mut self,
         layout: Layout,
         op: Op,
-        src: [Option<TensorId>; 3],
+        src: [Option<TensorId>; MAX_SRC],
     ) -> Result<TensorId, GraphError> {
         self.push(Tensor {
             layout,
@@ -385,7 +393,7 @@ impl Graph {
         of: TensorId,
         layout: Layout,
         op: Op,
-        src: [Option<TensorId>; 3],
+        src: [Option<TensorId>; MAX_SRC],
         offset: usize,
     ) -> Result<TensorId, GraphError> {
         let t = self.check(of)?;
@@ -426,7 +434,7 @@ impl Graph {
     pub fn new_leaf_like(&mut self, id: TensorId, suffix: &str) -> Result<TensorId, GraphError> {
         let t = self.check(id)?;
         let (layout, name) = (t.layout, format!("{}{suffix}", t.name));
-        let new = self.node(layout, Op::Leaf, [None; 3])?;
+        let new = self.node(layout, Op::Leaf, [None; MAX_SRC])?;
         self.tensors[new.index()].name = name;
         Ok(new)
     }
@@ -440,7 +448,7 @@ impl Graph {
             return Err(shape_err("VIEW", "new root differs in layout"));
         }
         self.push(Tensor {
-            src: [Some(root), None, None],
+            src: [Some(root), None, None, None],
             view_src: Some(root),
             binding: None,
             ..t
@@ -470,7 +478,7 @@ impl Graph {
     /// A new leaf tensor of shape `ne` (1 to 4 dims), densely packed.
     pub fn new_tensor(&mut self, dtype: DType, ne: &[usize]) -> Result<TensorId, GraphError> {
         let layout = Layout::contiguous(dtype, ne)?;
-        self.node(layout, Op::Leaf, [None; 3])
+        self.node(layout, Op::Leaf, [None; MAX_SRC])
     }
 
     /// A new leaf flagged as a graph input (written by the host before compute).
@@ -562,7 +570,7 @@ impl Graph {
         let ts = l.dtype.type_size() as usize;
         let row = l.dtype.row_size(ne0 as u64).map_err(TensorError::from)? as usize;
         let layout = self.view_layout(a, [ne0, 1, 1, 1], [ts, row, row, row])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
     }
 
     pub fn view_2d(
@@ -575,7 +583,7 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, [ne0, ne1, 1, 1], [ts, nb1, nb1 * ne1, nb1 * ne1])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -591,7 +599,7 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, [ne0, ne1, ne2, 1], [ts, nb1, nb2, nb2 * ne2])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
     }
 
     pub fn view_4d(
@@ -605,7 +613,7 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, ne, [ts, nb1, nb2, nb3])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None], offset)
+        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
     }
 
     /// Reinterprets contiguous `a` with shape `ne`.
@@ -621,7 +629,7 @@ impl Graph {
                 format!("{} elements cannot become {ne:?}", src.nelements()),
             ));
         }
-        self.view_node(a, layout, Op::Reshape, [Some(a), None, None], 0)
+        self.view_node(a, layout, Op::Reshape, [Some(a), None, None, None], 0)
     }
 
     /// ggml's permute: source dimension `i` moves to position `axes[i]`.
@@ -658,7 +666,7 @@ impl Graph {
             ne,
             nb,
         };
-        self.view_node(a, layout, Op::Permute(axes), [Some(a), None, None], 0)
+        self.view_node(a, layout, Op::Permute(axes), [Some(a), None, None, None], 0)
     }
 
     /// Swaps dimensions 0 and 1.
@@ -672,7 +680,7 @@ impl Graph {
         }
         l.ne.swap(0, 1);
         l.nb.swap(0, 1);
-        self.view_node(a, l, Op::Transpose, [Some(a), None, None], 0)
+        self.view_node(a, l, Op::Transpose, [Some(a), None, None, None], 0)
     }
 
     // ----- compute ops -----
@@ -715,14 +723,14 @@ impl Graph {
             return Err(shape_err("GET_ROWS", "data rows must be packed"));
         }
         let layout = Layout::contiguous(DType::F32, &[la.ne[0], lb.ne[0], lb.ne[1], lb.ne[2]])?;
-        self.node(layout, Op::GetRows, [Some(a), Some(b), None])
+        self.node(layout, Op::GetRows, [Some(a), Some(b), None, None])
     }
 
     /// `a · bᵀ` per ggml: `a` is `[K, M, ..]` (weights, any type), `b` is `[K, N, ..]` f32;
     /// the result is `[M, N, b.ne2, b.ne3]`; `a` is broadcast over dims 2 and 3.
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
         let layout = self.mul_mat_layout(a, b)?;
-        self.node(layout, Op::MulMat, [Some(a), Some(b), None])
+        self.node(layout, Op::MulMat, [Some(a), Some(b), None, None])
     }
 
     /// The checked result layout of `mul_mat(a, b)`.
@@ -781,7 +789,76 @@ impl Graph {
                 format!("mask {:?} for output {:?}", lm.ne, lo.ne),
             ));
         }
-        self.node(lo, Op::MulMat, [Some(a), Some(b), Some(mask)])
+        self.node(lo, Op::MulMat, [Some(a), Some(b), Some(mask), None])
+    }
+
+    /// Attention over a KV cache, fused so that no score matrix is materialised: for query
+    /// row `i` of head `h` (KV head `h / (n_head / n_head_kv)`), `out[:, h, i]` is
+    /// `v · softmax(k · q[:, i, h] * scale + mask[:, i])`. It equals, bit for bit,
+    /// `cont(permute(mul_mat(v, soft_max_ext(mul_mat_masked(k, q, mask), Some(mask), scale, 0)),
+    /// [0, 2, 1, 3]))`: a backend computes each score and each output with the kernels those
+    /// ops would use. `q` is `[head_k, n_tokens, n_head]` f32 (any strides), `k` is
+    /// `[head_k, n_kv, n_head_kv]` and `v` is `[n_kv, head_v, n_head_kv]`, both f16 or both f32
+    /// with packed rows; `mask` is f32 `[n_kv, >= n_tokens]` with packed rows. The result is
+    /// f32 `[head_v, n_head, n_tokens]`.
+    pub fn attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: TensorId,
+        scale: f32,
+    ) -> Result<TensorId, GraphError> {
+        let lq = self.want_f32("ATTENTION", q)?;
+        let lk = self.check(k)?.layout;
+        let lv = self.check(v)?.layout;
+        let lm = self.check(mask)?.layout;
+        for l in [lk, lv] {
+            if !matches!(l.dtype, DType::F16 | DType::F32) || l.dtype != lk.dtype {
+                return Err(GraphError::Type {
+                    op: "ATTENTION",
+                    dtype: l.dtype,
+                });
+            }
+        }
+        if lm.dtype != DType::F32 {
+            return Err(GraphError::Type {
+                op: "ATTENTION",
+                dtype: lm.dtype,
+            });
+        }
+        let (head_k, n_tokens, n_head) = (lq.ne[0], lq.ne[1], lq.ne[2]);
+        let (n_kv, n_head_kv) = (lk.ne[1], lk.ne[2]);
+        if lk.ne[0] != head_k
+            || lv.ne[0] != n_kv
+            || lv.ne[2] != n_head_kv
+            || n_head_kv == 0
+            || n_head % n_head_kv != 0
+            || lq.ne[3] != 1
+            || lk.ne[3] != 1
+            || lv.ne[3] != 1
+            || lm.ne[0] != n_kv
+            || lm.ne[1] < n_tokens
+            || lm.ne[2] != 1
+            || lm.ne[3] != 1
+            || !lk.rows_packed()
+            || !lv.rows_packed()
+            || !lm.rows_packed()
+        {
+            return Err(shape_err(
+                "ATTENTION",
+                format!(
+                    "q {:?}, k {:?}, v {:?}, mask {:?}",
+                    lq.ne, lk.ne, lv.ne, lm.ne
+                ),
+            ));
+        }
+        let layout = Layout::contiguous(DType::F32, &[lv.ne[1], n_head, n_tokens])?;
+        self.node(
+            layout,
+            Op::Attention { scale },
+            [Some(q), Some(k), Some(v), Some(mask)],
+        )
     }
 
     fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
@@ -794,7 +871,7 @@ impl Graph {
             ));
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, op, [Some(a), Some(b), None])
+        self.node(layout, op, [Some(a), Some(b), None, None])
     }
 
     /// `a + b`, `b` broadcast to `a`'s shape.
@@ -810,7 +887,7 @@ impl Graph {
     fn unary_like(&mut self, op: Op, a: TensorId) -> Result<TensorId, GraphError> {
         let la = self.want_f32(op.name(), a)?;
         let layout = self.f32_like(&la)?;
-        self.node(layout, op, [Some(a), None, None])
+        self.node(layout, op, [Some(a), None, None, None])
     }
 
     pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId, GraphError> {
@@ -883,7 +960,11 @@ impl Graph {
             }
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, Op::Rope(params), [Some(a), Some(pos), freq_factors])
+        self.node(
+            layout,
+            Op::Rope(params),
+            [Some(a), Some(pos), freq_factors, None],
+        )
     }
 
     /// `softmax(a * scale + slope * mask)` over rows; `mask` (f32 or f16, `[ne0, >= ne1, ..]`)
@@ -920,7 +1001,7 @@ impl Graph {
         self.node(
             layout,
             Op::SoftMax { scale, max_bias },
-            [Some(a), mask, None],
+            [Some(a), mask, None, None],
         )
     }
 
@@ -936,7 +1017,7 @@ impl Graph {
             return Err(shape_err(opv.name(), format!("{:?} vs {:?}", la.ne, lb.ne)));
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, opv, [Some(a), Some(b), None])
+        self.node(layout, opv, [Some(a), Some(b), None, None])
     }
 
     /// `silu(a) * b`.
@@ -959,7 +1040,7 @@ impl Graph {
         let mut ne = la.ne;
         ne[0] /= 2;
         let layout = Layout::contiguous(DType::F32, &ne)?;
-        self.node(layout, opv, [Some(a), None, None])
+        self.node(layout, opv, [Some(a), None, None, None])
     }
 
     /// Writes the f32 rows of `src` into `dst` at the i32/i64 row indices `idx`; returns a view of
@@ -999,7 +1080,7 @@ impl Graph {
                 format!("dst {:?}, src {:?}, indices {:?}", ld.ne, ls.ne, li.ne),
             ));
         }
-        self.view_node(dst, ld, Op::SetRows, [Some(src), Some(idx), None], 0)
+        self.view_node(dst, ld, Op::SetRows, [Some(src), Some(idx), None, None], 0)
     }
 
     /// Copies `a` into `b` (same element count), converting types; returns a view of `b`.
@@ -1017,7 +1098,7 @@ impl Graph {
         if la.nelements() != lb.nelements() {
             return Err(shape_err("CPY", format!("{:?} into {:?}", la.ne, lb.ne)));
         }
-        self.view_node(b, lb, Op::Cpy, [Some(a), Some(b), None], 0)
+        self.view_node(b, lb, Op::Cpy, [Some(a), Some(b), None, None], 0)
     }
 
     /// A contiguous copy of `a`.
@@ -1030,7 +1111,7 @@ impl Graph {
             });
         }
         let layout = Layout::contiguous(la.dtype, &la.ne)?;
-        self.node(layout, Op::Cont, [Some(a), None, None])
+        self.node(layout, Op::Cont, [Some(a), None, None, None])
     }
 
     /// `a` and `b` joined along `dim`.
@@ -1046,7 +1127,7 @@ impl Graph {
         let mut ne = la.ne;
         ne[dim] += lb.ne[dim];
         let layout = Layout::contiguous(DType::F32, &ne)?;
-        self.node(layout, Op::Concat { dim }, [Some(a), Some(b), None])
+        self.node(layout, Op::Concat { dim }, [Some(a), Some(b), None, None])
     }
 
     /// Index of the maximum of each row of the f32 matrix `a`, as i32 `[a.ne1]`.
@@ -1056,7 +1137,7 @@ impl Graph {
             return Err(shape_err("ARGMAX", "input must be a matrix"));
         }
         let layout = Layout::contiguous(DType::I32, &[la.ne[1]])?;
-        self.node(layout, Op::ArgMax, [Some(a), None, None])
+        self.node(layout, Op::ArgMax, [Some(a), None, None, None])
     }
 }
 
@@ -1095,7 +1176,7 @@ mod tests {
         let mask = g.new_input(DType::F32, &[10, 4]).unwrap();
         let ym = g.mul_mat_masked(w, x, mask).unwrap();
         assert_eq!(g.layout(ym).ne, [10, 3, 1, 1]);
-        assert_eq!(g.tensor(ym).src, [Some(w), Some(x), Some(mask)]);
+        assert_eq!(g.tensor(ym).src, [Some(w), Some(x), Some(mask), None]);
         let short = g.new_input(DType::F32, &[10, 2]).unwrap();
         assert!(matches!(
             g.mul_mat_masked(w, x, short),

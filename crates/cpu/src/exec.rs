@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use lamina_backend::{BackendError, Buffer, DeviceKey};
 use lamina_core::DType;
-use lamina_core::graph::{Graph, Op, TensorId};
+use lamina_core::graph::{Graph, MAX_SRC, Op, TensorId};
 use lamina_core::tensor::Layout;
 
 use crate::ops;
@@ -285,7 +285,7 @@ pub(crate) struct NodePlan {
     pub id: TensorId,
     pub op: Op,
     pub dst: TView,
-    pub src: [Option<TView>; 3],
+    pub src: [Option<TView>; MAX_SRC],
 }
 
 /// Thread `ith` of `nth`'s share of `0..n`.
@@ -520,6 +520,7 @@ fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<
             t.src[0].and_then(view),
             t.src[1].and_then(view),
             t.src[2].and_then(view),
+            t.src[3].and_then(view),
         ];
         let node = NodePlan {
             id,

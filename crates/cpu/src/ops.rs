@@ -33,6 +33,10 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
             }
             _ => 0,
         },
+        Op::Attention { .. } => match AttentionPlan::new(node) {
+            Some(p) => nth * p.scratch_bytes(),
+            None => 0,
+        },
         _ => per_thread,
     }
 }
@@ -111,6 +115,7 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
+        Op::Attention { scale } => attention(node, a, scale, ctx, work, err),
         Op::SetRows => set_rows(node, a, ctx, work, err),
         Op::Cpy | Op::Cont => copy(node, a, ctx),
         Op::Concat { dim } => concat(node, a, dim, ctx),
@@ -189,7 +194,15 @@ fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>,
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         // SAFETY: as in `binary`.
         unsafe {
-            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let buf = scratch(work, ctx, node, 0, a.l.ne[0]);
+            let x = if a.same_start(&d) {
+                // In place over the gate (see `Op::runs_in_place`): the row is copied out
+                // before the output row is borrowed over it.
+                buf.copy_from_slice(&a.row_f32(i1, i2, i3)[..a.l.ne[0]]);
+                &*buf
+            } else {
+                src_row(&a, i1, i2, i3, buf)
+            };
             let o = d.row_f32_mut(i1, i2, i3);
             match node.src[1] {
                 Some(b) => {
@@ -521,6 +534,178 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                 unsafe { d.set_run([i0, j0 + j, i12, i13], col) };
             }
             j0 = end;
+        }
+    }
+}
+
+/// Query rows per attention task (a multiple of the tile's 4 activation rows).
+const ATTN_ROWS: usize = 16;
+
+/// The two products of [`Graph::attention`](lamina_core::graph::Graph::attention), planned as
+/// the unfused `mul_mat`s would be, so every score and output comes from the same kernel.
+struct AttentionPlan {
+    q: TView,
+    k: TView,
+    v: TView,
+    mask: TView,
+    kq: kernels::MatMul,
+    kqv: kernels::MatMul,
+    /// Bytes of one converted query row / probability row.
+    q_row: usize,
+    p_row: usize,
+}
+
+impl AttentionPlan {
+    fn new(node: &NodePlan) -> Option<AttentionPlan> {
+        let [Some(q), Some(k), Some(v), Some(mask)] = node.src else {
+            return None;
+        };
+        let (head_k, n_tokens) = (q.l.ne[0], q.l.ne[1]);
+        let (n_kv, head_v) = (k.l.ne[1], v.l.ne[1]);
+        // `mul_mat(k, q)`: k's rows are the weights; `mul_mat(v, p)`: p is contiguous.
+        let kq = kernels::MatMul::plan(
+            k.l.dtype,
+            n_kv,
+            n_tokens,
+            head_k,
+            q.l.is_contiguous(),
+            false,
+        )?;
+        let kqv = kernels::MatMul::plan(v.l.dtype, head_v, n_tokens, n_kv, true, false)?;
+        Some(AttentionPlan {
+            q,
+            k,
+            v,
+            mask,
+            q_row: kq.act_row_bytes(head_k)?.next_multiple_of(64),
+            p_row: kqv.act_row_bytes(n_kv)?.next_multiple_of(64),
+            kq,
+            kqv,
+        })
+    }
+
+    /// One thread's scratch: converted query rows, scores (f32, one spare row), converted
+    /// probability rows, and an f32 query row.
+    fn scratch_bytes(&self) -> usize {
+        let (head_k, n_kv) = (self.q.l.ne[0], self.k.l.ne[1]);
+        ATTN_ROWS * self.q_row
+            + ((ATTN_ROWS + 1) * n_kv * 4).next_multiple_of(64)
+            + ATTN_ROWS * self.p_row
+            + (head_k * 4).next_multiple_of(64)
+    }
+}
+
+/// Fused attention (`Op::Attention`): each task is one head and up to [`ATTN_ROWS`] query
+/// rows. Scores go to per-thread scratch, never to a `[n_kv, n_tokens, n_head]` tensor; each
+/// score and each output is the `MatMul` dot the unfused graph would compute (tiles give the
+/// same bits as single dots), and each softmax row is the same `softmax_row`, so the result
+/// equals the unfused one bit for bit. Scores the mask hides in a whole tile's leading rows
+/// are skipped, as `mul_mat_masked` does.
+fn attention(
+    node: &NodePlan,
+    _q: TView,
+    scale: f32,
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+    err: &ErrorSlot,
+) {
+    let Some(p) = AttentionPlan::new(node) else {
+        err.set(|| format!("ATTENTION {}: unsupported operands", node.id));
+        return;
+    };
+    let (q, k, v, mk, d) = (p.q, p.k, p.v, p.mask, node.dst);
+    let (head_k, n_tokens, n_head) = (q.l.ne[0], q.l.ne[1], q.l.ne[2]);
+    let (n_kv, head_v, n_head_kv) = (k.l.ne[1], v.l.ne[1], k.l.ne[2]);
+    let group = n_head / n_head_kv;
+    // Fewer rows per task when there would be too few tasks to keep every thread busy.
+    let mut rows = ATTN_ROWS;
+    while rows > 4 && n_head * n_tokens.div_ceil(rows) < 2 * ctx.nth {
+        rows /= 2;
+    }
+    let blocks = n_tokens.div_ceil(rows);
+    // This thread's scratch.
+    let base = ctx.ith * p.scratch_bytes();
+    let scores_off = base + ATTN_ROWS * p.q_row;
+    let probs_off = scores_off + ((ATTN_ROWS + 1) * n_kv * 4).next_multiple_of(64);
+    let qf_off = probs_off + ATTN_ROWS * p.p_row;
+    const WR: usize = 8;
+    let mut out = [0f32; WR * ATTN_ROWS];
+    for t in split(n_head * blocks, ctx.ith, ctx.nth) {
+        let (h, b) = (t / blocks, t % blocks);
+        let hkv = h / group;
+        let j0 = b * rows;
+        let rn = rows.min(n_tokens - j0);
+        // SAFETY (whole block): the scratch regions are this thread's; q, k, v and the mask
+        // are read-only during the node; dst rows (h, j0..j0 + rn) belong to task t only.
+        unsafe {
+            let mut qrows: [&[u8]; ATTN_ROWS] = [&[]; ATTN_ROWS];
+            for (j, row) in qrows.iter_mut().enumerate().take(rn) {
+                let x = src_row(&q, j0 + j, h, 0, work.f32s(qf_off, head_k));
+                let out = work.bytes(base + j * p.q_row, p.q_row);
+                p.kq.convert_act(j0 + j, x, out);
+                *row = work.bytes_ref(base + j * p.q_row, p.q_row);
+            }
+            let qrows = &qrows[..rn];
+            let kq_k = p.kq.trimmed_k(head_k, qrows);
+            let scores = work.f32s(scores_off, (rn + 1) * n_kv);
+            let (scores, spare) = scores.split_at_mut(rn * n_kv);
+            for i0 in (0..n_kv).step_by(WR) {
+                let rm = WR.min(n_kv - i0);
+                let mut w: [&[u8]; WR] = [&[]; WR];
+                for (i, row) in w.iter_mut().enumerate().take(rm) {
+                    *row = k.row(i0 + i, hkv, 0);
+                }
+                let mut lead = 0;
+                while lead < rn
+                    && mk.row_f32(j0 + lead, 0, 0)[i0..i0 + rm]
+                        .iter()
+                        .all(|&m| m == f32::NEG_INFINITY)
+                {
+                    lead += 1;
+                }
+                let nc = rn - lead;
+                p.kq.dot_tile(
+                    kq_k,
+                    &w[..rm],
+                    &qrows[lead..],
+                    j0 + lead,
+                    &mut out[..rm * nc],
+                );
+                for j in 0..rn {
+                    let row = &mut scores[j * n_kv + i0..j * n_kv + i0 + rm];
+                    if j < lead {
+                        row.fill(0.0);
+                    } else {
+                        row.copy_from_slice(&out[(j - lead) * rm..(j - lead + 1) * rm]);
+                    }
+                }
+            }
+            let slope = alibi_slope(0.0, h, n_head);
+            let mut prows: [&[u8]; ATTN_ROWS] = [&[]; ATTN_ROWS];
+            for (j, row) in prows.iter_mut().enumerate().take(rn) {
+                let x = &scores[j * n_kv..(j + 1) * n_kv];
+                let mrow = &mk.row_f32(j0 + j, 0, 0)[..n_kv];
+                let y = &mut spare[..n_kv];
+                kernels::softmax_row(x, scale, Some(mrow), slope, y);
+                let off = probs_off + j * p.p_row;
+                p.kqv.convert_act(j0 + j, y, work.bytes(off, p.p_row));
+                *row = work.bytes_ref(off, p.p_row);
+            }
+            let prows = &prows[..rn];
+            let kqv_k = p.kqv.trimmed_k(n_kv, prows);
+            for i0 in (0..head_v).step_by(WR) {
+                let rm = WR.min(head_v - i0);
+                let mut w: [&[u8]; WR] = [&[]; WR];
+                for (i, row) in w.iter_mut().enumerate().take(rm) {
+                    *row = v.row(i0 + i, hkv, 0);
+                }
+                p.kqv
+                    .dot_tile(kqv_k, &w[..rm], prows, j0, &mut out[..rm * rn]);
+                for j in 0..rn {
+                    let dst = &mut d.row_f32_mut(h, j0 + j, 0)[i0..i0 + rm];
+                    dst.copy_from_slice(&out[j * rm..(j + 1) * rm]);
+                }
+            }
         }
     }
 }

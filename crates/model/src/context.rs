@@ -132,8 +132,17 @@ pub struct Context {
 #[derive(Default)]
 struct InputScratch {
     placement: Vec<(i32, usize)>,
-    ints: Vec<i32>,
-    mask: Vec<f32>,
+    /// One input at a time, as the bytes the graph takes.
+    bytes: Vec<u8>,
+}
+
+/// `vals` as little-endian i32 bytes into `out` (replacing what it held).
+fn put_i32s(out: &mut Vec<u8>, vals: impl Iterator<Item = i32>) -> &[u8] {
+    out.clear();
+    for v in vals {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
 }
 
 /// A scheduled graph kept for reuse.
@@ -433,45 +442,32 @@ impl Context {
         let cached = self.graphs[slot].as_ref().expect("cached above");
         let (sg, io) = (&cached.sg, cached.inputs);
         let sched = &self.sched;
-        let ints = &mut scratch.ints;
+        let bytes = &mut scratch.bytes;
         let placement = &scratch.placement;
-        ints.clear();
-        ints.extend(ubatch.iter().map(|t| t.token as i32));
-        sched.set_input_i32(sg, io.tokens, ints)?;
-        ints.clear();
-        ints.extend(ubatch.iter().map(|t| t.pos));
-        sched.set_input_i32(sg, io.pos, ints)?;
-        self.kv.mask_into(placement, n_kv, None, &mut scratch.mask);
-        sched.set_input_f32(sg, io.kq_mask, &scratch.mask)?;
+        let tokens = ubatch.iter().map(|t| t.token as i32);
+        sched.set_input(sg, io.tokens, put_i32s(bytes, tokens))?;
+        sched.set_input(sg, io.pos, put_i32s(bytes, ubatch.iter().map(|t| t.pos)))?;
+        self.kv.mask_into(placement, n_kv, None, bytes);
+        sched.set_input(sg, io.kq_mask, bytes)?;
         if let Some(swa) = io.kq_mask_swa {
-            self.kv
-                .mask_into(placement, n_kv, Some(hp.n_swa), &mut scratch.mask);
-            sched.set_input_f32(sg, swa, &scratch.mask)?;
+            self.kv.mask_into(placement, n_kv, Some(hp.n_swa), bytes);
+            sched.set_input(sg, swa, bytes)?;
         }
         let cells = &self.cells[cells];
-        ints.clear();
-        ints.extend(cells.iter().map(|&c| c as i32));
-        sched.set_input_i32(sg, io.k_idxs, ints)?;
+        let k_idxs = cells.iter().map(|&c| c as i32);
+        sched.set_input(sg, io.k_idxs, put_i32s(bytes, k_idxs))?;
         // Transposed V: element (d, token t) goes to row d * size + cell(t).
         let n_embd_v = hp.n_embd_v_gqa(0) as usize;
         let size = self.kv.size();
-        ints.clear();
-        ints.extend(
-            cells
-                .iter()
-                .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32)),
-        );
-        sched.set_input_i32(sg, io.v_idxs, ints)?;
-        ints.clear();
-        ints.extend(
-            (0..n_tokens)
-                .filter(|&i| ubatch[i].logits)
-                .map(|i| i as i32),
-        );
-        if ints.is_empty() {
-            ints.push(n_tokens as i32 - 1);
-        }
-        sched.set_input_i32(sg, io.out_ids, ints)?;
+        let v_idxs = cells
+            .iter()
+            .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32));
+        sched.set_input(sg, io.v_idxs, put_i32s(bytes, v_idxs))?;
+        let wanted = (0..n_tokens).filter(|&i| ubatch[i].logits);
+        // A micro-batch that wants no logits computes its last row.
+        let last = (n_wanted == 0).then_some(n_tokens - 1);
+        let out_ids = wanted.chain(last).map(|i| i as i32);
+        sched.set_input(sg, io.out_ids, put_i32s(bytes, out_ids))?;
         sched.compute_async(sg)?;
         if self.reads.len() <= k {
             self.reads.resize_with(k + 1, PendingRead::new);

@@ -233,31 +233,25 @@ impl KvCache {
 
     /// The attention mask for tokens `(pos, seq)` over the first `n_kv` cells, as llama.cpp
     /// builds it: 0 where the token may attend to the cell (same sequence, not in the future,
-    /// and within the sliding window when `window` is set), -inf elsewhere.
-    pub fn mask(&self, tokens: &[(i32, usize)], n_kv: usize, window: Option<u32>) -> Vec<f32> {
-        let mut mask = Vec::new();
-        self.mask_into(tokens, n_kv, window, &mut mask);
-        mask
-    }
-
-    /// [`KvCache::mask`], into `mask` (replacing what it held; its allocation is reused).
+    /// and within the sliding window when `window` is set), -inf elsewhere. Written into `out`
+    /// (its allocation reused) as the little-endian f32 bytes the graph input takes, so a
+    /// prompt's mask is not held twice.
     pub fn mask_into(
         &self,
         tokens: &[(i32, usize)],
         n_kv: usize,
         window: Option<u32>,
-        mask: &mut Vec<f32>,
+        out: &mut Vec<u8>,
     ) {
-        mask.clear();
-        mask.resize(n_kv * tokens.len(), f32::NEG_INFINITY);
-        for (row, &(pos, seq)) in mask.chunks_exact_mut(n_kv).zip(tokens) {
-            for (m, cell) in row.iter_mut().zip(&self.cells[..n_kv]) {
+        out.clear();
+        out.reserve(4 * n_kv * tokens.len());
+        for &(pos, seq) in tokens {
+            for cell in &self.cells[..n_kv] {
                 let visible = cell.seqs & (1 << seq) != 0
                     && cell.pos <= pos
                     && window.is_none_or(|w| i64::from(pos) - i64::from(cell.pos) < i64::from(w));
-                if visible {
-                    *m = 0.0;
-                }
+                let m = if visible { 0.0f32 } else { f32::NEG_INFINITY };
+                out.extend_from_slice(&m.to_le_bytes());
             }
         }
     }
