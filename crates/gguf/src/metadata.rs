@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// GGUF metadata value type ids (`enum gguf_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -279,8 +280,17 @@ impl Array {
 /// An array of strings stored end to end in one buffer, with one end offset per string: a
 /// 262,144-token vocabulary takes its text bytes plus 4 bytes a token, where a `Vec<String>`
 /// would take a 24-byte header and a heap block (with the allocator's overhead) per token.
+///
+/// The buffers are shared: cloning a `StrArray` copies a pointer, not the strings, so a
+/// tokenizer can keep the vocabulary's text without a second copy of it. (`push` on a shared
+/// array copies it first, so clones never see each other's changes.)
 #[derive(Clone, Default)]
 pub struct StrArray {
+    inner: Arc<StrArrayInner>,
+}
+
+#[derive(Clone, Default)]
+struct StrArrayInner {
     text: String,
     ends: Ends,
 }
@@ -302,26 +312,29 @@ impl StrArray {
     /// An empty array with room for `n` strings of `bytes` bytes in total.
     pub fn with_capacity(n: usize, bytes: usize) -> StrArray {
         StrArray {
-            text: String::with_capacity(bytes),
-            ends: if u32::try_from(bytes).is_ok() {
-                Ends::Narrow(Vec::with_capacity(n))
-            } else {
-                Ends::Wide(Vec::with_capacity(n))
-            },
+            inner: Arc::new(StrArrayInner {
+                text: String::with_capacity(bytes),
+                ends: if u32::try_from(bytes).is_ok() {
+                    Ends::Narrow(Vec::with_capacity(n))
+                } else {
+                    Ends::Wide(Vec::with_capacity(n))
+                },
+            }),
         }
     }
 
     pub fn push(&mut self, s: &str) {
-        self.text.push_str(s);
-        let end = self.text.len();
-        match &mut self.ends {
+        let inner = Arc::make_mut(&mut self.inner);
+        inner.text.push_str(s);
+        let end = inner.text.len();
+        match &mut inner.ends {
             Ends::Narrow(v) => match u32::try_from(end) {
                 Ok(e) => v.push(e),
                 Err(_) => {
                     let mut wide: Vec<u64> = Vec::with_capacity(v.len() + 1);
                     wide.extend(v.iter().map(|&e| u64::from(e)));
                     wide.push(end as u64);
-                    self.ends = Ends::Wide(wide);
+                    inner.ends = Ends::Wide(wide);
                 }
             },
             Ends::Wide(v) => v.push(end as u64),
@@ -329,7 +342,7 @@ impl StrArray {
     }
 
     pub fn len(&self) -> usize {
-        match &self.ends {
+        match &self.inner.ends {
             Ends::Narrow(v) => v.len(),
             Ends::Wide(v) => v.len(),
         }
@@ -340,7 +353,7 @@ impl StrArray {
     }
 
     fn end(&self, i: usize) -> Option<usize> {
-        match &self.ends {
+        match &self.inner.ends {
             Ends::Narrow(v) => v.get(i).map(|&e| e as usize),
             Ends::Wide(v) => v.get(i).map(|&e| e as usize),
         }
@@ -350,7 +363,7 @@ impl StrArray {
     pub fn get(&self, i: usize) -> Option<&str> {
         let end = self.end(i)?;
         let start = if i == 0 { 0 } else { self.end(i - 1)? };
-        Some(&self.text[start..end])
+        Some(&self.inner.text[start..end])
     }
 
     pub fn iter(&self) -> StrArrayIter<'_> {
@@ -363,7 +376,33 @@ impl StrArray {
 
     /// Total bytes of all the strings.
     pub fn text_len(&self) -> usize {
-        self.text.len()
+        self.inner.text.len()
+    }
+
+    /// All the strings end to end: string `i` is `text()[ends[i - 1]..ends[i]]` (from 0 for
+    /// the first), with `ends` from [`ends_u32`](Self::ends_u32).
+    pub fn text(&self) -> &str {
+        &self.inner.text
+    }
+
+    /// Where each string ends in [`text`](Self::text), when the strings total at most 4 GiB
+    /// (`None` past that).
+    pub fn ends_u32(&self) -> Option<&[u32]> {
+        match &self.inner.ends {
+            Ends::Narrow(v) => Some(v),
+            Ends::Wide(_) => None,
+        }
+    }
+
+    /// Frees spare capacity (a no-op when the buffers are shared).
+    pub fn shrink_to_fit(&mut self) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.text.shrink_to_fit();
+            match &mut inner.ends {
+                Ends::Narrow(v) => v.shrink_to_fit(),
+                Ends::Wide(v) => v.shrink_to_fit(),
+            }
+        }
     }
 }
 
@@ -379,7 +418,7 @@ impl<'a> Iterator for StrArrayIter<'a> {
 
     fn next(&mut self) -> Option<&'a str> {
         let end = self.array.end(self.next)?;
-        let s = &self.array.text[self.start..end];
+        let s = &self.array.inner.text[self.start..end];
         self.next += 1;
         self.start = end;
         Some(s)

@@ -128,7 +128,7 @@ fn spm_segment(
             let (l, r) = (&syms[left as usize], &syms[right as usize]);
             let piece = &text[l.start..l.start + l.n + r.n];
             if let Some(id) = v.texts.find(piece) {
-                let score = v.scores[id as usize];
+                let score = v.score(id);
                 queue.push(SpmBigram::new(
                     score,
                     left as usize,

@@ -154,7 +154,7 @@ impl Tokenizer {
         self.v.attrs.get(id as usize).copied().unwrap_or(0)
     }
     pub fn token_score(&self, id: TokenId) -> f32 {
-        self.v.scores.get(id as usize).copied().unwrap_or(0.0)
+        self.v.score(id)
     }
     /// The id of a token by its exact text.
     pub fn text_to_token(&self, text: &str) -> Option<TokenId> {
@@ -315,7 +315,7 @@ impl Tokenizer {
         if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return &[];
         }
-        self.v.piece_cache.get(id as usize)
+        self.v.piece(id)
     }
 
     /// Detokenizes as `llama_detokenize`: pieces joined, the space-prefix removed after BOS,

@@ -5,6 +5,7 @@
 
 use std::sync::OnceLock;
 
+use crate::hash::FxHashMap;
 use crate::unicode_data as data;
 
 pub use data::{ACCENT_MARK, CONTROL, LETTER, NUMBER, PUNCTUATION, SYMBOL};
@@ -13,27 +14,72 @@ pub use data::{ACCENT_MARK, CONTROL, LETTER, NUMBER, PUNCTUATION, SYMBOL};
 pub const WHITESPACE: u8 = 128;
 const MAX_CODEPOINTS: usize = 0x110000;
 
-fn table() -> &'static [u8] {
-    static TABLE: OnceLock<Box<[u8]>> = OnceLock::new();
+/// Codepoints per block of [`FlagTable`].
+const BLOCK: usize = 256;
+
+/// The flags of every codepoint, in two levels: the codepoints in blocks of [`BLOCK`], and each
+/// distinct block's flags stored once, however many blocks share them (most of the 4,352
+/// blocks are all one category or unassigned). About 100 KB, where one byte per codepoint
+/// took 1.1 MB.
+struct FlagTable {
+    /// Which stored block holds the flags of codepoints `BLOCK * b ..`.
+    block: Box<[u16]>,
+    /// The distinct blocks, end to end.
+    flags: Box<[u8]>,
+}
+
+fn table() -> &'static FlagTable {
+    static TABLE: OnceLock<FlagTable> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut t = vec![0u8; MAX_CODEPOINTS];
-        for (i, &(start, f)) in data::FLAG_RANGES.iter().enumerate() {
-            let end = data::FLAG_RANGES
-                .get(i + 1)
-                .map_or(MAX_CODEPOINTS, |r| r.0 as usize);
-            t[start as usize..end].fill(f);
+        let ranges = data::FLAG_RANGES;
+        let n_blocks = MAX_CODEPOINTS / BLOCK;
+        let mut block = Vec::with_capacity(n_blocks);
+        let mut flags = Vec::new();
+        let mut seen: FxHashMap<[u8; BLOCK], u16> = FxHashMap::default();
+        // Index of the range that holds the codepoint being filled in (ranges are sorted).
+        let mut r = 0;
+        for b in 0..n_blocks {
+            let base = b * BLOCK;
+            let mut buf = [0u8; BLOCK];
+            for (j, slot) in buf.iter_mut().enumerate() {
+                let cp = base + j;
+                while r + 1 < ranges.len() && ranges[r + 1].0 as usize <= cp {
+                    r += 1;
+                }
+                if ranges
+                    .get(r)
+                    .is_some_and(|&(start, _)| start as usize <= cp)
+                {
+                    *slot = ranges[r].1;
+                }
+            }
+            for &cp in data::WHITESPACE {
+                if cp as usize / BLOCK == b {
+                    buf[cp as usize % BLOCK] |= WHITESPACE;
+                }
+            }
+            let id = *seen.entry(buf).or_insert_with(|| {
+                let id = (flags.len() / BLOCK) as u16;
+                flags.extend_from_slice(&buf);
+                id
+            });
+            block.push(id);
         }
-        for &cp in data::WHITESPACE {
-            t[cp as usize] |= WHITESPACE;
+        FlagTable {
+            block: block.into_boxed_slice(),
+            flags: flags.into_boxed_slice(),
         }
-        t.into_boxed_slice()
     })
 }
 
 /// Category flags of a codepoint (0 = undefined, as for codepoints past U+10FFFF).
 #[inline]
 pub fn flags(cp: u32) -> u8 {
-    table().get(cp as usize).copied().unwrap_or(0)
+    let t = table();
+    match t.block.get(cp as usize / BLOCK) {
+        Some(&b) => t.flags[b as usize * BLOCK + cp as usize % BLOCK],
+        None => 0,
+    }
 }
 
 #[cfg(test)]
@@ -582,6 +628,28 @@ fn split_llama3(cpts: &[u32], offsets: &[usize], max_digits: usize, marks: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The two-level table gives every codepoint the flags of the flat table it replaced.
+    #[test]
+    fn flag_table_matches_the_flat_table() {
+        let mut flat = vec![0u8; MAX_CODEPOINTS];
+        for (i, &(start, f)) in data::FLAG_RANGES.iter().enumerate() {
+            let end = data::FLAG_RANGES
+                .get(i + 1)
+                .map_or(MAX_CODEPOINTS, |r| r.0 as usize);
+            flat[start as usize..end].fill(f);
+        }
+        for &cp in data::WHITESPACE {
+            flat[cp as usize] |= WHITESPACE;
+        }
+        for (cp, &f) in flat.iter().enumerate() {
+            assert_eq!(flags(cp as u32), f, "U+{cp:04X}");
+        }
+        assert_eq!(flags(MAX_CODEPOINTS as u32), 0);
+        assert_eq!(flags(u32::MAX), 0);
+        let t = table();
+        assert!(t.flags.len() < 200 * 1024, "{} bytes", t.flags.len());
+    }
 
     fn split(text: &str, s: &[Splitter]) -> Vec<String> {
         let cpts: Vec<u32> = text.chars().map(|c| c as u32).collect();

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use lamina_gguf::{Array, Gguf, Metadata, Value};
 
 use crate::hash::FxHashMap;
-use crate::strtab::{ByteArena, InsertError, StrTable};
+use crate::strtab::{BuildError, InsertError, PieceTable, StrTable};
 use crate::unicode::Splitter;
 use crate::{TokenId, TokenizerError};
 
@@ -88,6 +88,7 @@ pub(crate) struct Vocab {
     pub pre_name: String,
     /// Token texts, by id and by text.
     pub texts: StrTable,
+    /// Empty when the file has no scores (all 0).
     pub scores: Vec<f32>,
     /// [`attr`] bits per token.
     pub attrs: Vec<u16>,
@@ -113,7 +114,7 @@ pub(crate) struct Vocab {
     /// Control, user-defined and unknown tokens, longest text first.
     pub special_cache: Vec<TokenId>,
     /// `token_to_piece(id, special = true)` for every token.
-    pub piece_cache: ByteArena,
+    pub piece_cache: PieceTable,
     pub chat_template: Option<String>,
     pub chat_template_tool_use: Option<String>,
 }
@@ -330,7 +331,7 @@ impl Vocab {
         let n = tokens_v.len();
 
         let scores: Vec<f32> = match md.get("tokenizer.ggml.scores") {
-            None => vec![0.0; n],
+            None => Vec::new(),
             Some(Value::Array(Array::F32(v))) if v.len() >= n => v[..n].to_vec(),
             Some(Value::Array(Array::I32(v))) if v.len() >= n => {
                 v[..n].iter().map(|&x| x as f32).collect()
@@ -359,35 +360,47 @@ impl Vocab {
             }
         };
 
-        let mut texts = StrTable::with_capacity(n, tokens_v.text_len());
-        let mut attrs = Vec::with_capacity(n);
-        let mut max_token_len = 0;
-        let mut empty;
-        for (i, word) in tokens_v.iter().enumerate() {
-            let text = if word.is_empty() {
-                empty = format!("[EMPTY_{i}]");
-                &empty
-            } else {
-                word
-            };
-            match texts.insert(text) {
-                Ok(_) => {}
-                Err(InsertError::Duplicate(prev)) => {
-                    return Err(TokenizerError::DuplicateToken {
-                        text: text.to_string(),
-                        first: prev,
-                        second: i as TokenId,
-                    });
-                }
-                Err(InsertError::Full) => {
-                    return Err(bad(
-                        "tokenizer.ggml.tokens",
-                        "token texts total more than 4 GiB",
-                    ));
-                }
+        // The token texts are the metadata's own strings, shared, unless some are empty:
+        // llama.cpp renames those `[EMPTY_<id>]`, which takes a copy.
+        let strings = if tokens_v.iter().any(str::is_empty) {
+            tokens_v
+                .iter()
+                .enumerate()
+                .map(|(i, word)| {
+                    if word.is_empty() {
+                        format!("[EMPTY_{i}]").into()
+                    } else {
+                        std::borrow::Cow::Borrowed(word)
+                    }
+                })
+                .collect()
+        } else {
+            tokens_v.clone()
+        };
+        // (Cloning a `StrArray` shares its buffers.)
+        let texts = match StrTable::from_strings(strings.clone()) {
+            Ok(t) => t,
+            Err(BuildError::Duplicate { first, second }) => {
+                return Err(TokenizerError::DuplicateToken {
+                    text: strings[second as usize].to_string(),
+                    first,
+                    second,
+                });
             }
-            max_token_len = max_token_len.max(text.len());
-            let attr = match types.map(|t| t[i]) {
+            Err(BuildError::Full) => {
+                return Err(bad(
+                    "tokenizer.ggml.tokens",
+                    "token texts total more than 4 GiB",
+                ));
+            }
+        };
+        drop(strings);
+        let max_token_len = (0..n as TokenId)
+            .map(|id| texts.text(id).len())
+            .max()
+            .unwrap_or(0);
+        let attrs: Vec<u16> = (0..n)
+            .map(|i| match types.map(|t| t[i]) {
                 None => attr::NORMAL,
                 Some(1) => attr::NORMAL,
                 Some(2) => attr::UNKNOWN,
@@ -396,10 +409,8 @@ impl Vocab {
                 Some(5) => attr::UNUSED,
                 Some(6) => attr::BYTE,
                 Some(_) => 0,
-            };
-            attrs.push(attr);
-        }
-        texts.shrink_to_fit();
+            })
+            .collect();
 
         // Flags by algorithm and pre-tokenizer.
         let mut pre_name = pre_meta.clone().unwrap_or_default();
@@ -618,7 +629,7 @@ impl Vocab {
             max_token_len,
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
-            piece_cache: ByteArena::default(),
+            piece_cache: PieceTable::default(),
             chat_template: md.get_str("tokenizer.chat_template")?.map(str::to_string),
             chat_template_tool_use: md
                 .get_str("tokenizer.chat_template.tool_use")?
@@ -825,17 +836,34 @@ impl Vocab {
             .collect();
         special.sort_by_key(|&id| std::cmp::Reverse(self.texts.text(id).len()));
         self.special_cache = special;
-        // Pieces are about as long as the texts (`▁` turns into one byte, not three).
-        let mut pieces = ByteArena::with_capacity(n, self.texts.text_len());
+        // Only the pieces that differ from their token's text are stored; a first pass counts
+        // them so that the table is allocated once, at its final size.
+        let mut piece = Vec::new();
+        let (mut n_stored, mut bytes) = (0usize, 0usize);
         for id in 0..n as TokenId {
+            piece.clear();
+            self.compute_piece(id, &mut piece);
+            if piece != self.texts.text(id).as_bytes() {
+                n_stored += 1;
+                bytes += piece.len();
+            }
+        }
+        let too_big = || {
+            bad(
+                "tokenizer.ggml.tokens",
+                "token pieces total more than 4 GiB",
+            )
+        };
+        if u32::try_from(bytes).is_err() {
+            return Err(too_big());
+        }
+        let mut pieces = PieceTable::with_capacity(n, n_stored, bytes);
+        for id in 0..n as TokenId {
+            piece.clear();
+            self.compute_piece(id, &mut piece);
             pieces
-                .push_with(|out| self.compute_piece(id, out))
-                .map_err(|_| {
-                    bad(
-                        "tokenizer.ggml.tokens",
-                        "token pieces total more than 4 GiB",
-                    )
-                })?;
+                .push(self.texts.text(id), &piece)
+                .map_err(|_| too_big())?;
         }
         pieces.shrink_to_fit();
         self.piece_cache = pieces;
@@ -887,6 +915,18 @@ impl Vocab {
         } else if a & attr::BYTE != 0 {
             out.extend(byte_token_value(text));
         }
+    }
+
+    /// The score of token `id` (0 when the file has none).
+    #[inline]
+    pub fn score(&self, id: TokenId) -> f32 {
+        self.scores.get(id as usize).copied().unwrap_or(0.0)
+    }
+
+    /// `token_to_piece(id, special = true)`; `id` must be in the vocabulary.
+    #[inline]
+    pub fn piece(&self, id: TokenId) -> &[u8] {
+        self.piece_cache.get(id as usize, self.texts.text(id))
     }
 
     pub fn byte_to_token(&self, b: u8) -> Option<TokenId> {
