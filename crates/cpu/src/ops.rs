@@ -81,6 +81,28 @@ unsafe fn src_row<'a>(v: &TView, i1: usize, i2: usize, i3: usize, buf: &'a mut [
     &buf[..v.l.ne[0]]
 }
 
+/// [`src_row`] for an op that may run in place (see `Op::runs_in_place`): when `a` is the
+/// destination's memory, the row is copied into `buf` before the output row is borrowed over it.
+///
+/// # Safety
+/// As [`src_row`].
+unsafe fn src_row_before_dst<'a>(
+    a: &TView,
+    d: &TView,
+    i1: usize,
+    i2: usize,
+    i3: usize,
+    buf: &'a mut [f32],
+) -> &'a [f32] {
+    if a.same_start(d) {
+        // SAFETY: by the caller's contract.
+        buf.copy_from_slice(unsafe { &a.row_f32(i1, i2, i3)[..a.l.ne[0]] });
+        return buf;
+    }
+    // SAFETY: by the caller's contract.
+    unsafe { src_row(a, i1, i2, i3, buf) }
+}
+
 pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
     let Some(a) = node.src[0] else {
         err.set(|| format!("{} {}: missing source", node.op.name(), node.id));
@@ -194,15 +216,7 @@ fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>,
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         // SAFETY: as in `binary`.
         unsafe {
-            let buf = scratch(work, ctx, node, 0, a.l.ne[0]);
-            let x = if a.same_start(&d) {
-                // In place over the gate (see `Op::runs_in_place`): the row is copied out
-                // before the output row is borrowed over it.
-                buf.copy_from_slice(&a.row_f32(i1, i2, i3)[..a.l.ne[0]]);
-                &*buf
-            } else {
-                src_row(&a, i1, i2, i3, buf)
-            };
+            let x = src_row_before_dst(&a, &d, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
             let o = d.row_f32_mut(i1, i2, i3);
             match node.src[1] {
                 Some(b) => {
@@ -844,15 +858,7 @@ fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCt
         // SAFETY: dst row r owned by this thread; sources read-only; scratch slots are this
         // thread's; the mask row index is in range (mask.ne1 >= ne1, broadcast by modulo).
         unsafe {
-            let buf = scratch(work, ctx, node, 0, a.l.ne[0]);
-            let x = if a.same_start(&d) {
-                // In place (see `Op::runs_in_place`): the row is copied out before the output
-                // row is borrowed over it.
-                buf.copy_from_slice(&a.row_f32(i1, i2, i3)[..a.l.ne[0]]);
-                &*buf
-            } else {
-                src_row(&a, i1, i2, i3, buf)
-            };
+            let x = src_row_before_dst(&a, &d, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
             let y = d.row_f32_mut(i1, i2, i3);
             let mrow = mask.map(|m| {
                 let (m2, m3) = (i2 % m.l.ne[2], i3 % m.l.ne[3]);

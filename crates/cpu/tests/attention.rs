@@ -8,8 +8,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Rng, bytes_f32};
-use lamina_backend::{BufferSlice, Device, GraphAllocator};
+use common::{Rng, bytes_f32, run_graph};
+use lamina_backend::Device;
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
@@ -51,27 +51,13 @@ fn run(
         g.cont(merged).unwrap()
     };
     g.set_output(out).unwrap();
-    GraphAllocator::new(dev.buffer_type())
-        .allocate(&mut g)
-        .unwrap();
-    let g = Arc::new(g);
-    let stream = dev.stream();
-    for (id, data) in [
+    let inputs = vec![
         (kt, k.to_vec()),
         (vt, v.to_vec()),
         (qt, bytes_f32(q)),
         (mt, bytes_f32(mask)),
-    ] {
-        stream
-            .set_async(&BufferSlice::of_tensor(&g, id).unwrap(), data)
-            .unwrap();
-    }
-    stream.compute_async(g.clone()).unwrap();
-    let read = stream
-        .get_async(&BufferSlice::of_tensor(&g, out).unwrap())
-        .unwrap();
-    stream.synchronize().unwrap();
-    read.wait_f32().unwrap()
+    ];
+    run_graph(dev, g, inputs, &[out]).remove(0)
 }
 
 fn encode(dtype: DType, x: &[f32]) -> Vec<u8> {

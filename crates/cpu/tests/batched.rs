@@ -10,8 +10,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Rng, bytes_f32};
-use lamina_backend::{BufferSlice, Device, GraphAllocator};
+use common::{Rng, bytes_f32, run_graph};
+use lamina_backend::Device;
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::kernels::MatMul;
@@ -65,30 +65,8 @@ fn run_mul_mat(
     let b = g.new_input(DType::F32, &[k, n, ab]).unwrap();
     let out = g.mul_mat(a, b).unwrap();
     g.set_output(out).unwrap();
-    // Inputs and outputs stay live for the whole graph, so each keeps its own memory.
-    GraphAllocator::new(dev.buffer_type())
-        .allocate(&mut g)
-        .unwrap();
-    let g = Arc::new(g);
-    let stream = dev.stream();
-    let xb = bytes_f32(x);
-    stream
-        .set_async(&BufferSlice::of_tensor(&g, a).unwrap(), w.to_vec())
-        .unwrap();
-    stream
-        .set_async(&BufferSlice::of_tensor(&g, b).unwrap(), xb)
-        .unwrap();
-    stream.compute_async(g.clone()).unwrap();
-    let pending = stream
-        .get_async(&BufferSlice::of_tensor(&g, out).unwrap())
-        .unwrap();
-    stream.synchronize().unwrap();
-    pending
-        .wait()
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    let inputs = vec![(a, w.to_vec()), (b, bytes_f32(x))];
+    run_graph(dev, g, inputs, &[out]).remove(0)
 }
 
 fn nmse(out: &[f32], reference: &[f64]) -> f64 {

@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Rng, bytes_f32};
-use lamina_backend::{BufferSlice, Device, GraphAllocator};
+use common::{Rng, bytes_f32, run_graph};
+use lamina_backend::Device;
 use lamina_core::DType;
 use lamina_core::graph::Graph;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
@@ -35,35 +35,14 @@ fn run(
     let sm = g.soft_max_ext(kq, Some(m), 0.125, 0.0).unwrap();
     g.set_output(kq).unwrap();
     g.set_output(sm).unwrap();
-    // Inputs and outputs stay live for the whole graph, so each keeps its own memory.
-    GraphAllocator::new(dev.buffer_type())
-        .allocate(&mut g)
-        .unwrap();
-    let g = Arc::new(g);
-    let stream = dev.stream();
-    for (id, data) in [
+    let inputs = vec![
         (a, keys.to_vec()),
         (b, bytes_f32(queries)),
         (m, bytes_f32(mask)),
-    ] {
-        stream
-            .set_async(&BufferSlice::of_tensor(&g, id).unwrap(), data)
-            .unwrap();
-    }
-    stream.compute_async(g.clone()).unwrap();
-    let get = |id| {
-        stream
-            .get_async(&BufferSlice::of_tensor(&g, id).unwrap())
-            .unwrap()
-    };
-    let (pk, ps) = (get(kq), get(sm));
-    stream.synchronize().unwrap();
-    let floats = |v: Vec<u8>| -> Vec<f32> {
-        v.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    (floats(pk.wait().unwrap()), floats(ps.wait().unwrap()))
+    ];
+    let mut out = run_graph(dev, g, inputs, &[kq, sm]);
+    let sm = out.pop().unwrap();
+    (out.pop().unwrap(), sm)
 }
 
 #[test]

@@ -28,3 +28,36 @@ impl Rng {
 pub fn bytes_f32(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// Allocates `g` in `dev`'s memory (inputs and outputs stay live for the whole graph, so each
+/// keeps its own), writes `inputs`, computes on the device's stream and returns each of
+/// `outputs` as f32 values.
+pub fn run_graph(
+    dev: &dyn lamina_backend::Device,
+    mut g: lamina_core::graph::Graph,
+    inputs: Vec<(lamina_core::graph::TensorId, Vec<u8>)>,
+    outputs: &[lamina_core::graph::TensorId],
+) -> Vec<Vec<f32>> {
+    use lamina_backend::{BufferSlice, GraphAllocator};
+    GraphAllocator::new(dev.buffer_type())
+        .allocate(&mut g)
+        .unwrap();
+    let g = std::sync::Arc::new(g);
+    let stream = dev.stream();
+    for (id, data) in inputs {
+        stream
+            .set_async(&BufferSlice::of_tensor(&g, id).unwrap(), data)
+            .unwrap();
+    }
+    stream.compute_async(g.clone()).unwrap();
+    let reads: Vec<_> = outputs
+        .iter()
+        .map(|&id| {
+            stream
+                .get_async(&BufferSlice::of_tensor(&g, id).unwrap())
+                .unwrap()
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    reads.iter().map(|r| r.wait_f32().unwrap()).collect()
+}
