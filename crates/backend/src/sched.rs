@@ -615,9 +615,7 @@ impl Scheduler {
         id: TensorId,
         data: &[u8],
     ) -> Result<(), BackendError> {
-        let g = &sg.graph;
-        g.get(id)?;
-        let need = g.tensor(id).layout.span_bytes();
+        let need = sg.graph.get(id)?.layout.span_bytes();
         if data.len() != need {
             return Err(BackendError::SizeMismatch {
                 what: "set_input",
@@ -625,11 +623,34 @@ impl Scheduler {
                 actual: data.len(),
             });
         }
+        self.set_input_at(sg, id, 0, data)
+    }
+
+    /// [`Scheduler::set_input`] of the bytes `offset..offset + data.len()` of input `id` only:
+    /// a large input (a long prompt's mask) can be built and written a part at a time.
+    pub fn set_input_at(
+        &self,
+        sg: &ScheduledGraph,
+        id: TensorId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        let g = &sg.graph;
+        let need = g.get(id)?.layout.span_bytes();
+        if offset.checked_add(data.len()).is_none_or(|end| end > need) {
+            return Err(BackendError::OutOfBounds {
+                buffer: format!("input {id}"),
+                offset,
+                len: data.len(),
+                size: need,
+            });
+        }
         for split in &sg.splits {
             for c in &split.copies {
                 if c.from == id && c.src_device.is_none() {
                     let dst = BufferSlice::of_tensor(g, c.to)?;
-                    self.streams[split.device].set_async_from(&dst, data)?;
+                    let part = BufferSlice::new(&dst.buffer, dst.offset + offset, data.len())?;
+                    self.streams[split.device].set_async_from(&part, data)?;
                 }
             }
         }

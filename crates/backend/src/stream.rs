@@ -139,6 +139,11 @@ impl PendingRead {
         slot
     }
 
+    /// Blocks until the read has run (the data stays, for a `wait` later).
+    pub fn wait_ready(&self) {
+        drop(self.wait_slot());
+    }
+
     /// Blocks until the data arrived and takes it.
     pub fn wait(&self) -> Result<Vec<u8>, BackendError> {
         let mut slot = self.wait_slot();

@@ -175,6 +175,37 @@ fn splits_copies_and_results_match_one_device() {
     }
 }
 
+#[test]
+fn an_input_written_in_parts_equals_one_write() {
+    let input = values(K * N, 11);
+    let want = reference(&input);
+    let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for asynchronous in [true, false] {
+        let devs = devices(3, asynchronous);
+        let w = weights3(&devs);
+        let t = test_graph([&w[0], &w[1], &w[2]], 2);
+        let mut sched = Scheduler::new(devs.clone(), true).unwrap();
+        let sg = sched.schedule(t.g, &t.hints).unwrap();
+        // Uneven parts, the last one short.
+        let part = 4 * 5;
+        for (i, chunk) in bytes.chunks(part).enumerate() {
+            sched.set_input_at(&sg, t.x, i * part, chunk).unwrap();
+        }
+        // A part past the end is refused.
+        let end = bytes.len();
+        assert!(sched.set_input_at(&sg, t.x, end - 4, &bytes[..8]).is_err());
+        assert!(
+            sched
+                .set_input_at(&sg, t.x, usize::MAX, &bytes[..4])
+                .is_err()
+        );
+        sched.compute_async(&sg).unwrap();
+        let out = sched.get_async(&sg, t.ids[5]).unwrap();
+        sched.synchronize().unwrap();
+        assert_eq!(out.wait().unwrap(), want, "async = {asynchronous}");
+    }
+}
+
 /// Queues the test graph on three devices holding `w` with input `values(K * N, seed)`,
 /// without waiting; returns its copy slot and the pending read of its output.
 fn queue(

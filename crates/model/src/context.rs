@@ -136,6 +136,9 @@ struct InputScratch {
     bytes: Vec<u8>,
 }
 
+/// Bytes of attention mask built and written at a time.
+const MASK_PART_BYTES: usize = 64 << 10;
+
 /// `vals` as little-endian i32 bytes into `out` (replacing what it held).
 fn put_i32s(out: &mut Vec<u8>, vals: impl Iterator<Item = i32>) -> &[u8] {
     out.clear();
@@ -311,11 +314,25 @@ impl Context {
                     break;
                 }
             }
-            // Without pipeline parallelism, one micro-batch at a time.
-            if !self.params.pipeline_parallel
-                && let Err(e) = self.sched.synchronize()
+            // Without pipeline parallelism (asked for, and granted: several devices), one
+            // micro-batch at a time: the next one's inputs then go straight into the idle
+            // device instead of into staging copies that would pile up behind a long prompt.
+            // With it, at most one micro-batch per copy slot is in flight.
+            let in_flight_max = self.sched.n_slots();
+            let r = if !self.params.pipeline_parallel || !self.sched.pipeline_parallel() {
+                self.sched.synchronize().map_err(ModelError::from)
+            } else if let Some(f) = in_flight
+                .len()
+                .checked_sub(in_flight_max)
+                .and_then(|i| in_flight.get(i))
             {
-                result = Err(e.into());
+                f.pending.wait_ready();
+                Ok(())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                result = Err(e);
                 break;
             }
         }
@@ -447,11 +464,16 @@ impl Context {
         let tokens = ubatch.iter().map(|t| t.token as i32);
         sched.set_input(sg, io.tokens, put_i32s(bytes, tokens))?;
         sched.set_input(sg, io.pos, put_i32s(bytes, ubatch.iter().map(|t| t.pos)))?;
-        self.kv.mask_into(placement, n_kv, None, bytes);
-        sched.set_input(sg, io.kq_mask, bytes)?;
-        if let Some(swa) = io.kq_mask_swa {
-            self.kv.mask_into(placement, n_kv, Some(hp.n_swa), bytes);
-            sched.set_input(sg, swa, bytes)?;
+        // The masks (n_kv × n_tokens f32: 8 MB for a 512-token micro-batch over 4096 cells)
+        // are built and written a few rows at a time, so no second copy of one is held.
+        let mask_rows = (MASK_PART_BYTES / (4 * n_kv)).max(1);
+        let masks = [(Some(io.kq_mask), None), (io.kq_mask_swa, Some(hp.n_swa))];
+        for (id, window) in masks {
+            let Some(id) = id else { continue };
+            for (i, rows) in placement.chunks(mask_rows).enumerate() {
+                self.kv.mask_into(rows, n_kv, window, bytes);
+                sched.set_input_at(sg, id, i * mask_rows * 4 * n_kv, bytes)?;
+            }
         }
         let cells = &self.cells[cells];
         let k_idxs = cells.iter().map(|&c| c as i32);
