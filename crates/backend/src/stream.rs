@@ -157,8 +157,10 @@ impl PendingRead {
     }
 
     /// [`PendingRead::wait_f32`], appending at most `max` values to `out`; the read's buffer
-    /// is kept for the next read into this `PendingRead`.
+    /// is kept for the next read into this `PendingRead` unless it is large (a prompt's worth
+    /// of logits), which would otherwise stay allocated between batches.
     pub fn wait_f32_into(&self, out: &mut Vec<f32>, max: usize) -> Result<(), BackendError> {
+        const KEEP_MAX_BYTES: usize = 8 << 20;
         let mut slot = self.wait_slot();
         slot.status.take().expect("waited for")?;
         out.extend(
@@ -167,6 +169,9 @@ impl PendingRead {
                 .take(max)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
+        if slot.data.capacity() > KEEP_MAX_BYTES {
+            slot.data = Vec::new();
+        }
         Ok(())
     }
 }

@@ -298,7 +298,7 @@ impl Context {
                 next_row - 1
             }));
         }
-        // Every micro-batch is queued before any is waited for: with several devices the
+        // Micro-batches are queued without waiting for their logits: with several devices the
         // scheduler pipelines them (micro-batch k+1 starts on the first device while k is on the
         // next). Host-side, each one's cells are claimed before the next is built, so its mask
         // sees them.
