@@ -137,7 +137,7 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
-        Op::Attention { scale } => attention(node, a, scale, ctx, work, err),
+        Op::Attention { scale } => attention(node, scale, ctx, work, err),
         Op::SetRows => set_rows(node, a, ctx, work, err),
         Op::Cpy | Op::Cont => copy(node, a, ctx),
         Op::Concat { dim } => concat(node, a, dim, ctx),
@@ -615,14 +615,7 @@ impl AttentionPlan {
 /// same bits as single dots), and each softmax row is the same `softmax_row`, so the result
 /// equals the unfused one bit for bit. Scores the mask hides in a whole tile's leading rows
 /// are skipped, as `mul_mat_masked` does.
-fn attention(
-    node: &NodePlan,
-    _q: TView,
-    scale: f32,
-    ctx: &WorkerCtx<'_>,
-    work: Work,
-    err: &ErrorSlot,
-) {
+fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
     let Some(p) = AttentionPlan::new(node) else {
         err.set(|| format!("ATTENTION {}: unsupported operands", node.id));
         return;
