@@ -10,7 +10,8 @@ use lamina_core::DType;
 use lamina_core::graph::BufferMemory;
 use lamina_core::graph::TensorId;
 
-use crate::arch::{BuildContext, GraphInputs, GraphShape, build_graph};
+use crate::arch::inputs::{GraphInput, InputSource};
+use crate::arch::{BuildContext, GraphShape, build_graph};
 use crate::kv_cache::{KvCache, MAX_SEQUENCES};
 use crate::{Model, ModelError};
 
@@ -136,23 +137,11 @@ struct InputScratch {
     bytes: Vec<u8>,
 }
 
-/// Bytes of attention mask built and written at a time.
-const MASK_PART_BYTES: usize = 64 << 10;
-
-/// `vals` as little-endian i32 bytes into `out` (replacing what it held).
-fn put_i32s(out: &mut Vec<u8>, vals: impl Iterator<Item = i32>) -> &[u8] {
-    out.clear();
-    for v in vals {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
-}
-
 /// A scheduled graph kept for reuse.
 struct CachedGraph {
     shape: GraphShape,
     sg: ScheduledGraph,
-    inputs: GraphInputs,
+    inputs: Vec<GraphInput>,
     logits: TensorId,
 }
 
@@ -235,8 +224,7 @@ impl Context {
 
     fn build_context(&self) -> BuildContext<'_> {
         BuildContext {
-            hp: &self.model.hparams,
-            weights: &self.model.weights,
+            arch: self.model.arch.as_ref(),
             weight_memory: self.model.weight_memory(),
             plan: self.model.plan(),
             kv: &self.kv,
@@ -423,7 +411,6 @@ impl Context {
         embeddings: bool,
         k: usize,
     ) -> Result<PendingRead, ModelError> {
-        let hp = &self.model.hparams;
         let n_tokens = ubatch.len();
         // Attend over the used cells padded to 256, as llama.cpp's `get_n_kv` does: the padding
         // is masked out, but it decides which kernels run and how their sums are grouped, and
@@ -457,39 +444,22 @@ impl Context {
             }
         }
         let cached = self.graphs[slot].as_ref().expect("cached above");
-        let (sg, io) = (&cached.sg, cached.inputs);
+        let sg = &cached.sg;
         let sched = &self.sched;
-        let bytes = &mut scratch.bytes;
-        let placement = &scratch.placement;
-        let tokens = ubatch.iter().map(|t| t.token as i32);
-        sched.set_input(sg, io.tokens, put_i32s(bytes, tokens))?;
-        sched.set_input(sg, io.pos, put_i32s(bytes, ubatch.iter().map(|t| t.pos)))?;
-        // The masks (n_kv × n_tokens f32: 8 MB for a 512-token micro-batch over 4096 cells)
-        // are built and written a few rows at a time, so no second copy of one is held.
-        let mask_rows = (MASK_PART_BYTES / (4 * n_kv)).max(1);
-        let masks = [(Some(io.kq_mask), None), (io.kq_mask_swa, Some(hp.n_swa))];
-        for (id, window) in masks {
-            let Some(id) = id else { continue };
-            for (i, rows) in placement.chunks(mask_rows).enumerate() {
-                self.kv.mask_into(rows, n_kv, window, bytes);
-                sched.set_input_at(sg, id, i * mask_rows * 4 * n_kv, bytes)?;
-            }
+        let src = InputSource {
+            ubatch,
+            placement: &scratch.placement,
+            cells: &self.cells[cells],
+            kv: &self.kv,
+            n_kv,
+        };
+        for input in &cached.inputs {
+            let id = input.id;
+            let mut write = |offset: usize, bytes: &[u8]| -> Result<(), ModelError> {
+                Ok(sched.set_input_at(sg, id, offset, bytes)?)
+            };
+            input.fill.fill(&src, &mut scratch.bytes, &mut write)?;
         }
-        let cells = &self.cells[cells];
-        let k_idxs = cells.iter().map(|&c| c as i32);
-        sched.set_input(sg, io.k_idxs, put_i32s(bytes, k_idxs))?;
-        // Transposed V: element (d, token t) goes to row d * size + cell(t).
-        let n_embd_v = hp.n_embd_v_gqa(0) as usize;
-        let size = self.kv.size();
-        let v_idxs = cells
-            .iter()
-            .flat_map(|&c| (0..n_embd_v).map(move |d| (d * size + c) as i32));
-        sched.set_input(sg, io.v_idxs, put_i32s(bytes, v_idxs))?;
-        let wanted = (0..n_tokens).filter(|&i| ubatch[i].logits);
-        // A micro-batch that wants no logits computes its last row.
-        let last = (n_wanted == 0).then_some(n_tokens - 1);
-        let out_ids = wanted.chain(last).map(|i| i as i32);
-        sched.set_input(sg, io.out_ids, put_i32s(bytes, out_ids))?;
         sched.compute_async(sg)?;
         if self.reads.len() <= k {
             self.reads.resize_with(k + 1, PendingRead::new);

@@ -3,8 +3,8 @@ use lamina_core::DType;
 /// Why a model cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("unknown model architecture {0:?} (supported: llama, gemma3)")]
-    UnknownArchitecture(String),
+    #[error("unknown model architecture {name:?} (supported: {supported})")]
+    UnknownArchitecture { name: String, supported: String },
     #[error("the file has no general.architecture key: is it a model file?")]
     NoArchitecture,
     #[error("hyperparameter {key}: {message}")]

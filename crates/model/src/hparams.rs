@@ -1,54 +1,30 @@
-//! Hyperparameters, read from GGUF metadata the way llama.cpp's `llama_model::load_hparams` does.
+//! Hyperparameters: the ones every architecture shares (what the KV cache, the masks and the
+//! graph blocks need), read from GGUF metadata the way llama.cpp's generic
+//! `llama_model_base::load_hparams` reads them, and [`MetaReader`], the typed reader that
+//! architecture modules use for their own keys.
 
 use lamina_gguf::{Array, Gguf, Metadata, Value};
 
 use crate::ModelError;
 
-/// The architectures Lamina can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama 2/3, Mistral, SmolLM2 and other llama-shaped models.
-    Llama,
-    /// Gemma 3: interleaved sliding-window and global attention layers.
-    Gemma3,
-}
-
-impl Arch {
-    pub fn from_name(name: &str) -> Result<Arch, ModelError> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "gemma3" => Ok(Arch::Gemma3),
-            other => Err(ModelError::UnknownArchitecture(other.to_string())),
-        }
-    }
-
-    /// The metadata key prefix (`llama.`, `gemma3.`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-
-    pub fn rope_type(self) -> RopeType {
-        match self {
-            Arch::Llama => RopeType::Normal,
-            Arch::Gemma3 => RopeType::Neox,
-        }
-    }
-}
-
-/// How RoPE pairs up dimensions: adjacent pairs (llama) or halves (GPT-NeoX, gemma).
+/// How RoPE pairs up dimensions: adjacent pairs (llama) or halves (GPT-NeoX, gemma, qwen).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeType {
     Normal,
     Neox,
 }
 
-/// Everything about a model's shape that the graph needs.
+/// Most layers a model may declare (llama.cpp's `LLAMA_MAX_LAYERS`); bounds what is allocated
+/// per layer from a count read off the file.
+pub const MAX_LAYERS: u32 = 512;
+
+/// What every architecture's graph, cache and masks need to know about the model's shape.
+/// Architecture-specific values (attention scales, soft-capping, expert routing) live in the
+/// architecture's own module.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HParams {
-    pub arch: Arch,
+    /// llama.cpp's architecture name (`general.architecture`).
+    pub arch: &'static str,
     pub n_vocab: u32,
     pub n_ctx_train: u32,
     pub n_embd: u32,
@@ -57,7 +33,7 @@ pub struct HParams {
     pub n_head: Vec<u32>,
     /// Per layer.
     pub n_head_kv: Vec<u32>,
-    /// Per layer.
+    /// Per layer (0 where the file gives none, as in llama.cpp).
     pub n_ff: Vec<u32>,
     pub n_embd_head_k: u32,
     pub n_embd_head_v: u32,
@@ -67,106 +43,109 @@ pub struct HParams {
     pub rope_freq_base: f32,
     /// 1 / rope scaling factor.
     pub rope_freq_scale: f32,
-    /// RoPE base of sliding-window layers (gemma3: 10000).
+    /// RoPE base and scale of sliding-window layers.
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
     pub n_ctx_orig: u32,
+    /// RMS norm epsilon (0 where the architecture uses layer norm).
     pub norm_rms_eps: f32,
+    /// Layer norm epsilon (0 where the architecture uses RMS norm).
+    pub norm_eps: f32,
     /// Sliding window size in tokens; 0 when no layer uses one.
     pub n_swa: u32,
     /// Per layer: whether the layer uses sliding-window attention.
     pub swa_layers: Vec<bool>,
-    /// Scale applied to Q before attention (gemma3); `None` means 1/sqrt(head dim) inside attention.
-    pub attention_scale: Option<f32>,
-    /// Final logit soft-capping (0 = none).
-    pub final_logit_softcapping: f32,
 }
 
 impl HParams {
-    /// Reads and checks the hyperparameters of the model in `gguf`.
+    /// Reads the hyperparameters of the model in `gguf`, as its architecture module does.
     pub fn from_gguf(gguf: &Gguf) -> Result<HParams, ModelError> {
-        let md = &gguf.metadata;
-        let arch_name = md
-            .get_str("general.architecture")?
-            .ok_or(ModelError::NoArchitecture)?;
-        let arch = Arch::from_name(arch_name)?;
-        let key = |k: &str| format!("{}.{k}", arch.name());
-        let bad = |k: &str, message: String| ModelError::BadHParam {
-            key: key(k),
-            message,
-        };
+        Ok(crate::arch::load(gguf)?.hparams().clone())
+    }
 
-        let n_ctx_train = md.require_u32(&key("context_length"))?;
-        let n_embd = md.require_u32(&key("embedding_length"))?;
-        let n_layer = md.require_u32(&key("block_count"))?;
-        if n_embd == 0 || n_layer == 0 {
-            return Err(bad(
-                "embedding_length",
-                "embedding length and block count must be positive".into(),
-            ));
+    /// The keys llama.cpp reads for every architecture (`llama_model_base::load_hparams`), with
+    /// its defaults, checked; the architecture then reads its own and adjusts these.
+    pub fn read_common(r: &MetaReader<'_>, rope_type: RopeType) -> Result<HParams, ModelError> {
+        let n_ctx_train = r.require_u32("context_length")?;
+        let n_embd = r.require_u32("embedding_length")?;
+        let n_layer = r.require_u32("block_count")?;
+        if n_embd == 0 {
+            return Err(r.bad("embedding_length", "must be positive".into()));
         }
-        // Bound what we allocate per layer by what a real model could have.
-        if n_layer > 4096 {
-            return Err(bad(
+        if n_layer == 0 || n_layer > MAX_LAYERS {
+            return Err(r.bad(
                 "block_count",
-                format!("{n_layer} layers is not plausible"),
+                format!("{n_layer} layers (1 to {MAX_LAYERS} supported)"),
             ));
         }
-        let n_head = per_layer(md, &key("attention.head_count"), n_layer, None)?;
-        let n_head_kv = per_layer(md, &key("attention.head_count_kv"), n_layer, Some(&n_head))?;
-        let n_ff = per_layer(md, &key("feed_forward_length"), n_layer, None)?;
+        let n_ff = r
+            .per_layer("feed_forward_length", n_layer)?
+            .unwrap_or_else(|| vec![0; n_layer as usize]);
+        let n_head = r
+            .per_layer("attention.head_count", n_layer)?
+            .ok_or_else(|| {
+                ModelError::from(lamina_gguf::MetadataError::Missing(
+                    r.key("attention.head_count"),
+                ))
+            })?;
+        let n_head_kv = r
+            .per_layer("attention.head_count_kv", n_layer)?
+            .unwrap_or_else(|| n_head.clone());
         for (il, (&h, &hkv)) in n_head.iter().zip(&n_head_kv).enumerate() {
             if h == 0 || hkv == 0 || h % hkv != 0 {
-                return Err(bad(
+                return Err(r.bad(
                     "attention.head_count_kv",
                     format!("layer {il}: {h} heads cannot share {hkv} key/value heads"),
                 ));
             }
         }
         let head_default = n_embd / n_head[0];
-        let n_embd_head_k = md
-            .get_u32(&key("attention.key_length"))?
-            .unwrap_or(head_default);
-        let n_embd_head_v = md
-            .get_u32(&key("attention.value_length"))?
-            .unwrap_or(head_default);
-        let n_rot = md
-            .get_u32(&key("rope.dimension_count"))?
-            .unwrap_or(n_embd_head_k);
-        if n_embd_head_k == 0 || n_rot > n_embd_head_k || !n_rot.is_multiple_of(2) {
-            return Err(bad(
+        let n_embd_head_k = r.u32("attention.key_length")?.unwrap_or(head_default);
+        let n_embd_head_v = r.u32("attention.value_length")?.unwrap_or(head_default);
+        if n_embd_head_k == 0 || n_embd_head_v == 0 {
+            return Err(r.bad(
+                "attention.key_length",
+                format!("head sizes {n_embd_head_k} (K) and {n_embd_head_v} (V) must be positive"),
+            ));
+        }
+        let n_rot = r.u32("rope.dimension_count")?.unwrap_or(n_embd_head_k);
+        if n_rot > n_embd_head_k || !n_rot.is_multiple_of(2) {
+            return Err(r.bad(
                 "rope.dimension_count",
                 format!("{n_rot} rotated of {n_embd_head_k} head dimensions"),
             ));
         }
 
-        let rope_freq_base = md.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
-        let scaling_type = md.get_str(&key("rope.scaling.type"))?.unwrap_or("none");
-        let factor = match md.get_f32(&key("rope.scaling.factor"))? {
-            Some(f) => f,
-            None => md.get_f32(&key("rope.scale_linear"))?.unwrap_or(0.0),
-        };
+        let rope_freq_base = r.f32("rope.freq_base")?.unwrap_or(10000.0);
+        let scaling_type = r.str("rope.scaling.type")?.unwrap_or("linear");
         if !matches!(scaling_type, "none" | "linear") {
-            return Err(bad(
+            return Err(r.bad(
                 "rope.scaling.type",
                 format!("rope scaling {scaling_type:?} is not supported yet"),
             ));
         }
-        let rope_freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
-        let n_ctx_orig = md
-            .get_u32(&key("rope.scaling.original_context_length"))?
-            .unwrap_or(n_ctx_train);
-        let norm_rms_eps = md.require_f32(&key("attention.layer_norm_rms_epsilon"))?;
-
-        let n_vocab = match md.get_u32(&key("vocab_size"))? {
-            Some(n) => n,
-            None => md
-                .get_array("tokenizer.ggml.tokens")?
-                .map_or(0, |a| a.len() as u32),
+        let factor = match r.f32("rope.scaling.factor")? {
+            Some(f) => f,
+            None => r.f32("rope.scale_linear")?.unwrap_or(0.0),
         };
+        let rope_freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+        let n_ctx_orig = r
+            .u32("rope.scaling.original_context_length")?
+            .unwrap_or(n_ctx_train);
 
-        let mut hp = HParams {
-            arch,
+        let n_vocab = match r.u32("vocab_size")? {
+            Some(n) => n,
+            None => {
+                r.md.get_array("tokenizer.ggml.tokens")?
+                    .map_or(0, |a| a.len() as u32)
+            }
+        };
+        if n_vocab == 0 {
+            return Err(r.bad("vocab_size", "the model has no vocabulary size".into()));
+        }
+
+        Ok(HParams {
+            arch: r.arch,
             n_vocab,
             n_ctx_train,
             n_embd,
@@ -177,46 +156,68 @@ impl HParams {
             n_embd_head_k,
             n_embd_head_v,
             n_rot,
-            rope_type: arch.rope_type(),
+            rope_type,
             rope_freq_base,
             rope_freq_scale,
             rope_freq_base_swa: rope_freq_base,
             rope_freq_scale_swa: rope_freq_scale,
             n_ctx_orig,
-            norm_rms_eps,
+            norm_rms_eps: r.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(0.0),
+            norm_eps: r.f32("attention.layer_norm_epsilon")?.unwrap_or(0.0),
             n_swa: 0,
             swa_layers: vec![false; n_layer as usize],
-            attention_scale: None,
-            final_logit_softcapping: 0.0,
-        };
+        })
+    }
 
-        match arch {
-            Arch::Llama => {}
-            Arch::Gemma3 => {
-                // llama.cpp: a sliding window every layer but each sixth, whose rope base is 10000.
-                let n_swa = md.get_u32(&key("attention.sliding_window"))?.unwrap_or(0);
-                if n_swa == 0 {
-                    return Err(bad(
-                        "attention.sliding_window",
-                        "gemma3 without sliding-window attention (soft-capped logits) is not supported yet".into(),
-                    ));
-                }
-                hp.n_swa = n_swa;
-                hp.swa_layers = (0..n_layer).map(|il| il % 6 < 5).collect();
-                hp.rope_freq_base_swa = 10000.0;
-                hp.rope_freq_scale_swa = 1.0;
-                hp.final_logit_softcapping =
-                    md.get_f32(&key("final_logit_softcapping"))?.unwrap_or(0.0);
-                // Gemma 3 27B (62 layers) scales by n_embd / n_head instead of the head size.
-                let scale_dim = if n_layer == 62 {
-                    n_embd / hp.n_head[0]
-                } else {
-                    n_embd_head_k
-                };
-                hp.attention_scale = Some(1.0 / (scale_dim as f32).sqrt());
-            }
+    /// Sliding-window attention with window `n_swa` on the layers the file's
+    /// `attention.sliding_window_pattern` marks (an array of flags per layer), else on all but
+    /// every `n_pattern`-th layer (the key as a number, else `default_pattern`), as llama.cpp's
+    /// `load_swa_pattern` / `set_swa_pattern` do.
+    pub fn set_swa(
+        &mut self,
+        r: &MetaReader<'_>,
+        n_swa: u32,
+        default_pattern: u32,
+        dense_first: bool,
+    ) -> Result<(), ModelError> {
+        const KEY: &str = "attention.sliding_window_pattern";
+        if n_swa == 0 {
+            return Err(r.bad("attention.sliding_window", "must be positive".into()));
         }
-        Ok(hp)
+        self.n_swa = n_swa;
+        let n_layer = self.n_layer as usize;
+        if let Some(Value::Array(a)) = r.md.get(&r.key(KEY)) {
+            let flags: Option<Vec<bool>> = match a {
+                Array::Bool(v) => Some(v.clone()),
+                Array::U32(v) => Some(v.iter().map(|&x| x != 0).collect()),
+                Array::I32(v) => Some(v.iter().map(|&x| x != 0).collect()),
+                _ => None,
+            };
+            let mut flags = flags.ok_or_else(|| {
+                r.bad(
+                    KEY,
+                    format!("expected flags, found {}", a.element_type().name()),
+                )
+            })?;
+            if flags.len() > n_layer {
+                return Err(r.bad(KEY, format!("{} entries for {n_layer} layers", flags.len())));
+            }
+            flags.resize(n_layer, false);
+            self.swa_layers = flags;
+            return Ok(());
+        }
+        let n_pattern = r.u32(KEY)?.unwrap_or(default_pattern);
+        self.swa_layers = (0..n_layer as u32)
+            .map(|il| {
+                n_pattern == 0
+                    || if dense_first {
+                        il % n_pattern != 0
+                    } else {
+                        il % n_pattern < n_pattern - 1
+                    }
+            })
+            .collect();
+        Ok(())
     }
 
     /// Number of query heads × head size (the width of Q).
@@ -244,49 +245,94 @@ impl HParams {
     }
 }
 
-/// A per-layer count: a scalar for every layer, or an array with one entry per layer.
-fn per_layer(
-    md: &Metadata,
-    key: &str,
-    n_layer: u32,
-    default: Option<&[u32]>,
-) -> Result<Vec<u32>, ModelError> {
-    let bad = |message: String| ModelError::BadHParam {
-        key: key.to_string(),
-        message,
-    };
-    let value = match (md.get(key), default) {
-        (Some(v), _) => v,
-        (None, Some(d)) => return Ok(d.to_vec()),
-        (None, None) => return Err(lamina_gguf::MetadataError::Missing(key.to_string()).into()),
-    };
-    let values: Vec<u32> = match value {
-        Value::Array(a) => {
-            if a.len() != n_layer as usize {
-                return Err(bad(format!("{} entries for {n_layer} layers", a.len())));
+/// Reads an architecture's metadata keys (`<arch>.<key>`) with typed errors that name the key.
+pub struct MetaReader<'a> {
+    pub md: &'a Metadata,
+    pub arch: &'static str,
+}
+
+impl<'a> MetaReader<'a> {
+    pub fn new(gguf: &'a Gguf, arch: &'static str) -> MetaReader<'a> {
+        MetaReader {
+            md: &gguf.metadata,
+            arch,
+        }
+    }
+
+    /// The full key name.
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// An error about key `k`.
+    pub fn bad(&self, k: &str, message: String) -> ModelError {
+        ModelError::BadHParam {
+            key: self.key(k),
+            message,
+        }
+    }
+
+    pub fn u32(&self, k: &str) -> Result<Option<u32>, ModelError> {
+        Ok(self.md.get_u32(&self.key(k))?)
+    }
+
+    pub fn require_u32(&self, k: &str) -> Result<u32, ModelError> {
+        Ok(self.md.require_u32(&self.key(k))?)
+    }
+
+    pub fn f32(&self, k: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.md.get_f32(&self.key(k))?)
+    }
+
+    pub fn require_f32(&self, k: &str) -> Result<f32, ModelError> {
+        Ok(self.md.require_f32(&self.key(k))?)
+    }
+
+    pub fn bool(&self, k: &str) -> Result<Option<bool>, ModelError> {
+        Ok(self.md.get_bool(&self.key(k))?)
+    }
+
+    pub fn str(&self, k: &str) -> Result<Option<&'a str>, ModelError> {
+        Ok(self.md.get_str(&self.key(k))?)
+    }
+
+    /// A per-layer count: a scalar for every layer, or an array with one entry per layer;
+    /// `None` when the key is absent.
+    pub fn per_layer(&self, k: &str, n_layer: u32) -> Result<Option<Vec<u32>>, ModelError> {
+        let Some(value) = self.md.get(&self.key(k)) else {
+            return Ok(None);
+        };
+        let values: Vec<u32> = match value {
+            Value::Array(a) => {
+                if a.len() != n_layer as usize {
+                    return Err(self.bad(k, format!("{} entries for {n_layer} layers", a.len())));
+                }
+                let ints: Option<Vec<u32>> = match a {
+                    Array::U32(v) => Some(v.clone()),
+                    Array::I32(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect(),
+                    _ => None,
+                };
+                ints.ok_or_else(|| {
+                    self.bad(
+                        k,
+                        format!(
+                            "expected non-negative integers, found {}",
+                            value.type_description()
+                        ),
+                    )
+                })?
             }
-            let ints: Option<Vec<u32>> = match a {
-                Array::U32(v) => Some(v.clone()),
-                Array::I32(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect(),
-                _ => None,
-            };
-            ints.ok_or_else(|| {
-                bad(format!(
-                    "expected non-negative integers, found {}",
-                    value.type_description()
-                ))
-            })?
-        }
-        v => {
-            let n = v.as_u64().and_then(|x| u32::try_from(x).ok());
-            vec![
-                n.ok_or_else(|| bad(format!(
-                    "expected an integer, found {}",
-                    v.type_description()
-                )))?;
-                n_layer as usize
-            ]
-        }
-    };
-    Ok(values)
+            v => {
+                let n = v.as_u64().and_then(|x| u32::try_from(x).ok());
+                vec![
+                    n.ok_or_else(|| self.bad(
+                        k,
+                        format!("expected an integer, found {}", v.type_description())
+                    ))?;
+                    n_layer as usize
+                ]
+            }
+        };
+        Ok(Some(values))
+    }
 }

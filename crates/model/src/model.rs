@@ -7,7 +7,7 @@ use lamina_backend::{Buffer, BufferUsage, Device, HostMemory};
 use lamina_core::graph::BufferMemory;
 use lamina_gguf::GgufFile;
 
-use crate::weights::Weights;
+use crate::arch::Architecture;
 use crate::{HParams, LayerPlan, ModelError, Placement};
 
 /// The model file's mapping, handed to a device as host memory (no copy).
@@ -24,7 +24,8 @@ impl HostMemory for MappedFile {
 pub struct Model {
     pub file: GgufFile,
     pub hparams: HParams,
-    pub weights: Weights,
+    /// The architecture: its weights and graph.
+    pub arch: Box<dyn Architecture>,
     /// Which device each layer is on.
     plan: LayerPlan,
     /// Per device of the plan: the file's mapping as that device's read-only buffer (the same
@@ -61,8 +62,8 @@ impl Model {
     /// the device `placement` gives it.
     pub fn load_placed(path: impl AsRef<Path>, placement: &Placement) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
-        let hparams = HParams::from_gguf(&file)?;
-        let weights = Weights::find(&file, &hparams)?;
+        let arch = crate::arch::load(&file)?;
+        let hparams = arch.hparams().clone();
         let plan = placement.plan(hparams.n_layer as usize)?;
         let mapping = Arc::new(MappedFile(file.mapping()));
         let mut weight_buffers = Vec::with_capacity(plan.devices.len());
@@ -75,7 +76,7 @@ impl Model {
         Ok(Model {
             file,
             hparams,
-            weights,
+            arch,
             plan,
             weight_buffers,
             weight_memory,

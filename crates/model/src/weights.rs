@@ -1,11 +1,13 @@
-//! The weight tensors of a model, found by llama.cpp's names and checked against the shapes the
-//! hyperparameters imply, before anything is computed.
+//! Finding weight tensors by llama.cpp's names and checking them against the shapes the
+//! hyperparameters imply, before anything is computed; and the weight groups that several
+//! architectures share (a linear map with its optional bias and scale, attention projections,
+//! feed-forward networks). Each architecture module declares its own typed weights from these.
 
 use lamina_core::DType;
 use lamina_core::quant;
 use lamina_gguf::{Gguf, TensorInfo};
 
-use crate::{Arch, HParams, ModelError};
+use crate::{HParams, ModelError};
 
 /// Where a weight's bytes are in the model file, and what they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,120 +19,175 @@ pub struct WeightRef {
     pub offset: usize,
 }
 
-/// One transformer block's weights. Optional tensors are those only some architectures have.
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: WeightRef,
-    pub wq: WeightRef,
-    pub wk: WeightRef,
-    pub wv: WeightRef,
-    pub wo: WeightRef,
-    pub bq: Option<WeightRef>,
-    pub bk: Option<WeightRef>,
-    pub bv: Option<WeightRef>,
-    pub bo: Option<WeightRef>,
-    /// Per-head RMS norms of Q and K (gemma3).
-    pub attn_q_norm: Option<WeightRef>,
-    pub attn_k_norm: Option<WeightRef>,
-    /// Norm applied to the attention output before the residual add (gemma3).
-    pub attn_post_norm: Option<WeightRef>,
-    pub ffn_norm: WeightRef,
-    pub ffn_gate: WeightRef,
-    pub ffn_up: WeightRef,
-    pub ffn_down: WeightRef,
-    /// Norm applied to the FFN output before the residual add (gemma3).
-    pub ffn_post_norm: Option<WeightRef>,
+/// A linear map `w · x`, then `* scale` (a per-tensor `{1}` scale, llama.cpp's `*_s` tensors),
+/// then `+ b`, as llama.cpp's `build_lora_mm` and the bias add after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Linear {
+    pub w: WeightRef,
+    pub b: Option<WeightRef>,
+    pub scale: Option<WeightRef>,
 }
 
-/// All weights of a model.
-#[derive(Clone, Debug)]
-pub struct Weights {
-    pub tok_embd: WeightRef,
-    pub output_norm: WeightRef,
-    /// The LM head; `None` when it is tied to `tok_embd`.
-    pub output: Option<WeightRef>,
-    pub layers: Vec<LayerWeights>,
+/// A norm's weight and optional bias (layer norms have one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormWeights {
+    pub w: WeightRef,
+    pub b: Option<WeightRef>,
 }
 
-impl Weights {
-    /// The LM head (the output matrix, or the token embeddings when tied).
-    pub fn lm_head(&self) -> WeightRef {
-        self.output.unwrap_or(self.tok_embd)
-    }
-
-    /// Finds every weight of `hp.arch` in `gguf` and checks its shape and type.
-    pub fn find(gguf: &Gguf, hp: &HParams) -> Result<Weights, ModelError> {
-        let finder = Finder { gguf };
-        let n_embd = hp.n_embd as u64;
-        let n_vocab = hp.n_vocab as u64;
-        let tok_embd = finder.get("token_embd.weight", &[n_embd, n_vocab])?;
-        let output_norm = finder.get("output_norm.weight", &[n_embd])?;
-        let output = finder.optional("output.weight", &[n_embd, n_vocab])?;
-        let gemma = hp.arch == Arch::Gemma3;
-
-        let mut layers = Vec::with_capacity(hp.n_layer as usize);
-        for il in 0..hp.n_layer as usize {
-            let name = |t: &str| format!("blk.{il}.{t}");
-            let n_q = hp.n_embd_q(il) as u64;
-            let n_k = hp.n_embd_k_gqa(il) as u64;
-            let n_v = hp.n_embd_v_gqa(il) as u64;
-            let n_v_out = (hp.n_head[il] * hp.n_embd_head_v) as u64;
-            let n_ff = hp.n_ff[il] as u64;
-            let head_k = hp.n_embd_head_k as u64;
-            let get = |t: &str, shape: &[u64]| finder.get(&name(t), shape);
-            let opt = |t: &str, shape: &[u64]| finder.optional(&name(t), shape);
-            let need_if =
-                |cond: bool, t: &str, shape: &[u64]| -> Result<Option<WeightRef>, ModelError> {
-                    if cond {
-                        get(t, shape).map(Some)
-                    } else {
-                        opt(t, shape)
-                    }
-                };
-            layers.push(LayerWeights {
-                attn_norm: get("attn_norm.weight", &[n_embd])?,
-                wq: get("attn_q.weight", &[n_embd, n_q])?,
-                wk: get("attn_k.weight", &[n_embd, n_k])?,
-                wv: get("attn_v.weight", &[n_embd, n_v])?,
-                wo: get("attn_output.weight", &[n_v_out, n_embd])?,
-                bq: opt("attn_q.bias", &[n_q])?,
-                bk: opt("attn_k.bias", &[n_k])?,
-                bv: opt("attn_v.bias", &[n_v])?,
-                bo: opt("attn_output.bias", &[n_embd])?,
-                attn_q_norm: need_if(gemma, "attn_q_norm.weight", &[head_k])?,
-                attn_k_norm: need_if(gemma, "attn_k_norm.weight", &[head_k])?,
-                attn_post_norm: need_if(gemma, "post_attention_norm.weight", &[n_embd])?,
-                ffn_norm: get("ffn_norm.weight", &[n_embd])?,
-                ffn_gate: get("ffn_gate.weight", &[n_embd, n_ff])?,
-                ffn_up: get("ffn_up.weight", &[n_embd, n_ff])?,
-                ffn_down: get("ffn_down.weight", &[n_ff, n_embd])?,
-                ffn_post_norm: need_if(gemma, "post_ffw_norm.weight", &[n_embd])?,
-            });
-        }
-        Ok(Weights {
-            tok_embd,
-            output_norm,
-            output,
-            layers,
-        })
-    }
+/// Q, K and V projections: separate, or one fused `attn_qkv` matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per layer, made once at load
+pub enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
 }
 
-struct Finder<'a> {
+/// A layer's attention projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnWeights {
+    pub qkv: Qkv,
+    pub wo: Linear,
+}
+
+/// A feed-forward network's matrices: `down(act(gate(x)) * up(x))`, or `down(act(up(x)))`
+/// without a gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FfnWeights {
+    pub up: Linear,
+    pub gate: Option<Linear>,
+    pub down: Linear,
+}
+
+/// Looks up tensors of a GGUF file by name, checking shape and type.
+pub struct TensorLoader<'a> {
     gguf: &'a Gguf,
 }
 
-impl Finder<'_> {
-    fn optional(&self, name: &str, shape: &[u64]) -> Result<Option<WeightRef>, ModelError> {
+/// `blk.{il}.{name}`.
+pub fn blk(il: usize, name: &str) -> String {
+    format!("blk.{il}.{name}")
+}
+
+impl<'a> TensorLoader<'a> {
+    pub fn new(gguf: &'a Gguf) -> TensorLoader<'a> {
+        TensorLoader { gguf }
+    }
+
+    /// The tensor `name` with shape `shape` (innermost first), if present.
+    pub fn optional(&self, name: &str, shape: &[u64]) -> Result<Option<WeightRef>, ModelError> {
         match self.gguf.tensor(name) {
             None => Ok(None),
             Some(info) => self.check(info, shape).map(Some),
         }
     }
 
-    fn get(&self, name: &str, shape: &[u64]) -> Result<WeightRef, ModelError> {
+    /// The tensor `name`, which must be present.
+    pub fn get(&self, name: &str, shape: &[u64]) -> Result<WeightRef, ModelError> {
         self.optional(name, shape)?
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    /// Whether the file has a tensor called `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.gguf.tensor(name).is_some()
+    }
+
+    /// `{prefix}.weight` of shape `[n_in, n_out]`, with its optional `{prefix}.bias` `[n_out]`
+    /// and `{prefix}.scale` `[1]`.
+    pub fn linear(&self, prefix: &str, n_in: u64, n_out: u64) -> Result<Linear, ModelError> {
+        Ok(Linear {
+            w: self.get(&format!("{prefix}.weight"), &[n_in, n_out])?,
+            b: self.optional(&format!("{prefix}.bias"), &[n_out])?,
+            scale: self.optional(&format!("{prefix}.scale"), &[1])?,
+        })
+    }
+
+    /// As [`TensorLoader::linear`], `None` when `{prefix}.weight` is absent.
+    pub fn optional_linear(
+        &self,
+        prefix: &str,
+        n_in: u64,
+        n_out: u64,
+    ) -> Result<Option<Linear>, ModelError> {
+        if !self.has(&format!("{prefix}.weight")) {
+            return Ok(None);
+        }
+        self.linear(prefix, n_in, n_out).map(Some)
+    }
+
+    /// `{prefix}.weight` `[n]` and its optional `{prefix}.bias`.
+    pub fn norm(&self, prefix: &str, n: u64) -> Result<NormWeights, ModelError> {
+        Ok(NormWeights {
+            w: self.get(&format!("{prefix}.weight"), &[n])?,
+            b: self.optional(&format!("{prefix}.bias"), &[n])?,
+        })
+    }
+
+    /// Layer `il`'s attention projections: fused `attn_qkv` if the file has it, else
+    /// `attn_q`/`attn_k`/`attn_v`; then `attn_output` (llama.cpp's `create_tensor_qkv`).
+    pub fn attention(&self, hp: &HParams, il: usize) -> Result<AttnWeights, ModelError> {
+        let n_embd = hp.n_embd as u64;
+        let n_q = hp.n_embd_q(il) as u64;
+        let n_k = hp.n_embd_k_gqa(il) as u64;
+        let n_v = hp.n_embd_v_gqa(il) as u64;
+        let n_v_out = (hp.n_head[il] * hp.n_embd_head_v) as u64;
+        let qkv = match self.optional_linear(&blk(il, "attn_qkv"), n_embd, n_q + n_k + n_v)? {
+            Some(fused) => Qkv::Fused(fused),
+            None => Qkv::Separate {
+                q: self.linear(&blk(il, "attn_q"), n_embd, n_q)?,
+                k: self.linear(&blk(il, "attn_k"), n_embd, n_k)?,
+                v: self.linear(&blk(il, "attn_v"), n_embd, n_v)?,
+            },
+        };
+        Ok(AttnWeights {
+            qkv,
+            wo: self.linear(&blk(il, "attn_output"), n_v_out, n_embd)?,
+        })
+    }
+
+    /// Layer `il`'s feed-forward network of width `n_ff`, with a gate matrix when `gated`.
+    pub fn ffn(
+        &self,
+        hp: &HParams,
+        il: usize,
+        n_ff: u32,
+        gated: bool,
+    ) -> Result<FfnWeights, ModelError> {
+        let (n_embd, n_ff) = (hp.n_embd as u64, n_ff as u64);
+        if n_ff == 0 {
+            return Err(ModelError::BadHParam {
+                key: format!("{}.feed_forward_length", hp.arch),
+                message: format!("layer {il} has no feed-forward width"),
+            });
+        }
+        Ok(FfnWeights {
+            up: self.linear(&blk(il, "ffn_up"), n_embd, n_ff)?,
+            gate: if gated {
+                Some(self.linear(&blk(il, "ffn_gate"), n_embd, n_ff)?)
+            } else {
+                None
+            },
+            down: self.linear(&blk(il, "ffn_down"), n_ff, n_embd)?,
+        })
+    }
+
+    /// `token_embd.weight` `[n_embd, n_vocab]`.
+    pub fn token_embd(&self, hp: &HParams) -> Result<WeightRef, ModelError> {
+        self.get("token_embd.weight", &[hp.n_embd as u64, hp.n_vocab as u64])
+    }
+
+    /// The LM head: `output.weight` (with its optional bias and scale), else the token
+    /// embeddings (tied).
+    pub fn lm_head(&self, hp: &HParams, tok_embd: WeightRef) -> Result<Linear, ModelError> {
+        let (n_embd, n_vocab) = (hp.n_embd as u64, hp.n_vocab as u64);
+        Ok(self
+            .optional_linear("output", n_embd, n_vocab)?
+            .unwrap_or(Linear {
+                w: tok_embd,
+                b: None,
+                scale: None,
+            }))
     }
 
     fn check(&self, info: &TensorInfo, shape: &[u64]) -> Result<WeightRef, ModelError> {
@@ -143,7 +200,8 @@ impl Finder<'_> {
                 actual: info.dims().to_vec(),
             });
         }
-        // Norm vectors and biases are used element-wise in f32; matrices need a dot product.
+        // Norm vectors, biases and scales are used element-wise in f32; matrices need a dot
+        // product.
         let usable = if shape.len() == 1 {
             info.dtype == DType::F32
         } else {

@@ -211,8 +211,7 @@ fn check_residency(model: &Model) {
         .map(|d| kv.buffer(d).map(|b| b.memory()))
         .collect();
     let bc = BuildContext {
-        hp: &model.hparams,
-        weights: &model.weights,
+        arch: model.arch.as_ref(),
         weight_memory: model.weight_memory(),
         plan,
         kv: &kv,

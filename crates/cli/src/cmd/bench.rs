@@ -307,7 +307,7 @@ fn run_info(ctx: &Context, args: &BenchArgs, n_threads: usize, cpu_info: &str) -
         model_filename: model.file.path().display().to_string(),
         model_type: format!(
             "{} {} {file_type}",
-            model.hparams.arch.name(),
+            model.hparams.arch,
             params_label(n_params)
         ),
         model_size: model.size_bytes(),

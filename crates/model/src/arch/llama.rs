@@ -1,33 +1,96 @@
-//! Llama (and SmolLM2, Mistral, …), after llama.cpp's `llm_build_llama`: RMS norm, grouped-query
-//! attention with RoPE, a SwiGLU feed-forward network, residual adds, tied or separate LM head.
+//! Llama 2/3, Mistral, SmolLM2 and other llama-shaped models, after llama.cpp's
+//! `llama_model_llama`: RMS norms, RoPE on Q and K (with llama 3's frequency factors when the
+//! file has them), attention over the KV cache, a SwiGLU feed-forward network, residual adds,
+//! tied or separate LM head.
 
-use lamina_core::graph::{GluOp, TensorId};
+use lamina_core::graph::TensorId;
+use lamina_gguf::Gguf;
 
-use super::Builder;
-use crate::ModelError;
+use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
+use crate::hparams::{MetaReader, RopeType};
+use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
+use crate::{HParams, ModelError};
 
-pub(super) fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
-    let weights = b.ctx.weights;
-    let kq_scale = 1.0 / (b.hp().n_embd_head_k as f32).sqrt();
+#[derive(Debug)]
+struct Llama {
+    hp: HParams,
+    tok_embd: WeightRef,
+    output_norm: NormWeights,
+    lm_head: Linear,
+    /// llama 3's RoPE frequency factors (`rope_freqs.weight`), shared by every layer.
+    rope_freqs: Option<WeightRef>,
+    layers: Vec<Layer>,
+}
 
-    let mut inp = b.embeddings()?;
-    for (il, lw) in weights.layers.iter().enumerate() {
-        b.begin_layer(il);
-        let cur = b.rms_norm(inp, lw.attn_norm)?;
-        let (q, k, v) = b.qkv(il, cur, lw)?;
-        let q = b.rope(q, il)?;
-        let k = b.rope(k, il)?;
-        let mut cur = b.attention(il, q, k, v, kq_scale, lw.wo, lw.bo)?;
+#[derive(Debug)]
+struct Layer {
+    attn_norm: NormWeights,
+    attn: AttnWeights,
+    ffn_norm: NormWeights,
+    ffn: FfnWeights,
+}
 
-        if il + 1 == weights.layers.len() {
-            cur = b.select_outputs(cur)?;
-            inp = b.select_outputs(inp)?;
-        }
-        let ffn_inp = b.g.add(cur, inp)?;
-
-        let cur = b.rms_norm(ffn_inp, lw.ffn_norm)?;
-        let cur = b.gated_ffn(cur, lw, GluOp::SwiGlu)?;
-        inp = b.g.add(cur, ffn_inp)?;
+pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
+    let r = MetaReader::new(gguf, "llama");
+    let mut hp = HParams::read_common(&r, RopeType::Normal)?;
+    hp.norm_rms_eps = r.require_f32("attention.layer_norm_rms_epsilon")?;
+    if hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k != hp.n_embd_head_v {
+        return Err(r.bad(
+            "rope.dimension_count",
+            format!(
+                "llama rotates whole heads: {} rotated of {} (K) and {} (V)",
+                hp.n_rot, hp.n_embd_head_k, hp.n_embd_head_v
+            ),
+        ));
     }
-    b.logits(inp)
+
+    let t = TensorLoader::new(gguf);
+    let n_embd = hp.n_embd as u64;
+    let tok_embd = t.token_embd(&hp)?;
+    let layers = (0..hp.n_layer as usize)
+        .map(|il| {
+            Ok(Layer {
+                attn_norm: t.norm(&blk(il, "attn_norm"), n_embd)?,
+                attn: t.attention(&hp, il)?,
+                ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
+                ffn: t.ffn(&hp, il, hp.n_ff[il], true)?,
+            })
+        })
+        .collect::<Result<_, ModelError>>()?;
+    Ok(Box::new(Llama {
+        tok_embd,
+        output_norm: t.norm("output_norm", n_embd)?,
+        lm_head: t.lm_head(&hp, tok_embd)?,
+        rope_freqs: t.optional("rope_freqs.weight", &[hp.n_rot as u64 / 2])?,
+        layers,
+        hp,
+    }))
+}
+
+impl Architecture for Llama {
+    fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
+        let kq_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
+        let mut inp = b.embeddings(self.tok_embd)?;
+        for (il, lw) in self.layers.iter().enumerate() {
+            b.begin_layer(il);
+            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
+            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
+            let q = b.rope(q, il, self.rope_freqs)?;
+            let k = b.rope(k, il, self.rope_freqs)?;
+            let mut cur = b.attention(il, q, k, v, AttnParams { kq_scale }, &lw.attn.wo)?;
+            if b.is_last_layer(il) {
+                cur = b.select_outputs(cur)?;
+                inp = b.select_outputs(inp)?;
+            }
+            let ffn_inp = b.g.add(cur, inp)?;
+            let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
+            let cur = b.ffn(cur, &lw.ffn, FfnAct::Silu)?;
+            inp = b.g.add(cur, ffn_inp)?;
+        }
+        b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+    }
 }

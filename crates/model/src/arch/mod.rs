@@ -1,7 +1,11 @@
-//! Graph building: the shared blocks (norms, attention over the KV cache, feed-forward) and one
-//! file per architecture that strings them together the way llama.cpp's `llm_build_*` does.
+//! Architectures: one file each, registered in [`ARCHITECTURES`]. An architecture module owns
+//! its hyperparameters (read from GGUF metadata), its typed weights and its graph, which it
+//! strings together from the shared blocks of [`Builder`] (norms, projections, attention over
+//! the KV cache, feed-forward networks) the way llama.cpp's `llm_build_*` do. Graph inputs are
+//! objects ([`inputs`]) that the block needing one creates.
 
 mod gemma3;
+pub mod inputs;
 mod llama;
 
 use std::collections::HashMap;
@@ -9,36 +13,72 @@ use std::sync::Arc;
 
 use lamina_backend::DeviceHint;
 use lamina_core::DType;
-use lamina_core::graph::{BufferMemory, GluOp, Graph, RopeMode, RopeParams, TensorId};
+use lamina_core::graph::{BufferMemory, Graph, RopeMode, RopeParams, TensorId};
 use lamina_core::tensor::TensorFlags;
+use lamina_gguf::Gguf;
 
 use crate::kv_cache::KvCache;
-use crate::weights::{LayerWeights, WeightRef};
-use crate::{Arch, HParams, LayerPlan, ModelError, RopeType};
+use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, Qkv, WeightRef};
+use crate::{HParams, LayerPlan, ModelError, RopeType};
+use inputs::{GraphInput, InputFill};
 
-/// The graph's inputs, written by the host before each compute.
-#[derive(Clone, Copy, Debug)]
-pub struct GraphInputs {
-    /// `[n_tokens]` i32 token ids.
-    pub tokens: TensorId,
-    /// `[n_tokens]` i32 positions.
-    pub pos: TensorId,
-    /// `[n_kv, n_tokens]` f32 causal mask.
-    pub kq_mask: TensorId,
-    /// `[n_kv, n_tokens]` f32 causal sliding-window mask (architectures with SWA layers).
-    pub kq_mask_swa: Option<TensorId>,
-    /// `[n_tokens]` i32 KV cells the tokens' K rows go to.
-    pub k_idxs: TensorId,
-    /// `[n_embd_v_gqa * n_tokens]` i32 element indices of the transposed V writes.
-    pub v_idxs: TensorId,
-    /// `[n_outputs]` i32 rows whose logits are wanted.
-    pub out_ids: TensorId,
+/// A registered architecture: llama.cpp's name and how to load it.
+pub struct ArchEntry {
+    pub name: &'static str,
+    /// Reads the hyperparameters and finds (and checks) the weights.
+    pub load: fn(&Gguf) -> Result<Box<dyn Architecture>, ModelError>,
+}
+
+/// Every architecture Lamina runs.
+pub const ARCHITECTURES: &[ArchEntry] = &[
+    ArchEntry {
+        name: "llama",
+        load: llama::load,
+    },
+    ArchEntry {
+        name: "gemma3",
+        load: gemma3::load,
+    },
+];
+
+/// The names of [`ARCHITECTURES`], comma-separated.
+pub fn supported() -> String {
+    ARCHITECTURES
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Loads the architecture of the model in `gguf`.
+pub fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
+    let name = gguf
+        .metadata
+        .get_str("general.architecture")?
+        .ok_or(ModelError::NoArchitecture)?;
+    let entry = ARCHITECTURES
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| ModelError::UnknownArchitecture {
+            name: name.to_string(),
+            supported: supported(),
+        })?;
+    (entry.load)(gguf)
+}
+
+/// A loaded architecture: its hyperparameters and weights, and how to build its graph.
+pub trait Architecture: Send + Sync + std::fmt::Debug {
+    fn hparams(&self) -> &HParams;
+
+    /// Builds the forward graph of one micro-batch; returns the logits `[n_vocab, n_outputs]`
+    /// (the final-normed hidden states `[n_embd, n_outputs]` when `b.shape.embeddings`).
+    fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError>;
 }
 
 /// A built graph and where its inputs and output are.
 pub struct BuiltGraph {
     pub graph: Graph,
-    pub inputs: GraphInputs,
+    pub inputs: Vec<GraphInput>,
     /// `[n_vocab, n_outputs]` f32 (`[n_embd, n_outputs]` when built for embeddings).
     pub logits: TensorId,
     /// Which device each part of the graph belongs to (input layer, each layer, output), for
@@ -59,24 +99,20 @@ pub struct GraphShape {
     pub embeddings: bool,
 }
 
-/// What graph building reads: hyperparameters, weights and their memory (per device), the
-/// layer placement, and the cache (its memory per device).
+/// What graph building reads: the architecture, the weights' memory (per device), the layer
+/// placement, and the cache (its memory per device).
 pub struct BuildContext<'a> {
-    pub hp: &'a HParams,
-    pub weights: &'a crate::weights::Weights,
+    pub arch: &'a dyn Architecture,
     pub weight_memory: &'a [Arc<dyn BufferMemory>],
     pub plan: &'a LayerPlan,
     pub kv: &'a KvCache,
     pub kv_memory: &'a [Option<Arc<dyn BufferMemory>>],
 }
 
-/// Builds the forward graph of `ctx.hp.arch` for one micro-batch.
+/// Builds the forward graph of the context's architecture for one micro-batch.
 pub fn build_graph(ctx: &BuildContext<'_>, shape: GraphShape) -> Result<BuiltGraph, ModelError> {
-    let mut b = Builder::new(ctx, shape)?;
-    let logits = match ctx.hp.arch {
-        Arch::Llama => llama::build(&mut b)?,
-        Arch::Gemma3 => gemma3::build(&mut b)?,
-    };
+    let mut b = Builder::new(ctx, shape);
+    let logits = ctx.arch.build(&mut b)?;
     b.g.set_name(logits, "result_output")?;
     b.g.set_output(logits)?;
     Ok(BuiltGraph {
@@ -87,12 +123,48 @@ pub fn build_graph(ctx: &BuildContext<'_>, shape: GraphShape) -> Result<BuiltGra
     })
 }
 
+/// Which norm a block applies (llama.cpp's `LLM_NORM_RMS` / `LLM_NORM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    Rms,
+    Layer,
+}
+
+/// The activation of a feed-forward network (llama.cpp's `llm_ffn_op_type`); with a gate
+/// matrix it is the gated form (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    Silu,
+    Gelu,
+}
+
+/// How a layer attends, besides its Q, K and V.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Scale of `K·Q` inside the softmax.
+    pub kq_scale: f32,
+}
+
+/// The inputs a graph has created so far, so each is created once.
+#[derive(Default)]
+struct InputIds {
+    tokens: Option<TensorId>,
+    pos: Option<TensorId>,
+    kq_mask: Option<TensorId>,
+    kq_mask_swa: Option<TensorId>,
+    k_idxs: Option<TensorId>,
+    /// Per V width.
+    v_idxs: Vec<(usize, TensorId)>,
+    out_ids: Option<TensorId>,
+}
+
 /// Graph under construction, with the blocks architectures are made of.
-pub(crate) struct Builder<'a> {
+pub struct Builder<'a> {
     pub g: Graph,
     pub ctx: &'a BuildContext<'a>,
     pub shape: GraphShape,
-    pub inputs: GraphInputs,
+    inputs: Vec<GraphInput>,
+    input_ids: InputIds,
     /// Weights already in the graph, by file offset and device (tied embeddings are used
     /// twice, by the input and the output layer, which may be on different devices).
     weight_ids: HashMap<(usize, usize), TensorId>,
@@ -102,42 +174,22 @@ pub(crate) struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(ctx: &'a BuildContext<'a>, shape: GraphShape) -> Result<Builder<'a>, ModelError> {
-        let mut g = Graph::with_capacity(64 + 40 * ctx.hp.n_layer as usize);
+    fn new(ctx: &'a BuildContext<'a>, shape: GraphShape) -> Builder<'a> {
+        let g = Graph::with_capacity(64 + 40 * ctx.arch.hparams().n_layer as usize);
         let first = g.next_id();
-        let n = shape.n_tokens;
-        let n_embd_v = ctx.hp.n_embd_v_gqa(0) as usize;
-        let input =
-            |g: &mut Graph, dtype, ne: &[usize], name: &str| -> Result<TensorId, ModelError> {
-                let id = g.new_input(dtype, ne)?;
-                g.set_name(id, name)?;
-                Ok(id)
-            };
-        let inputs = GraphInputs {
-            tokens: input(&mut g, DType::I32, &[n], "inp_tokens")?,
-            pos: input(&mut g, DType::I32, &[n], "inp_pos")?,
-            kq_mask: input(&mut g, DType::F32, &[shape.n_kv, n], "kq_mask")?,
-            kq_mask_swa: if ctx.hp.n_swa > 0 {
-                Some(input(&mut g, DType::F32, &[shape.n_kv, n], "kq_mask_swa")?)
-            } else {
-                None
-            },
-            k_idxs: input(&mut g, DType::I32, &[n], "k_idxs")?,
-            v_idxs: input(&mut g, DType::I32, &[n_embd_v * n], "v_idxs")?,
-            out_ids: input(&mut g, DType::I32, &[shape.n_outputs], "out_ids")?,
-        };
-        Ok(Builder {
+        Builder {
             g,
             ctx,
             shape,
-            inputs,
+            inputs: Vec::new(),
+            input_ids: InputIds::default(),
             weight_ids: HashMap::new(),
             device: ctx.plan.input,
             hints: vec![DeviceHint {
                 start: first,
                 device: ctx.plan.input,
             }],
-        })
+        }
     }
 
     fn begin_part(&mut self, device: usize) {
@@ -161,8 +213,118 @@ impl<'a> Builder<'a> {
     }
 
     pub fn hp(&self) -> &'a HParams {
-        self.ctx.hp
+        self.ctx.arch.hparams()
     }
+
+    /// Whether this layer is the last one (where only the wanted rows are kept).
+    pub fn is_last_layer(&self, il: usize) -> bool {
+        il + 1 == self.hp().n_layer as usize
+    }
+
+    // ---- inputs ----
+
+    /// A new input tensor filled by `fill` before each compute.
+    pub fn add_input(
+        &mut self,
+        dtype: DType,
+        ne: &[usize],
+        name: &str,
+        fill: Box<dyn InputFill>,
+    ) -> Result<TensorId, ModelError> {
+        let id = self.g.new_input(dtype, ne)?;
+        self.g.set_name(id, name)?;
+        self.inputs.push(GraphInput { id, fill });
+        Ok(id)
+    }
+
+    /// `[n_tokens]` i32 token ids.
+    pub fn inp_tokens(&mut self) -> Result<TensorId, ModelError> {
+        if let Some(id) = self.input_ids.tokens {
+            return Ok(id);
+        }
+        let n = self.shape.n_tokens;
+        let id = self.add_input(DType::I32, &[n], "inp_tokens", Box::new(inputs::Tokens))?;
+        self.input_ids.tokens = Some(id);
+        Ok(id)
+    }
+
+    /// `[n_tokens]` i32 positions.
+    pub fn inp_pos(&mut self) -> Result<TensorId, ModelError> {
+        if let Some(id) = self.input_ids.pos {
+            return Ok(id);
+        }
+        let n = self.shape.n_tokens;
+        let id = self.add_input(DType::I32, &[n], "inp_pos", Box::new(inputs::Positions))?;
+        self.input_ids.pos = Some(id);
+        Ok(id)
+    }
+
+    /// The causal mask layer `il` attends with: over the sliding window on SWA layers.
+    pub fn inp_kq_mask(&mut self, il: usize) -> Result<TensorId, ModelError> {
+        let hp = self.hp();
+        let swa = hp.swa_layers[il];
+        let slot = if swa {
+            self.input_ids.kq_mask_swa
+        } else {
+            self.input_ids.kq_mask
+        };
+        if let Some(id) = slot {
+            return Ok(id);
+        }
+        let (name, window) = if swa {
+            ("kq_mask_swa", Some(hp.n_swa))
+        } else {
+            ("kq_mask", None)
+        };
+        let ne = [self.shape.n_kv, self.shape.n_tokens];
+        let id = self.add_input(DType::F32, &ne, name, Box::new(inputs::KqMask { window }))?;
+        if swa {
+            self.input_ids.kq_mask_swa = Some(id);
+        } else {
+            self.input_ids.kq_mask = Some(id);
+        }
+        Ok(id)
+    }
+
+    /// `[n_tokens]` i32 cells the K rows go to.
+    pub fn inp_k_idxs(&mut self) -> Result<TensorId, ModelError> {
+        if let Some(id) = self.input_ids.k_idxs {
+            return Ok(id);
+        }
+        let n = self.shape.n_tokens;
+        let id = self.add_input(DType::I32, &[n], "k_idxs", Box::new(inputs::KIdxs))?;
+        self.input_ids.k_idxs = Some(id);
+        Ok(id)
+    }
+
+    /// Element indices of the transposed V writes for V rows `n_embd_v` wide.
+    pub fn inp_v_idxs(&mut self, n_embd_v: usize) -> Result<TensorId, ModelError> {
+        if let Some(&(_, id)) = self.input_ids.v_idxs.iter().find(|(w, _)| *w == n_embd_v) {
+            return Ok(id);
+        }
+        let ne = [n_embd_v * self.shape.n_tokens];
+        let id = self.add_input(
+            DType::I32,
+            &ne,
+            "v_idxs",
+            Box::new(inputs::VIdxs { n_embd_v }),
+        )?;
+        self.input_ids.v_idxs.push((n_embd_v, id));
+        Ok(id)
+    }
+
+    /// `[n_outputs]` i32 rows whose logits are wanted.
+    pub fn inp_out_ids(&mut self) -> Result<TensorId, ModelError> {
+        if let Some(id) = self.input_ids.out_ids {
+            return Ok(id);
+        }
+        let n = self.shape.n_outputs;
+        let id = self.add_input(DType::I32, &[n], "out_ids", Box::new(inputs::OutIds))?;
+        self.input_ids.out_ids = Some(id);
+        Ok(id)
+    }
+
+    // ---- blocks ----
 
     /// The weight as a graph leaf bound to the model's memory.
     pub fn weight(&mut self, w: WeightRef) -> Result<TensorId, ModelError> {
@@ -186,67 +348,145 @@ impl<'a> Builder<'a> {
         Ok(self.g.mul(normed, w)?)
     }
 
-    /// `w · x (+ b)`.
-    pub fn linear(
+    /// `norm(x) * w (+ b)`, as llama.cpp's `build_norm`.
+    pub fn norm(
         &mut self,
         x: TensorId,
-        w: WeightRef,
-        b: Option<WeightRef>,
+        nw: &NormWeights,
+        kind: NormKind,
     ) -> Result<TensorId, ModelError> {
-        let w = self.weight(w)?;
+        let hp = self.hp();
+        let mut cur = match kind {
+            NormKind::Rms => self.g.rms_norm(x, hp.norm_rms_eps)?,
+            NormKind::Layer => self.g.norm(x, hp.norm_eps)?,
+        };
+        let w = self.weight(nw.w)?;
+        cur = self.g.mul(cur, w)?;
+        if let Some(b) = nw.b {
+            let b = self.weight(b)?;
+            cur = self.g.add(cur, b)?;
+        }
+        Ok(cur)
+    }
+
+    /// `w · x`, times its scale, plus its bias: llama.cpp's `build_lora_mm(w, x, w_s)` and the
+    /// bias add after it (projections, attention output, LM head).
+    pub fn linear(&mut self, x: TensorId, l: &Linear) -> Result<TensorId, ModelError> {
+        let w = self.weight(l.w)?;
         let mut y = self.g.mul_mat(w, x)?;
-        if let Some(b) = b {
+        if let Some(s) = l.scale {
+            let s = self.weight(s)?;
+            y = self.g.mul(y, s)?;
+        }
+        if let Some(b) = l.b {
             let b = self.weight(b)?;
             y = self.g.add(y, b)?;
         }
         Ok(y)
     }
 
-    /// Layer `il`'s Q, K and V projections of `x`, as `[head_dim, n_head(_kv), n_tokens]`.
+    /// `w · x`, plus its bias, times its scale: the order of llama.cpp's `build_ffn`.
+    pub fn linear_ffn(&mut self, x: TensorId, l: &Linear) -> Result<TensorId, ModelError> {
+        let w = self.weight(l.w)?;
+        let mut y = self.g.mul_mat(w, x)?;
+        if let Some(b) = l.b {
+            let b = self.weight(b)?;
+            y = self.g.add(y, b)?;
+        }
+        if let Some(s) = l.scale {
+            let s = self.weight(s)?;
+            y = self.g.mul(y, s)?;
+        }
+        Ok(y)
+    }
+
+    /// Layer `il`'s Q, K and V projections of `x`, as `[head_dim, n_head(_kv), n_tokens]`
+    /// (llama.cpp's `build_qkv`: views of one product when the projection is fused).
     pub fn qkv(
         &mut self,
         il: usize,
         x: TensorId,
-        lw: &LayerWeights,
+        aw: &AttnWeights,
     ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
         let hp = self.hp();
         let n_tokens = self.shape.n_tokens;
         let (head_k, head_v) = (hp.n_embd_head_k as usize, hp.n_embd_head_v as usize);
         let (n_head, n_head_kv) = (hp.n_head[il] as usize, hp.n_head_kv[il] as usize);
-        let q = self.linear(x, lw.wq, lw.bq)?;
-        let k = self.linear(x, lw.wk, lw.bk)?;
-        let v = self.linear(x, lw.wv, lw.bv)?;
-        Ok((
-            self.g.reshape(q, &[head_k, n_head, n_tokens])?,
-            self.g.reshape(k, &[head_k, n_head_kv, n_tokens])?,
-            self.g.reshape(v, &[head_v, n_head_kv, n_tokens])?,
-        ))
+        match &aw.qkv {
+            Qkv::Separate { q, k, v } => {
+                let q = self.linear(x, q)?;
+                let k = self.linear(x, k)?;
+                let v = self.linear(x, v)?;
+                Ok((
+                    self.g.reshape(q, &[head_k, n_head, n_tokens])?,
+                    self.g.reshape(k, &[head_k, n_head_kv, n_tokens])?,
+                    self.g.reshape(v, &[head_v, n_head_kv, n_tokens])?,
+                ))
+            }
+            Qkv::Fused(l) => {
+                let qkv = self.linear(x, l)?;
+                let row = self.g.tensor(qkv).nb()[1];
+                let (n_q, n_k) = (head_k * n_head, head_k * n_head_kv);
+                let q = self
+                    .g
+                    .view_3d(qkv, head_k, n_head, n_tokens, 4 * head_k, row, 0)?;
+                let k =
+                    self.g
+                        .view_3d(qkv, head_k, n_head_kv, n_tokens, 4 * head_k, row, 4 * n_q)?;
+                let v = self.g.view_3d(
+                    qkv,
+                    head_v,
+                    n_head_kv,
+                    n_tokens,
+                    4 * head_v,
+                    row,
+                    4 * (n_q + n_k),
+                )?;
+                Ok((q, k, v))
+            }
+        }
     }
 
-    /// The gated feed-forward network `down(act(gate(x)) * up(x))` (llama.cpp's `LLM_FFN_PAR`).
-    pub fn gated_ffn(
+    /// The feed-forward network (llama.cpp's `build_ffn`): with a gate, the parallel gated form
+    /// `down(act(gate(x)) * up(x))`; without, `down(act(up(x)))`.
+    pub fn ffn(
         &mut self,
         x: TensorId,
-        lw: &LayerWeights,
-        act: GluOp,
+        fw: &FfnWeights,
+        act: FfnAct,
     ) -> Result<TensorId, ModelError> {
-        let gate = self.linear(x, lw.ffn_gate, None)?;
-        let up = self.linear(x, lw.ffn_up, None)?;
-        let h = match act {
-            GluOp::SwiGlu => self.g.swiglu_split(gate, up)?,
-            GluOp::GeGlu => self.g.geglu_split(gate, up)?,
+        let up = self.linear_ffn(x, &fw.up)?;
+        let h = match &fw.gate {
+            Some(gate) => {
+                let gate = self.linear_ffn(x, gate)?;
+                match act {
+                    FfnAct::Silu => self.g.swiglu_split(gate, up)?,
+                    FfnAct::Gelu => self.g.geglu_split(gate, up)?,
+                }
+            }
+            None => match act {
+                FfnAct::Silu => self.g.silu(up)?,
+                FfnAct::Gelu => self.g.gelu(up)?,
+            },
         };
-        self.linear(h, lw.ffn_down, None)
+        self.linear_ffn(h, &fw.down)
     }
 
     /// Token embeddings of the batch, `[n_embd, n_tokens]`.
-    pub fn embeddings(&mut self) -> Result<TensorId, ModelError> {
-        let tok_embd = self.weight(self.ctx.weights.tok_embd)?;
-        Ok(self.g.get_rows(tok_embd, self.inputs.tokens)?)
+    pub fn embeddings(&mut self, tok_embd: WeightRef) -> Result<TensorId, ModelError> {
+        let tokens = self.inp_tokens()?;
+        let tok_embd = self.weight(tok_embd)?;
+        Ok(self.g.get_rows(tok_embd, tokens)?)
     }
 
-    /// RoPE for layer `il` on `x` (`[head_dim, n_head, n_tokens]`).
-    pub fn rope(&mut self, x: TensorId, il: usize) -> Result<TensorId, ModelError> {
+    /// RoPE for layer `il` on `x` (`[head_dim, n_head, n_tokens]`), with optional per-pair
+    /// frequency factors.
+    pub fn rope(
+        &mut self,
+        x: TensorId,
+        il: usize,
+        factors: Option<WeightRef>,
+    ) -> Result<TensorId, ModelError> {
         let hp = self.hp();
         let (freq_base, freq_scale) = hp.rope_freq(il);
         let mode = match hp.rope_type {
@@ -256,22 +496,36 @@ impl<'a> Builder<'a> {
         let mut params = RopeParams::new(hp.n_rot as usize, mode, freq_base);
         params.freq_scale = freq_scale;
         params.n_ctx_orig = hp.n_ctx_orig as usize;
-        Ok(self.g.rope_ext(x, self.inputs.pos, None, params)?)
+        let pos = self.inp_pos()?;
+        let factors = factors.map(|f| self.weight(f)).transpose()?;
+        Ok(self.g.rope_ext(x, pos, factors, params)?)
     }
 
     /// Writes this batch's K and V of layer `il` into the cache and attends over it, as
-    /// llama.cpp's `build_attn_mha` without flash attention: `softmax(K·Q * kq_scale + mask)`
+    /// llama.cpp's `build_attn` without flash attention: `softmax(K·Q * kq_scale + mask)`
     /// then `V·kq`, heads merged, through `wo`. `q`, `k`, `v` are `[head_dim, n_head(_kv), n_tokens]`.
-    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
         il: usize,
         q: TensorId,
         k: TensorId,
         v: TensorId,
-        kq_scale: f32,
-        wo: WeightRef,
-        bo: Option<WeightRef>,
+        params: AttnParams,
+        wo: &Linear,
+    ) -> Result<TensorId, ModelError> {
+        let merged = self.attend(il, q, k, v, params)?;
+        self.linear(merged, wo)
+    }
+
+    /// [`Builder::attention`] without the output projection: the heads merged,
+    /// `[head_v * n_head, n_tokens]`.
+    pub fn attend(
+        &mut self,
+        il: usize,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        params: AttnParams,
     ) -> Result<TensorId, ModelError> {
         let hp = self.hp();
         let n_tokens = self.shape.n_tokens;
@@ -295,11 +549,13 @@ impl<'a> Builder<'a> {
         self.g.bind(v_cache, kv_memory, lc.v_offset)?;
 
         // Store: K rows go to their cells; V, stored transposed, element by element.
+        let k_idxs = self.inp_k_idxs()?;
+        let v_idxs = self.inp_v_idxs(lc.n_embd_v)?;
         let k_rows = self.g.reshape(k, &[lc.n_embd_k, n_tokens])?;
-        let k_stored = self.g.set_rows(k_cache, k_rows, self.inputs.k_idxs)?;
+        let k_stored = self.g.set_rows(k_cache, k_rows, k_idxs)?;
         let v_elems = self.g.reshape(v, &[1, lc.n_embd_v * n_tokens])?;
         let v_as_rows = self.g.reshape(v_cache, &[1, lc.n_embd_v * size])?;
-        let v_stored = self.g.set_rows(v_as_rows, v_elems, self.inputs.v_idxs)?;
+        let v_stored = self.g.set_rows(v_as_rows, v_elems, v_idxs)?;
 
         // Read back the first n_kv cells, per KV head (views of the stores, so they run first).
         let row_k = lc.n_embd_k * ts;
@@ -317,13 +573,8 @@ impl<'a> Builder<'a> {
         )?;
 
         let q = self.g.permute(q, [0, 2, 1, 3])?;
-        let mask = if hp.swa_layers[il] {
-            self.inputs
-                .kq_mask_swa
-                .expect("SWA models have an SWA mask")
-        } else {
-            self.inputs.kq_mask
-        };
+        let mask = self.inp_kq_mask(il)?;
+        let kq_scale = params.kq_scale;
         let merged = if n_tokens > 1 && matches!(kv.dtype(), DType::F16 | DType::F32) {
             // Fused: the same arithmetic without the `[n_kv, n_tokens, n_head]` score tensor,
             // the largest activation of a prompt micro-batch (9.4 MB for SmolLM2 at 512
@@ -337,8 +588,7 @@ impl<'a> Builder<'a> {
             let merged = self.g.permute(kqv, [0, 2, 1, 3])?;
             self.g.cont(merged)?
         };
-        let merged = self.g.reshape(merged, &[head_v * n_head, n_tokens])?;
-        self.linear(merged, wo, bo)
+        Ok(self.g.reshape(merged, &[head_v * n_head, n_tokens])?)
     }
 
     /// At the last layer, keeps only the rows whose logits are wanted (llama.cpp's `inp_out_ids`).
@@ -346,18 +596,24 @@ impl<'a> Builder<'a> {
         if self.shape.n_outputs == self.shape.n_tokens {
             return Ok(x);
         }
-        Ok(self.g.get_rows(x, self.inputs.out_ids)?)
+        let out_ids = self.inp_out_ids()?;
+        Ok(self.g.get_rows(x, out_ids)?)
     }
 
     /// Final norm and LM head (or, for embeddings, the final norm alone), on the output layer's
     /// device.
-    pub fn logits(&mut self, x: TensorId) -> Result<TensorId, ModelError> {
+    pub fn output(
+        &mut self,
+        x: TensorId,
+        norm: &NormWeights,
+        kind: NormKind,
+        lm_head: &Linear,
+    ) -> Result<TensorId, ModelError> {
         self.begin_output();
-        let w = self.ctx.weights;
-        let x = self.rms_norm(x, w.output_norm)?;
+        let x = self.norm(x, norm, kind)?;
         if self.shape.embeddings {
             return Ok(x);
         }
-        self.linear(x, w.lm_head(), None)
+        self.linear(x, lm_head)
     }
 }
