@@ -38,6 +38,8 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Perplexity of a text (llama-perplexity's method), or KL divergence against base logits.
     Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Print the logits of a batch of tokens (every position with --all), as text or JSON.
+    Logits(cmd::logits::LogitsArgs),
     /// Measure prompt and generation speed (llama-bench's flags and output).
     Bench(cmd::bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Logits(args) => cmd::logits::run(&args),
         Command::Serve {
             model,
             threads,

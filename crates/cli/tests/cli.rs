@@ -313,3 +313,69 @@ fn serve_answers_the_openai_client() {
     assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
     assert_eq!(stdout(&o).trim(), "ok");
 }
+
+/// `lamina logits` on a random-weight fixture with llama.cpp's placeholder vocabulary: the JSON
+/// form has one row per position with `--all`, the text form the same values, the last row
+/// alone without `--all`; bad token ids and missing input are clear errors.
+#[test]
+fn logits_prints_every_position_as_json_and_text() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/archs/qwen3-dense.gguf"
+    );
+    if !std::path::Path::new(fixture).exists() {
+        eprintln!("skipping: ../shared/archs is absent");
+        return;
+    }
+    let tokens = "11,99,83,56,55";
+    let o = lamina(&[
+        "logits", "-m", fixture, "--tokens", tokens, "--all", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["n_vocab"], 128);
+    let rows = v["logits"].as_array().unwrap();
+    assert_eq!(rows.len(), 5);
+    assert!(rows.iter().all(|r| r.as_array().unwrap().len() == 128));
+
+    let o = lamina(&["logits", "-m", fixture, "--tokens", tokens, "--all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text: Vec<Vec<f64>> = stdout(&o)
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    let json: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(text, json);
+
+    let o = lamina(&["logits", "-m", fixture, "--tokens", tokens]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 1);
+    let last: Vec<f64> = stdout(&o)
+        .trim()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    // One output row runs the LM head as matrix-vector products, whose sums are grouped
+    // differently from the batched kernel's (as in llama.cpp): equal to rounding.
+    assert_eq!(last.len(), 128);
+    assert!(last.iter().zip(&json[4]).all(|(a, b)| (a - b).abs() < 1e-5));
+
+    let o = lamina(&["logits", "-m", fixture, "--tokens", "1,128"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("outside the vocabulary of 128"),
+        "{}",
+        stderr(&o)
+    );
+    let o = lamina(&["logits", "-m", fixture]);
+    assert!(!o.status.success());
+}

@@ -28,6 +28,42 @@ pub struct Linear {
     pub scale: Option<WeightRef>,
 }
 
+impl Linear {
+    /// The map without its bias (for graphs that do not add one).
+    pub fn no_bias(self) -> Linear {
+        Linear { b: None, ..self }
+    }
+
+    /// The map without its bias or scale (for graphs that apply neither).
+    pub fn plain(self) -> Linear {
+        Linear {
+            b: None,
+            scale: None,
+            ..self
+        }
+    }
+}
+
+impl FfnWeights {
+    /// The network without biases (for graphs that apply only the scales).
+    pub fn no_bias(self) -> FfnWeights {
+        FfnWeights {
+            up: self.up.no_bias(),
+            gate: self.gate.map(Linear::no_bias),
+            down: self.down.no_bias(),
+        }
+    }
+
+    /// The network without biases or scales (for graphs that apply neither).
+    pub fn plain(self) -> FfnWeights {
+        FfnWeights {
+            up: self.up.plain(),
+            gate: self.gate.map(Linear::plain),
+            down: self.down.plain(),
+        }
+    }
+}
+
 /// A norm's weight and optional bias (layer norms have one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NormWeights {
@@ -116,16 +152,32 @@ impl<'a> TensorLoader<'a> {
         self.linear(prefix, n_in, n_out).map(Some)
     }
 
-    /// `{prefix}.weight` `[n]` and its optional `{prefix}.bias`.
+    /// A norm's `{prefix}.weight` `[n]` (no bias, whatever the file holds: the graphs that
+    /// use RMS norms add none).
     pub fn norm(&self, prefix: &str, n: u64) -> Result<NormWeights, ModelError> {
         Ok(NormWeights {
             w: self.get(&format!("{prefix}.weight"), &[n])?,
-            b: self.optional(&format!("{prefix}.bias"), &[n])?,
+            b: None,
         })
     }
 
+    /// A layer norm's `{prefix}.weight` and `{prefix}.bias`, both `[n]` and required.
+    pub fn norm_with_bias(&self, prefix: &str, n: u64) -> Result<NormWeights, ModelError> {
+        Ok(NormWeights {
+            w: self.get(&format!("{prefix}.weight"), &[n])?,
+            b: Some(self.get(&format!("{prefix}.bias"), &[n])?),
+        })
+    }
+
+    /// `{prefix}.bias` `[n]`, if present.
+    pub fn bias(&self, prefix: &str, n: u64) -> Result<Option<WeightRef>, ModelError> {
+        self.optional(&format!("{prefix}.bias"), &[n])
+    }
+
     /// Layer `il`'s attention projections: fused `attn_qkv` if the file has it, else
-    /// `attn_q`/`attn_k`/`attn_v`; then `attn_output` (llama.cpp's `create_tensor_qkv`).
+    /// `attn_q`/`attn_k`/`attn_v`, each with its optional bias and scale (llama.cpp's
+    /// `create_tensor_qkv`); then `attn_output` with its optional scale and no bias (an
+    /// architecture whose graph adds one sets it).
     pub fn attention(&self, hp: &HParams, il: usize) -> Result<AttnWeights, ModelError> {
         let n_embd = hp.n_embd as u64;
         let n_q = hp.n_embd_q(il) as u64;
@@ -142,11 +194,15 @@ impl<'a> TensorLoader<'a> {
         };
         Ok(AttnWeights {
             qkv,
-            wo: self.linear(&blk(il, "attn_output"), n_v_out, n_embd)?,
+            wo: self
+                .linear(&blk(il, "attn_output"), n_v_out, n_embd)?
+                .no_bias(),
         })
     }
 
-    /// Layer `il`'s feed-forward network of width `n_ff`, with a gate matrix when `gated`.
+    /// Layer `il`'s feed-forward network of width `n_ff`, with a gate matrix when `gated`;
+    /// each matrix with its optional bias and scale (an architecture whose graph applies
+    /// neither takes [`FfnWeights::plain`]).
     pub fn ffn(
         &self,
         hp: &HParams,
@@ -177,12 +233,13 @@ impl<'a> TensorLoader<'a> {
         self.get("token_embd.weight", &[hp.n_embd as u64, hp.n_vocab as u64])
     }
 
-    /// The LM head: `output.weight` (with its optional bias and scale), else the token
-    /// embeddings (tied).
+    /// The LM head: `output.weight` with its optional scale (no bias: an architecture whose
+    /// graph adds one sets it), else the token embeddings (tied).
     pub fn lm_head(&self, hp: &HParams, tok_embd: WeightRef) -> Result<Linear, ModelError> {
         let (n_embd, n_vocab) = (hp.n_embd as u64, hp.n_vocab as u64);
         Ok(self
             .optional_linear("output", n_embd, n_vocab)?
+            .map(Linear::no_bias)
             .unwrap_or(Linear {
                 w: tok_embd,
                 b: None,

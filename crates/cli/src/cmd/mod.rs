@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod devices;
 pub mod inspect;
+pub mod logits;
 pub mod model_engine;
 pub mod perplexity;
 pub mod pull;
@@ -222,10 +223,7 @@ pub struct Loaded {
 
 /// Resolves `-m`, loads the model onto the CPU and creates a context.
 pub fn load(args: &LoadArgs) -> anyhow::Result<Loaded> {
-    let kv_type = match lamina_core::DType::from_name(&args.cache_type) {
-        Some(t @ (lamina_core::DType::F16 | lamina_core::DType::F32)) => t,
-        _ => anyhow::bail!("--cache-type {:?}: use f16 or f32", args.cache_type),
-    };
+    let kv_type = kv_type(&args.cache_type)?;
     let params = lamina_model::ContextParams {
         n_ctx: args.ctx_size,
         n_ubatch: args.ubatch_size,
@@ -244,6 +242,21 @@ pub fn load_with(
     mut params: lamina_model::ContextParams,
     devices: &DeviceArgs,
 ) -> anyhow::Result<Loaded> {
+    let (model, path) = load_model(name_or_path, threads, devices)?;
+    let tokenizer = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
+        .with_context(|| format!("cannot load the vocabulary of {}", path.display()))?;
+    params.pipeline_parallel = !devices.no_pipeline;
+    let context = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
+    Ok(Loaded { context, tokenizer })
+}
+
+/// Resolves `name_or_path` and loads the model (without its tokenizer) onto the CPU devices
+/// (`LAMINA_CPU_DEVICES`, `threads` threads in all) as `devices` places it.
+pub fn load_model(
+    name_or_path: &str,
+    threads: Option<usize>,
+    devices: &DeviceArgs,
+) -> anyhow::Result<(lamina_model::Model, PathBuf)> {
     use std::sync::Arc;
     let path = resolve_model(name_or_path)?;
     let mut config = lamina_cpu::CpuConfig::from_env()?;
@@ -258,13 +271,17 @@ pub fn load_with(
         .map(|d| d.clone() as Arc<dyn lamina_backend::Device>)
         .collect();
     let placement = devices.placement(&available)?;
-    params.pipeline_parallel = !devices.no_pipeline;
     let model = lamina_model::Model::load_placed(&path, &placement)
         .with_context(|| format!("cannot load {}", path.display()))?;
-    let tokenizer = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
-        .with_context(|| format!("cannot load the vocabulary of {}", path.display()))?;
-    let context = lamina_model::Context::new(Arc::new(model), params)?;
-    Ok(Loaded { context, tokenizer })
+    Ok((model, path))
+}
+
+/// The KV cache type `--cache-type` names.
+pub fn kv_type(name: &str) -> anyhow::Result<lamina_core::DType> {
+    match lamina_core::DType::from_name(name) {
+        Some(t @ (lamina_core::DType::F16 | lamina_core::DType::F32)) => Ok(t),
+        _ => anyhow::bail!("--cache-type {name:?}: use f16 or f32"),
+    }
 }
 
 /// Turns token pieces (bytes that may split a UTF-8 character) into printable text. Its

@@ -73,7 +73,8 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
                 attn_k_norm: t.norm(&blk(il, "attn_k_norm"), head_k)?,
                 attn_post_norm: t.norm(&blk(il, "post_attention_norm"), n_embd)?,
                 ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
-                ffn: t.ffn(&hp, il, hp.n_ff[il], true)?,
+                // llama.cpp's gemma3 graph applies no FFN biases or scales.
+                ffn: t.ffn(&hp, il, hp.n_ff[il], true)?.plain(),
                 ffn_post_norm: t.norm(&blk(il, "post_ffw_norm"), n_embd)?,
             })
         })

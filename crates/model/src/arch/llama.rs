@@ -34,24 +34,18 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let r = MetaReader::new(gguf, "llama");
     let mut hp = HParams::read_common(&r, RopeType::Normal)?;
     hp.norm_rms_eps = r.require_f32("attention.layer_norm_rms_epsilon")?;
-    if hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k != hp.n_embd_head_v {
-        return Err(r.bad(
-            "rope.dimension_count",
-            format!(
-                "llama rotates whole heads: {} rotated of {} (K) and {} (V)",
-                hp.n_rot, hp.n_embd_head_k, hp.n_embd_head_v
-            ),
-        ));
-    }
+    super::require_whole_head_rope(&r, &hp)?;
 
     let t = TensorLoader::new(gguf);
     let n_embd = hp.n_embd as u64;
     let tok_embd = t.token_embd(&hp)?;
     let layers = (0..hp.n_layer as usize)
         .map(|il| {
+            let mut attn = t.attention(&hp, il)?;
+            attn.wo.b = t.bias(&blk(il, "attn_output"), n_embd)?;
             Ok(Layer {
                 attn_norm: t.norm(&blk(il, "attn_norm"), n_embd)?,
-                attn: t.attention(&hp, il)?,
+                attn,
                 ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
                 ffn: t.ffn(&hp, il, hp.n_ff[il], true)?,
             })

@@ -7,13 +7,17 @@
 mod gemma3;
 pub mod inputs;
 mod llama;
+mod phi2;
+mod phi3;
+mod qwen2;
+mod qwen3;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use lamina_backend::DeviceHint;
 use lamina_core::DType;
-use lamina_core::graph::{BufferMemory, Graph, RopeMode, RopeParams, TensorId};
+use lamina_core::graph::{BufferMemory, GluOp, Graph, RopeMode, RopeParams, TensorId};
 use lamina_core::tensor::TensorFlags;
 use lamina_gguf::Gguf;
 
@@ -38,6 +42,22 @@ pub const ARCHITECTURES: &[ArchEntry] = &[
     ArchEntry {
         name: "gemma3",
         load: gemma3::load,
+    },
+    ArchEntry {
+        name: "qwen2",
+        load: qwen2::load,
+    },
+    ArchEntry {
+        name: "qwen3",
+        load: qwen3::load,
+    },
+    ArchEntry {
+        name: "phi2",
+        load: phi2::load,
+    },
+    ArchEntry {
+        name: "phi3",
+        load: phi3::load,
     },
 ];
 
@@ -64,6 +84,23 @@ pub fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
             supported: supported(),
         })?;
     (entry.load)(gguf)
+}
+
+/// llama.cpp's check for graphs that rotate whole heads and use one head size for K and V.
+pub(crate) fn require_whole_head_rope(
+    r: &crate::hparams::MetaReader<'_>,
+    hp: &HParams,
+) -> Result<(), ModelError> {
+    if hp.n_rot != hp.n_embd_head_k || hp.n_embd_head_k != hp.n_embd_head_v {
+        return Err(r.bad(
+            "rope.dimension_count",
+            format!(
+                "{} rotates whole heads: {} rotated of {} (K) and {} (V)",
+                hp.arch, hp.n_rot, hp.n_embd_head_k, hp.n_embd_head_v
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A loaded architecture: its hyperparameters and weights, and how to build its graph.
@@ -136,6 +173,9 @@ pub enum NormKind {
 pub enum FfnAct {
     Silu,
     Gelu,
+    /// `silu(first half) * second half` of one `up` product twice the width (llama.cpp's
+    /// `LLM_FFN_SWIGLU`, phi3's fused gate and up).
+    SwiGluFused,
 }
 
 /// How a layer attends, besides its Q, K and V.
@@ -460,13 +500,14 @@ impl<'a> Builder<'a> {
             Some(gate) => {
                 let gate = self.linear_ffn(x, gate)?;
                 match act {
-                    FfnAct::Silu => self.g.swiglu_split(gate, up)?,
+                    FfnAct::Silu | FfnAct::SwiGluFused => self.g.swiglu_split(gate, up)?,
                     FfnAct::Gelu => self.g.geglu_split(gate, up)?,
                 }
             }
             None => match act {
                 FfnAct::Silu => self.g.silu(up)?,
                 FfnAct::Gelu => self.g.gelu(up)?,
+                FfnAct::SwiGluFused => self.g.glu(GluOp::SwiGlu, up, false)?,
             },
         };
         self.linear_ffn(h, &fw.down)

@@ -1,0 +1,111 @@
+//! Phi-3 / 3.5, after llama.cpp's `llama_model_phi3`: RMS norms, NeoX RoPE with the long or
+//! short frequency factors (long when the context is longer than the training one), Q scaled
+//! before attention, and an FFN whose `up` holds gate and up (fused SwiGLU). llama.cpp runs it
+//! without sliding windows.
+
+use lamina_core::graph::TensorId;
+use lamina_gguf::Gguf;
+
+use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
+use crate::hparams::{MetaReader, RopeType};
+use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
+use crate::{HParams, ModelError};
+
+#[derive(Debug)]
+struct Phi3 {
+    hp: HParams,
+    tok_embd: WeightRef,
+    output_norm: NormWeights,
+    lm_head: Linear,
+    rope_long: Option<WeightRef>,
+    rope_short: Option<WeightRef>,
+    layers: Vec<Layer>,
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: NormWeights,
+    attn: AttnWeights,
+    ffn_norm: NormWeights,
+    ffn: FfnWeights,
+}
+
+pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
+    let r = MetaReader::new(gguf, "phi3");
+    let mut hp = HParams::read_common(&r, RopeType::Neox)?;
+    hp.norm_rms_eps = r.require_f32("attention.layer_norm_rms_epsilon")?;
+    if hp.n_embd_head_k != hp.n_embd_head_v {
+        return Err(r.bad(
+            "attention.value_length",
+            "phi3 needs one head size for K and V".into(),
+        ));
+    }
+    let t = TensorLoader::new(gguf);
+    let n_embd = hp.n_embd as u64;
+    let tok_embd = t.token_embd(&hp)?;
+    let n_factors = [hp.n_rot as u64 / 2];
+    let layers = (0..hp.n_layer as usize)
+        .map(|il| {
+            let n_ff = hp.n_ff[il];
+            // `ffn_up` is gate and up side by side; no FFN biases or scales in the graph.
+            let up = t.linear(&blk(il, "ffn_up"), n_embd, 2 * n_ff as u64)?;
+            let down = t.linear(&blk(il, "ffn_down"), n_ff as u64, n_embd)?;
+            Ok(Layer {
+                attn_norm: t.norm(&blk(il, "attn_norm"), n_embd)?,
+                attn: t.attention(&hp, il)?,
+                ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
+                ffn: FfnWeights {
+                    up,
+                    gate: None,
+                    down,
+                }
+                .plain(),
+            })
+        })
+        .collect::<Result<_, ModelError>>()?;
+    Ok(Box::new(Phi3 {
+        tok_embd,
+        output_norm: t.norm("output_norm", n_embd)?,
+        lm_head: t.lm_head(&hp, tok_embd)?,
+        rope_long: t.optional("rope_factors_long.weight", &n_factors)?,
+        rope_short: t.optional("rope_factors_short.weight", &n_factors)?,
+        layers,
+        hp,
+    }))
+}
+
+impl Architecture for Phi3 {
+    fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
+        let q_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
+        // llama.cpp's `get_rope_factors`: long factors for contexts past the training one.
+        let factors = if b.ctx.kv.size() > self.hp.n_ctx_orig as usize {
+            self.rope_long
+        } else {
+            self.rope_short
+        };
+        let mut inp = b.embeddings(self.tok_embd)?;
+        for (il, lw) in self.layers.iter().enumerate() {
+            b.begin_layer(il);
+            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
+            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
+            let q = b.rope(q, il, factors)?;
+            let k = b.rope(k, il, factors)?;
+            let q = b.g.scale(q, q_scale)?;
+            let params = AttnParams { kq_scale: 1.0 };
+            let mut cur = b.attention(il, q, k, v, params, &lw.attn.wo)?;
+            if b.is_last_layer(il) {
+                cur = b.select_outputs(cur)?;
+                inp = b.select_outputs(inp)?;
+            }
+            let residual = b.g.add(cur, inp)?;
+            let cur = b.norm(residual, &lw.ffn_norm, NormKind::Rms)?;
+            let cur = b.ffn(cur, &lw.ffn, FfnAct::SwiGluFused)?;
+            inp = b.g.add(residual, cur)?;
+        }
+        b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+    }
+}
