@@ -91,8 +91,11 @@ impl HParams {
         let n_head_kv = r
             .per_layer("attention.head_count_kv", n_layer)?
             .unwrap_or_else(|| n_head.clone());
+        if let Some(il) = n_head.iter().position(|&h| h == 0) {
+            return Err(r.bad("attention.head_count", format!("layer {il} has no heads")));
+        }
         for (il, (&h, &hkv)) in n_head.iter().zip(&n_head_kv).enumerate() {
-            if h == 0 || hkv == 0 || h % hkv != 0 {
+            if hkv == 0 || h % hkv != 0 {
                 return Err(r.bad(
                     "attention.head_count_kv",
                     format!("layer {il}: {h} heads cannot share {hkv} key/value heads"),

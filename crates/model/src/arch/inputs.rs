@@ -162,3 +162,29 @@ impl InputFill for OutIds {
         write(0, put_i32s(scratch, wanted.chain(last).map(|i| i as i32)))
     }
 }
+
+/// `[1, 1, n_tokens]` f32 attention temperature per token (llama 4 / mistral3's
+/// `inp_attn_scale`): `log(floor((pos + offset) / floor_scale) + 1) * scale + 1`.
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub floor_scale: u32,
+    pub offset: f32,
+}
+
+impl InputFill for AttnTemperature {
+    fn fill(
+        &self,
+        src: &InputSource<'_>,
+        scratch: &mut Vec<u8>,
+        write: &mut InputWriter<'_>,
+    ) -> Result<(), ModelError> {
+        scratch.clear();
+        for t in src.ubatch {
+            // As llama.cpp computes it: the floor in f32, the rest in double.
+            let steps = ((t.pos as f32 + self.offset) / self.floor_scale as f32).floor();
+            let v = ((f64::from(steps) + 1.0).ln() * f64::from(self.scale) + 1.0) as f32;
+            scratch.extend_from_slice(&v.to_le_bytes());
+        }
+        write(0, scratch)
+    }
+}

@@ -1,7 +1,7 @@
 //! Llama 2/3, Mistral, SmolLM2 and other llama-shaped models, after llama.cpp's
 //! `llama_model_llama`: RMS norms, RoPE on Q and K (with llama 3's frequency factors when the
 //! file has them), attention over the KV cache, a SwiGLU feed-forward network, residual adds,
-//! tied or separate LM head.
+//! tied or separate LM head. `mistral3` is this graph too, with an attention temperature.
 
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
@@ -12,8 +12,10 @@ use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader,
 use crate::{HParams, ModelError};
 
 #[derive(Debug)]
-struct Llama {
+pub(super) struct Llama {
     hp: HParams,
+    /// Q is multiplied by a per-position temperature (mistral3): `(scale, floor_scale)`.
+    pub(super) attn_temperature: Option<(f32, u32)>,
     tok_embd: WeightRef,
     output_norm: NormWeights,
     lm_head: Linear,
@@ -31,10 +33,14 @@ struct Layer {
 }
 
 pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
-    let r = MetaReader::new(gguf, "llama");
-    let mut hp = HParams::read_common(&r, RopeType::Normal)?;
+    Ok(Box::new(load_as(&MetaReader::new(gguf, "llama"), gguf)?))
+}
+
+/// Loads a llama-shaped model whose keys are under `r.arch`.
+pub(super) fn load_as(r: &MetaReader<'_>, gguf: &Gguf) -> Result<Llama, ModelError> {
+    let mut hp = HParams::read_common(r, RopeType::Normal)?;
     hp.norm_rms_eps = r.require_f32("attention.layer_norm_rms_epsilon")?;
-    super::require_whole_head_rope(&r, &hp)?;
+    super::require_whole_head_rope(r, &hp)?;
 
     let t = TensorLoader::new(gguf);
     let n_embd = hp.n_embd as u64;
@@ -51,14 +57,15 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
             })
         })
         .collect::<Result<_, ModelError>>()?;
-    Ok(Box::new(Llama {
+    Ok(Llama {
+        attn_temperature: None,
         tok_embd,
         output_norm: t.norm("output_norm", n_embd)?,
         lm_head: t.lm_head(&hp, tok_embd)?,
         rope_freqs: t.optional("rope_freqs.weight", &[hp.n_rot as u64 / 2])?,
         layers,
         hp,
-    }))
+    })
 }
 
 impl Architecture for Llama {
@@ -75,6 +82,13 @@ impl Architecture for Llama {
             let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
             let q = b.rope(q, il, self.rope_freqs)?;
             let k = b.rope(k, il, self.rope_freqs)?;
+            let q = match self.attn_temperature {
+                Some((scale, floor_scale)) => {
+                    let temp = b.inp_attn_temperature(scale, floor_scale)?;
+                    b.g.mul(q, temp)?
+                }
+                None => q,
+            };
             let mut cur = b.attention(il, q, k, v, AttnParams { kq_scale }, &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;

@@ -7,10 +7,13 @@
 mod gemma3;
 pub mod inputs;
 mod llama;
+mod mistral3;
+mod olmo2;
 mod phi2;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod starcoder2;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +61,18 @@ pub const ARCHITECTURES: &[ArchEntry] = &[
     ArchEntry {
         name: "phi3",
         load: phi3::load,
+    },
+    ArchEntry {
+        name: "mistral3",
+        load: mistral3::load,
+    },
+    ArchEntry {
+        name: "olmo2",
+        load: olmo2::load,
+    },
+    ArchEntry {
+        name: "starcoder2",
+        load: starcoder2::load,
     },
 ];
 
@@ -196,6 +211,7 @@ struct InputIds {
     /// Per V width.
     v_idxs: Vec<(usize, TensorId)>,
     out_ids: Option<TensorId>,
+    attn_temperature: Option<TensorId>,
 }
 
 /// Graph under construction, with the blocks architectures are made of.
@@ -364,6 +380,27 @@ impl<'a> Builder<'a> {
         Ok(id)
     }
 
+    /// `[1, 1, n_tokens]` f32 per-token attention temperature (see
+    /// [`inputs::AttnTemperature`]).
+    pub fn inp_attn_temperature(
+        &mut self,
+        scale: f32,
+        floor_scale: u32,
+    ) -> Result<TensorId, ModelError> {
+        if let Some(id) = self.input_ids.attn_temperature {
+            return Ok(id);
+        }
+        let ne = [1, 1, self.shape.n_tokens];
+        let fill = inputs::AttnTemperature {
+            scale,
+            floor_scale,
+            offset: 0.0,
+        };
+        let id = self.add_input(DType::F32, &ne, "inp_attn_scale", Box::new(fill))?;
+        self.input_ids.attn_temperature = Some(id);
+        Ok(id)
+    }
+
     // ---- blocks ----
 
     /// The weight as a graph leaf bound to the model's memory.
@@ -487,6 +524,40 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// Layer `il`'s Q, K and V projections of `x` as matrices `[width, n_tokens]`, contiguous
+    /// (llama.cpp's `build_qkv` with `reshape = false`), for graphs that norm them whole.
+    pub fn qkv_flat(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        aw: &AttnWeights,
+    ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
+        let hp = self.hp();
+        let n_tokens = self.shape.n_tokens;
+        match &aw.qkv {
+            Qkv::Separate { q, k, v } => {
+                Ok((self.linear(x, q)?, self.linear(x, k)?, self.linear(x, v)?))
+            }
+            Qkv::Fused(l) => {
+                let qkv = self.linear(x, l)?;
+                let row = self.g.tensor(qkv).nb()[1];
+                let n_q = hp.n_embd_q(il) as usize;
+                let n_k = hp.n_embd_k_gqa(il) as usize;
+                let n_v = hp.n_embd_v_gqa(il) as usize;
+                let q = self.g.view_2d(qkv, n_q, n_tokens, row, 0)?;
+                let k = self.g.view_2d(qkv, n_k, n_tokens, row, 4 * n_q)?;
+                let v = self.g.view_2d(qkv, n_v, n_tokens, row, 4 * (n_q + n_k))?;
+                Ok((self.g.cont(q)?, self.g.cont(k)?, self.g.cont(v)?))
+            }
+        }
+    }
+
+    /// `[width, n_tokens]` as `[head_dim, width / head_dim, n_tokens]`.
+    pub fn heads(&mut self, x: TensorId, head_dim: usize) -> Result<TensorId, ModelError> {
+        let ne = self.g.tensor(x).ne();
+        Ok(self.g.reshape(x, &[head_dim, ne[0] / head_dim, ne[1]])?)
+    }
+
     /// The feed-forward network (llama.cpp's `build_ffn`): with a gate, the parallel gated form
     /// `down(act(gate(x)) * up(x))`; without, `down(act(up(x)))`.
     pub fn ffn(
@@ -520,16 +591,27 @@ impl<'a> Builder<'a> {
         Ok(self.g.get_rows(tok_embd, tokens)?)
     }
 
-    /// RoPE for layer `il` on `x` (`[head_dim, n_head, n_tokens]`), with optional per-pair
-    /// frequency factors.
+    /// RoPE for layer `il` on `x` (`[head_dim, n_head, n_tokens]`) with the layer's base and
+    /// scale, and optional per-pair frequency factors.
     pub fn rope(
         &mut self,
         x: TensorId,
         il: usize,
         factors: Option<WeightRef>,
     ) -> Result<TensorId, ModelError> {
+        let (freq_base, freq_scale) = self.hp().rope_freq(il);
+        self.rope_with(x, factors, freq_base, freq_scale)
+    }
+
+    /// RoPE on `x` with the given base and scale.
+    pub fn rope_with(
+        &mut self,
+        x: TensorId,
+        factors: Option<WeightRef>,
+        freq_base: f32,
+        freq_scale: f32,
+    ) -> Result<TensorId, ModelError> {
         let hp = self.hp();
-        let (freq_base, freq_scale) = hp.rope_freq(il);
         let mode = match hp.rope_type {
             RopeType::Normal => RopeMode::Normal,
             RopeType::Neox => RopeMode::Neox,
