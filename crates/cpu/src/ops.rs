@@ -4,10 +4,11 @@
 //! per-type dot kernels of `mul_mat` are the plug-in point for SIMD.
 
 use lamina_core::DType;
-use lamina_core::graph::{GluOp, Op, RopeMode, RopeParams, UnaryOp};
+use lamina_core::graph::{GluOp, Op, RopeMode, RopeParams, SortOrder, UnaryOp};
 
 use crate::exec::{ErrorSlot, NodePlan, TView, Work, split, unravel_row};
 use crate::kernels;
+use crate::kernels::act::elem;
 use crate::pool::WorkerCtx;
 use crate::quant;
 
@@ -41,6 +42,20 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
     }
 }
 
+/// Byte offset of the per-thread scratch slot `slot` (0 or 1) of `max_ne0` 4-byte values,
+/// for nodes other than mul_mat.
+fn scratch_off(ctx: &WorkerCtx<'_>, node: &NodePlan, slot: usize) -> usize {
+    let max_ne0 = node
+        .src
+        .iter()
+        .flatten()
+        .map(|s| s.l.ne[0])
+        .max()
+        .unwrap_or(0)
+        .max(node.dst.l.ne[0]);
+    (ctx.ith * 2 + slot) * max_ne0 * 4
+}
+
 /// Per-thread f32 scratch of `n` values (`slot` 0 or 1), for nodes other than mul_mat.
 ///
 /// # Safety
@@ -52,17 +67,23 @@ unsafe fn scratch<'a>(
     slot: usize,
     n: usize,
 ) -> &'a mut [f32] {
-    let max_ne0 = node
-        .src
-        .iter()
-        .flatten()
-        .map(|s| s.l.ne[0])
-        .max()
-        .unwrap_or(0)
-        .max(node.dst.l.ne[0]);
-    let off = (ctx.ith * 2 + slot) * max_ne0 * 4;
     // SAFETY: per-thread disjoint region inside `work_size`.
-    unsafe { work.f32s(off, n) }
+    unsafe { work.f32s(scratch_off(ctx, node, slot), n) }
+}
+
+/// [`scratch`] as i32 values.
+///
+/// # Safety
+/// As [`scratch`].
+unsafe fn scratch_i32<'a>(
+    work: Work,
+    ctx: &WorkerCtx<'_>,
+    node: &NodePlan,
+    slot: usize,
+    n: usize,
+) -> &'a mut [i32] {
+    // SAFETY: per-thread disjoint region inside `work_size`.
+    unsafe { work.i32s(scratch_off(ctx, node, slot), n) }
 }
 
 /// Source row `(i1, i2, i3)` as f32: borrowed when packed f32, else gathered into `buf`.
@@ -111,7 +132,25 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
     match node.op {
         Op::GetRows => get_rows(node, a, ctx, err),
         Op::MulMat => mul_mat(node, a, ctx, work, err),
-        Op::Add | Op::Mul => binary(node, a, ctx, work),
+        Op::Add | Op::Mul | Op::Div => binary(node, a, ctx, work),
+        Op::AddId => add_id(node, a, ctx, work, err),
+        Op::SumRows => sum_rows(node, a, ctx, work),
+        Op::Repeat => repeat(node, a, ctx),
+        Op::Fill { value } => {
+            let d = node.dst;
+            for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+                let (i1, i2, i3) = unravel_row(r, d.l.ne);
+                // SAFETY: dst row r is this thread's (rows are split across threads).
+                unsafe { d.row_f32_mut(i1, i2, i3).fill(value) };
+            }
+        }
+        Op::Clamp { min, max } => map_rows(node, a, ctx, work, |x, y| {
+            for (o, &v) in y.iter_mut().zip(x) {
+                *o = elem::clamp(v, min, max);
+            }
+        }),
+        Op::ArgSort(order) => argsort(node, a, order, ctx, work),
+        Op::TopK => top_k(node, a, ctx, work),
         Op::Scale { scale, bias } => map_rows(node, a, ctx, work, |x, y| {
             for (o, v) in y.iter_mut().zip(x) {
                 *o = v * scale + bias;
@@ -134,7 +173,30 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         }),
         Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, kernels::silu_row),
         Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, kernels::gelu_row),
-        Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
+        Op::Unary(op) => {
+            let f: fn(f32) -> f32 = match op {
+                UnaryOp::Sigmoid => elem::sigmoid,
+                UnaryOp::Softplus => elem::softplus,
+                UnaryOp::Tanh => elem::tanh,
+                UnaryOp::Relu => elem::relu,
+                UnaryOp::Sqr => elem::sqr,
+                UnaryOp::Sqrt => elem::sqrt,
+                UnaryOp::Exp => elem::exp,
+                UnaryOp::GeluErf => elem::gelu_erf,
+                UnaryOp::Silu | UnaryOp::Gelu => unreachable!("matched above"),
+            };
+            map_rows(node, a, ctx, work, |x, y| {
+                for (o, &v) in y.iter_mut().zip(x) {
+                    *o = f(v);
+                }
+            })
+        }
+        Op::Glu {
+            op,
+            swapped,
+            alpha,
+            limit,
+        } => glu(node, a, (op, swapped, alpha, limit), ctx, work),
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
         Op::Attention { scale } => attention(node, scale, ctx, work, err),
@@ -170,7 +232,7 @@ fn map_rows(
 fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
     let Some(b) = node.src[1] else { return };
     let d = node.dst;
-    let add = matches!(node.op, Op::Add);
+    let op = node.op;
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         // SAFETY: as in `map_rows`; scratch slots 0 and 1 are this thread's.
@@ -187,10 +249,10 @@ fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
             // `y` repeats along the row (ggml_can_repeat); chunks of its length keep the
             // inner loop free of index arithmetic so it vectorises.
             for (oc, xc) in o.chunks_mut(y.len().max(1)).zip(x.chunks(y.len().max(1))) {
-                if add {
-                    binary_chunk(oc, xc, y, |a, b| a + b);
-                } else {
-                    binary_chunk(oc, xc, y, |a, b| a * b);
+                match op {
+                    Op::Add => binary_chunk(oc, xc, y, |a, b| a + b),
+                    Op::Mul => binary_chunk(oc, xc, y, |a, b| a * b),
+                    _ => binary_chunk(oc, xc, y, |a, b| a / b),
                 }
             }
         }
@@ -204,13 +266,31 @@ fn binary_chunk(o: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32
     }
 }
 
-fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>, work: Work) {
+fn glu(
+    node: &NodePlan,
+    a: TView,
+    (op, swapped, alpha, limit): (GluOp, bool, f32, f32),
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+) {
     let d = node.dst;
     let n = d.l.ne[0];
-    // ggml_vec_swiglu_f32 / ggml_vec_geglu_f32 (f16 GELU table).
-    let act = |g: &[f32], u: &[f32], o: &mut [f32]| match op {
-        GluOp::SwiGlu => kernels::swiglu_row(g, u, o),
-        GluOp::GeGlu => kernels::geglu_row(g, u, o),
+    // ggml_vec_swiglu_f32 / ggml_vec_geglu_f32 (f16 GELU table) / the scalar loops of
+    // ggml_compute_forward_{reglu,geglu_erf,swiglu_oai,swiglu_clamp}_f32.
+    let act = |g: &[f32], u: &[f32], o: &mut [f32]| {
+        let each = |o: &mut [f32], f: &dyn Fn(f32, f32) -> f32| {
+            for ((o, &x), &y) in o.iter_mut().zip(g).zip(u) {
+                *o = f(x, y);
+            }
+        };
+        match op {
+            GluOp::SwiGlu => kernels::swiglu_row(g, u, o),
+            GluOp::GeGlu => kernels::geglu_row(g, u, o),
+            GluOp::ReGlu => each(o, &elem::reglu),
+            GluOp::GeGluErf => each(o, &elem::geglu_erf),
+            GluOp::SwiGluOai => each(o, &|x, y| elem::swiglu_oai(x, y, alpha, limit)),
+            GluOp::SwiGluClamp => each(o, &|x, y| elem::swiglu_clamp(x, y, limit)),
+        }
     };
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
@@ -236,6 +316,117 @@ fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>,
     }
 }
 
+/// ggml_compute_forward_add_id_f32: `dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`.
+fn add_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let (Some(b), Some(ids)) = (node.src[1], node.src[2]) else {
+        return;
+    };
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's; sources are read-only; the id element is in
+        // range (ids is [a.ne1, a.ne2], checked when the graph was built) and the b row is
+        // read only after the bounds check; scratch slot 0 is this thread's.
+        unsafe {
+            let id = ids.index([i1, i2, 0, 0]);
+            let o = d.row_f32_mut(i1, i2, i3);
+            if id < 0 || id as usize >= b.l.ne[1] {
+                err.set(|| {
+                    format!(
+                        "ADD_ID {}: row index {id} outside 0..{}",
+                        node.id, b.l.ne[1]
+                    )
+                });
+                o.fill(0.0);
+                continue;
+            }
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let y = b.row_f32(id as usize, 0, 0);
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *o = x + y;
+            }
+        }
+    }
+}
+
+/// ggml_compute_forward_sum_rows_f32: `ggml_vec_sum_f32`, an f64 sum in order.
+fn sum_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst element r is this thread's; the source is read-only; scratch slot 0 is
+        // this thread's.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let mut sum = 0f64;
+            for &v in x {
+                sum += f64::from(v);
+            }
+            d.set([0, i1, i2, i3], sum as f32);
+        }
+    }
+}
+
+/// ggml_compute_forward_repeat: element copies (bit-exact), `src[0]` tiled over `dst`.
+fn repeat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>) {
+    let d = node.dst;
+    let ne = a.l.ne;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        let (j1, j2, j3) = (i1 % ne[1], i2 % ne[2], i3 % ne[3]);
+        for i0 in 0..d.l.ne[0] {
+            // SAFETY: dst row r is this thread's; the source is read-only; both indices are
+            // in range.
+            unsafe { d.copy_elem([i0, i1, i2, i3], &a, [i0 % ne[0], j1, j2, j3]) };
+        }
+    }
+}
+
+/// ggml_compute_forward_argsort_f32: `std::sort` of the row's indices by value.
+fn argsort(node: &NodePlan, a: TView, order: SortOrder, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's (i32, contiguous); the source is read-only;
+        // scratch slot 0 is this thread's.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let idx = d.row_i32_mut(i1, i2, i3);
+            for (j, v) in idx.iter_mut().enumerate() {
+                *v = j as i32;
+            }
+            kernels::sort::sort_indices(idx, x, order == SortOrder::Desc);
+        }
+    }
+}
+
+/// ggml_compute_forward_top_k_f32: `std::partial_sort` of the row's indices, the first `k`
+/// copied out, then the first two swapped ("the order is not important").
+fn top_k(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    let k = d.l.ne[0];
+    let n = a.l.ne[0];
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's (i32, contiguous); the source is read-only;
+        // scratch slots 0 and 1 are this thread's (slot 1 holds `n` i32 values: slots are
+        // `max_ne0` 4-byte values each).
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, n));
+            let tmp = scratch_i32(work, ctx, node, 1, n);
+            for (j, v) in tmp.iter_mut().enumerate() {
+                *v = j as i32;
+            }
+            kernels::sort::partial_sort_desc(tmp, k, x);
+            let o = d.row_i32_mut(i1, i2, i3);
+            o.copy_from_slice(&tmp[..k]);
+            if k > 1 {
+                o.swap(0, 1);
+            }
+        }
+    }
+}
+
 fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
     let Some(b) = node.src[1] else { return };
     let d = node.dst;
@@ -245,7 +436,6 @@ fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
         // by this thread; `a` rows are read only after the bounds check.
         unsafe {
             let idx = b.index([i10, i11, i12, 0]);
-            let o = d.row_f32_mut(i10, i11, i12);
             if idx < 0 || idx as usize >= a.l.ne[1] {
                 err.set(|| {
                     format!(
@@ -253,10 +443,16 @@ fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
                         node.id, a.l.ne[1]
                     )
                 });
-                o.fill(0.0);
+                d.row_mut(i10, i11, i12).fill(0);
                 continue;
             }
             let row = a.row(idx as usize, i11, i12 % a.l.ne[3]);
+            if d.l.dtype == DType::I32 {
+                // i32 rows are copied as they are.
+                d.row_mut(i10, i11, i12).copy_from_slice(row);
+                continue;
+            }
+            let o = d.row_f32_mut(i10, i11, i12);
             if let Err(e) = quant::dequantize_row(a.l.dtype, row, o) {
                 err.set(|| format!("GET_ROWS {}: {e}", node.id));
             }
@@ -845,9 +1041,13 @@ pub(crate) fn alibi_slope(max_bias: f32, h: usize, n_head: usize) -> f32 {
 fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCtx<'_>, work: Work) {
     let d = node.dst;
     let mask = node.src[1];
+    let sinks = node.src[2];
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         let slope = alibi_slope(max_bias, i2, d.l.ne[2]);
+        // SAFETY: sinks has one value per dim-2 index (checked when the graph was built) and
+        // is read-only during the node.
+        let sink = sinks.map(|s| unsafe { s.get([i2, 0, 0, 0]) });
         // SAFETY: dst row r owned by this thread; sources read-only; scratch slots are this
         // thread's; the mask row index is in range (mask.ne1 >= ne1, broadcast by modulo).
         unsafe {
@@ -873,7 +1073,7 @@ fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCt
                 &*buf
             });
             // ggml_compute_forward_soft_max_f32's arithmetic.
-            kernels::softmax_row(x, scale, mrow, slope, y);
+            kernels::softmax_row_sink(x, scale, mrow, slope, sink, y);
         }
     }
 }

@@ -239,15 +239,19 @@ fn row_ops() {
 
 #[test]
 fn glu_ops() {
+    // SwiGluOai and SwiGluClamp take parameters: see ops_moe.rs.
     let act = |op: GluOp, v: f64| match op {
         GluOp::SwiGlu => v / (1.0 + (-v).exp()),
         GluOp::GeGlu => {
             0.5 * v
                 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
         }
+        GluOp::ReGlu => v.max(0.0),
+        GluOp::GeGluErf => 0.5 * v * (1.0 + erf64(v / std::f64::consts::SQRT_2)),
+        GluOp::SwiGluOai | GluOp::SwiGluClamp => unreachable!(),
     };
     for_devices(|dev| {
-        for op in [GluOp::SwiGlu, GluOp::GeGlu] {
+        for op in [GluOp::SwiGlu, GluOp::GeGlu, GluOp::ReGlu, GluOp::GeGluErf] {
             let mut rng = Rng::new(400);
             let mut g = Graph::new();
             let a = rand_leaf(&mut g, &mut rng, DType::F32, &[11, 3, 2]);
@@ -255,6 +259,7 @@ fn glu_ops() {
             let out = match op {
                 GluOp::SwiGlu => g.swiglu_split(a.id, b.id),
                 GluOp::GeGlu => g.geglu_split(a.id, b.id),
+                _ => g.glu_split(op, a.id, b.id),
             }
             .unwrap();
             let got = run(dev, g, &[&a, &b], out);
@@ -265,8 +270,8 @@ fn glu_ops() {
                 .map(|(x, y)| act(op, *x) * y)
                 .collect();
             let limit = match op {
-                GluOp::SwiGlu => EXACT,
                 GluOp::GeGlu => GELU_F16_TABLE,
+                _ => EXACT,
             };
             check(&format!("{op:?} split"), dev, &got, &reference, limit);
             for swapped in [false, true] {

@@ -1,4 +1,4 @@
-//! The conformance harness shared by the op suites (`conformance.rs`, …): host
+//! The conformance harness shared by the op suites (`conformance.rs`, `ops_moe.rs`): host
 //! tensors with their values, a sentinel-guarded run on a device, ggml's normalized-MSE check,
 //! and the device configurations every case runs on (one device with 3 worker threads, and
 //! each of 3 virtual devices).
@@ -228,4 +228,44 @@ pub fn full(ne: &[usize]) -> [usize; 4] {
     let mut f = [1; 4];
     f[..ne.len()].copy_from_slice(ne);
     f
+}
+
+/// `erf(x)` in f64 (Rust has no stable `erf`): the Maclaurin series below 2.5 (terms up to
+/// `e^{x^2}`, so about 13 good digits), the continued fraction of `erfc` above.
+pub fn erf64(x: f64) -> f64 {
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        let mut term = ax;
+        let mut sum = ax;
+        let x2 = ax * ax;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -x2 / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(x) = exp(-x^2)/sqrt(pi) * 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), Lentz.
+        let tiny = 1e-300;
+        let mut f = ax;
+        let mut c = ax;
+        let mut d = 0.0;
+        for k in 1..200 {
+            let a = k as f64 / 2.0;
+            d = ax + a * d;
+            d = if d == 0.0 { tiny } else { 1.0 / d };
+            c = ax + a / c;
+            if c == 0.0 {
+                c = tiny;
+            }
+            let delta = c * d;
+            f *= delta;
+            if (delta - 1.0).abs() < 1e-16 {
+                break;
+            }
+        }
+        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / f
+    };
+    if x < 0.0 { -r } else { r }
 }

@@ -232,10 +232,7 @@ impl<'a> Builder<'a> {
     ) -> Result<TensorId, ModelError> {
         let gate = self.linear(x, lw.ffn_gate, None)?;
         let up = self.linear(x, lw.ffn_up, None)?;
-        let h = match act {
-            GluOp::SwiGlu => self.g.swiglu_split(gate, up)?,
-            GluOp::GeGlu => self.g.geglu_split(gate, up)?,
-        };
+        let h = self.g.glu_split(act, gate, up)?;
         self.linear(h, lw.ffn_down, None)
     }
 
