@@ -176,6 +176,8 @@ pub enum Op {
     Transpose,
     GetRows,
     MulMat,
+    /// Expert products (see [`Graph::mul_mat_id`]): `src` = weights, activations, i32 ids.
+    MulMatId,
     Add,
     Mul,
     Div,
@@ -247,6 +249,7 @@ impl Op {
             Op::Transpose => "TRANSPOSE",
             Op::GetRows => "GET_ROWS",
             Op::MulMat => "MUL_MAT",
+            Op::MulMatId => "MUL_MAT_ID",
             Op::Add => "ADD",
             Op::Mul => "MUL",
             Op::Div => "DIV",
@@ -828,6 +831,56 @@ impl Graph {
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
         let layout = self.mul_mat_layout(a, b)?;
         self.node(layout, Op::MulMat, [Some(a), Some(b), None, None])
+    }
+
+    /// ggml_mul_mat_id, the mixture-of-experts product: `as` is `[K, M, n_expert]` (weights of
+    /// any type `mul_mat` takes, packed rows), `b` is `[K, n_b1, n_tokens]` f32 (any strides;
+    /// `n_b1` is 1, broadcast, or `n_used`), `ids` is i32 `[n_used, n_tokens]` (any strides,
+    /// e.g. a view of [`Graph::argsort_top_k`]). The result is f32 `[M, n_used, n_tokens]`:
+    /// column `(e, t)` is `as[:, :, ids[e, t]] · b[:, e % n_b1, t]`. An id outside
+    /// `0..n_expert` is a compute error (the backend writes no garbage and reports it).
+    pub fn mul_mat_id(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        let lb = self.want_f32("MUL_MAT_ID", b)?;
+        let li = self.check(ids)?.layout;
+        if matches!(
+            la.dtype,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::F64
+        ) {
+            return Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                dtype: la.dtype,
+            });
+        }
+        if li.dtype != DType::I32 {
+            return Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                dtype: li.dtype,
+            });
+        }
+        if la.ne[0] != lb.ne[0]
+            || la.ne[3] != 1
+            || lb.ne[3] != 1
+            || li.ne[2] != 1
+            || li.ne[3] != 1
+            || li.ne[1] != lb.ne[2]
+            || li.ne[0] % lb.ne[1] != 0
+        {
+            return Err(shape_err(
+                "MUL_MAT_ID",
+                format!("{:?} x {:?} with ids {:?}", la.ne, lb.ne, li.ne),
+            ));
+        }
+        if !la.rows_packed() {
+            return Err(shape_err("MUL_MAT_ID", "weight rows must be packed"));
+        }
+        let layout = Layout::contiguous(DType::F32, &[la.ne[1], li.ne[0], lb.ne[2]])?;
+        self.node(layout, Op::MulMatId, [Some(a), Some(b), Some(ids), None])
     }
 
     /// The checked result layout of `mul_mat(a, b)`.
@@ -1699,6 +1752,59 @@ mod tests {
         g.soft_max_add_sinks(sm, sinks).unwrap();
         assert_eq!(g.tensor(sm).src[2], Some(sinks));
         assert!(g.soft_max_add_sinks(sm, sinks).is_err(), "sinks set twice");
+    }
+
+    #[test]
+    fn mul_mat_id_shapes_and_errors() {
+        let mut g = Graph::new();
+        let w = g.new_tensor(DType::Q4_K, &[256, 12, 8]).unwrap();
+        let x = g.new_input(DType::F32, &[256, 1, 5]).unwrap();
+        let logits = g.new_input(DType::F32, &[8, 5]).unwrap();
+        let ids = g.argsort_top_k(logits, 2).unwrap();
+        let y = g.mul_mat_id(w, x, ids).unwrap();
+        assert_eq!(g.layout(y).ne, [12, 2, 5, 1]);
+        assert_eq!(g.tensor(y).src, [Some(w), Some(x), Some(ids), None]);
+        // ids must be i32
+        let fids = g.new_input(DType::F32, &[2, 5]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(w, x, fids),
+            Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                ..
+            })
+        ));
+        // mismatched K, tokens, broadcast and rank
+        let x_k = g.new_input(DType::F32, &[128, 1, 5]).unwrap();
+        let x_t = g.new_input(DType::F32, &[256, 1, 4]).unwrap();
+        let x_b = g.new_input(DType::F32, &[256, 3, 5]).unwrap();
+        let x_4 = g.new_input(DType::F32, &[256, 1, 5, 2]).unwrap();
+        for bad in [x_k, x_t, x_b, x_4] {
+            assert!(matches!(
+                g.mul_mat_id(w, bad, ids),
+                Err(GraphError::Shape { .. })
+            ));
+        }
+        let xq = g.new_input(DType::F16, &[256, 1, 5]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(w, xq, ids),
+            Err(GraphError::Type { .. })
+        ));
+        // activations per used expert
+        let x_u = g.new_input(DType::F32, &[256, 2, 5]).unwrap();
+        let y_u = g.mul_mat_id(w, x_u, ids).unwrap();
+        assert_eq!(g.layout(y_u).ne, [12, 2, 5, 1]);
+        // transposed weights, integer weights
+        let wf = g.new_tensor(DType::F32, &[12, 256, 8]).unwrap();
+        let wt = g.transpose(wf).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(wt, x, ids),
+            Err(GraphError::Shape { .. })
+        ));
+        let wi = g.new_tensor(DType::I32, &[256, 12, 8]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(wi, x, ids),
+            Err(GraphError::Type { .. })
+        ));
     }
 
     #[test]

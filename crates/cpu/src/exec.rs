@@ -287,6 +287,27 @@ impl Work {
         // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut i32, n) }
     }
+
+    /// `n` u32 values at byte offset `off` (a multiple of 4), for reading.
+    ///
+    /// # Safety
+    /// As [`Work::bytes_ref`].
+    pub unsafe fn u32s_ref<'a>(&self, off: usize, n: usize) -> &'a [u32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off) as *const u32, n) }
+    }
+
+    /// `n` u32 values at byte offset `off` (a multiple of 4).
+    ///
+    /// # Safety
+    /// As [`Work::bytes`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn u32s<'a>(&self, off: usize, n: usize) -> &'a mut [u32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut u32, n) }
+    }
 }
 
 /// First error raised by any thread during a run.

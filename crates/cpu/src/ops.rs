@@ -34,6 +34,7 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
             }
             _ => 0,
         },
+        Op::MulMatId => MulMatIdPlan::new(node, nth).map_or(0, |p| p.work_bytes),
         Op::Attention { .. } => match AttentionPlan::new(node) {
             Some(p) => nth * p.scratch_bytes(),
             None => 0,
@@ -132,6 +133,7 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
     match node.op {
         Op::GetRows => get_rows(node, a, ctx, err),
         Op::MulMat => mul_mat(node, a, ctx, work, err),
+        Op::MulMatId => mul_mat_id(node, a, ctx, work, err),
         Op::Add | Op::Mul | Op::Div => binary(node, a, ctx, work),
         Op::AddId => add_id(node, a, ctx, work, err),
         Op::SumRows => sum_rows(node, a, ctx, work),
@@ -744,6 +746,215 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                 unsafe { d.set_run([i0, j0 + j, i12, i13], col) };
             }
             j0 = end;
+        }
+    }
+}
+
+/// Where a `mul_mat_id` node keeps its work, and how it computes each expert's products.
+struct MulMatIdPlan {
+    b: TView,
+    ids: TView,
+    /// The conversion plan (`plan_id` with no rows: every expert converts alike); `None`:
+    /// the reference dots of `lamina_core` (types without an exact kernel).
+    plan: Option<kernels::MatMul>,
+    /// Activation row type of the reference path.
+    vdt: DType,
+    /// Bytes of one converted activation row.
+    brow: usize,
+    /// Per-thread f32 rows (`k` values each) for gathering strided activations.
+    f32_off: usize,
+    /// u32 arrays: rows per expert, first row of each expert (`n_expert + 1`), the experts
+    /// with rows (count first), and the (slot, token) pairs grouped by expert.
+    counts_off: usize,
+    starts_off: usize,
+    active_off: usize,
+    rows_off: usize,
+    work_bytes: usize,
+}
+
+impl MulMatIdPlan {
+    fn new(node: &NodePlan, nth: usize) -> Option<MulMatIdPlan> {
+        let [Some(a), Some(b), Some(ids), _] = node.src else {
+            return None;
+        };
+        let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
+        let plan = kernels::MatMul::plan_id(a.l.dtype, m, n_expert, 0);
+        let vdt = quant::vec_dot_type(a.l.dtype)?;
+        let brow = match plan {
+            Some(p) => p.act_row_bytes(k)?,
+            None => vdt.row_size(k as u64).ok()? as usize,
+        };
+        let n_entries = ids.l.ne[0] * ids.l.ne[1];
+        let f32_off = (b.l.nrows() * brow).next_multiple_of(64);
+        let counts_off = f32_off + (nth * k * 4).next_multiple_of(64);
+        let starts_off = counts_off + 4 * n_expert;
+        let active_off = starts_off + 4 * (n_expert + 1);
+        let rows_off = active_off + 4 * (n_expert + 1);
+        Some(MulMatIdPlan {
+            b,
+            ids,
+            plan,
+            vdt,
+            brow,
+            f32_off,
+            counts_off,
+            starts_off,
+            active_off,
+            rows_off,
+            work_bytes: rows_off + 8 * n_entries,
+        })
+    }
+}
+
+/// `ggml_compute_forward_mul_mat_id`: every activation row converted once (as `mul_mat`
+/// does), the (slot, token) pairs grouped by expert in ggml's order, then each expert's rows
+/// multiplied by its weights with the kernel `MatMul::plan_id` picks for that expert (the
+/// `mul_mat` tile kernels, so each output has ggml's bits), and scattered to their columns.
+/// Tasks are (expert, group of 8 weight rows) pairs, so no two threads write one output and
+/// no barrier separates the experts. An id outside `0..n_expert` is reported as an error and
+/// its column is written as zeros.
+fn mul_mat_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(p) = MulMatIdPlan::new(node, ctx.nth) else {
+        err.set(|| format!("MUL_MAT_ID {}: unsupported operands", node.id));
+        return;
+    };
+    let (b, ids, d) = (p.b, p.ids, node.dst);
+    let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
+    let (n_used, n_tokens, n_b1) = (ids.l.ne[0], ids.l.ne[1], b.l.ne[1]);
+    let brow = p.brow;
+    // Phase 1: activations to the kernel's row format.
+    for r in split(b.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, b.l.ne);
+        // SAFETY: row r of the converted area and this thread's f32 row are written only by
+        // this thread in this phase; `b` is read-only here.
+        unsafe {
+            let x = src_row(&b, i1, i2, i3, work.f32s(p.f32_off + ctx.ith * k * 4, k));
+            let out = work.bytes(r * brow, brow);
+            match p.plan {
+                Some(plan) => plan.convert_act(i1, x, out),
+                None => {
+                    if let Err(e) = quant::quantize_row(p.vdt, x, out) {
+                        err.set(|| format!("MUL_MAT_ID {}: {e}", node.id));
+                    }
+                }
+            }
+        }
+    }
+    if ctx.ith == 0 {
+        // SAFETY: the grouping arrays are written by thread 0 only, before the barrier, and
+        // only read after it; `ids` is read-only; a column with a bad id is written here and
+        // by no task (it is in no expert's list).
+        unsafe {
+            let counts = work.u32s(p.counts_off, n_expert);
+            let starts = work.u32s(p.starts_off, n_expert + 1);
+            let active = work.u32s(p.active_off, n_expert + 1);
+            let rows = work.u32s(p.rows_off, 2 * n_used * n_tokens);
+            counts.fill(0);
+            let id_at = |u: usize, t: usize| {
+                let id = ids.index([u, t, 0, 0]);
+                (0..n_expert as i64).contains(&id).then_some(id as usize)
+            };
+            for t in 0..n_tokens {
+                for u in 0..n_used {
+                    match id_at(u, t) {
+                        Some(e) => counts[e] += 1,
+                        None => {
+                            let id = ids.index([u, t, 0, 0]);
+                            err.set(|| {
+                                format!(
+                                    "MUL_MAT_ID {}: expert id {id} outside 0..{n_expert}",
+                                    node.id
+                                )
+                            });
+                            d.row_f32_mut(u, t, 0).fill(0.0);
+                        }
+                    }
+                }
+            }
+            let mut n_active = 0;
+            starts[0] = 0;
+            for e in 0..n_expert {
+                starts[e + 1] = starts[e] + counts[e];
+                if counts[e] > 0 {
+                    active[1 + n_active] = e as u32;
+                    n_active += 1;
+                }
+                counts[e] = 0;
+            }
+            active[0] = n_active as u32;
+            // Rows in ggml's order: tokens, then slots.
+            for t in 0..n_tokens {
+                for u in 0..n_used {
+                    if let Some(e) = id_at(u, t) {
+                        let at = (starts[e] + counts[e]) as usize;
+                        rows[2 * at] = u as u32;
+                        rows[2 * at + 1] = t as u32;
+                        counts[e] += 1;
+                    }
+                }
+            }
+        }
+    }
+    ctx.barrier.wait();
+    // Phase 2: products, in tiles of up to WR weight rows × CALL activation rows.
+    const WR: usize = 8;
+    const CALL: usize = 16;
+    // SAFETY: the grouping arrays are complete (barrier) and only read from now on.
+    let (counts, starts, active, rows) = unsafe {
+        (
+            work.u32s_ref(p.counts_off, n_expert),
+            work.u32s_ref(p.starts_off, n_expert + 1),
+            work.u32s_ref(p.active_off, n_expert + 1),
+            work.u32s_ref(p.rows_off, 2 * n_used * n_tokens),
+        )
+    };
+    let n_active = active[0] as usize;
+    let groups = m.div_ceil(WR);
+    let dot = dot_kernel(a.l.dtype);
+    let mut out = [0f32; WR * CALL];
+    for t in split(n_active * groups, ctx.ith, ctx.nth) {
+        let e = active[1 + t / groups] as usize;
+        let i0 = (t % groups) * WR;
+        let rm = WR.min(m - i0);
+        let mut w: [&[u8]; WR] = [&[]; WR];
+        for (i, row) in w.iter_mut().enumerate().take(rm) {
+            // SAFETY: row in range; weights are read-only during the node.
+            *row = unsafe { a.row(i0 + i, e, 0) };
+        }
+        let w = &w[..rm];
+        let cne1 = counts[e] as usize;
+        let plan = p
+            .plan
+            .and_then(|_| kernels::MatMul::plan_id(a.l.dtype, m, n_expert, cne1));
+        let erows = &rows[2 * starts[e] as usize..2 * (starts[e] as usize + cne1)];
+        for (c, chunk) in erows.chunks(2 * CALL).enumerate() {
+            let rn = chunk.len() / 2;
+            let mut acts: [&[u8]; CALL] = [&[]; CALL];
+            for (j, act) in acts.iter_mut().enumerate().take(rn) {
+                let (u, tok) = (chunk[2 * j] as usize, chunk[2 * j + 1] as usize);
+                let r = u % n_b1 + n_b1 * tok;
+                // SAFETY: the converted area is complete (barrier) and only read.
+                *act = unsafe { work.bytes_ref(r * brow, brow) };
+            }
+            let acts = &acts[..rn];
+            let out = &mut out[..rm * rn];
+            match plan {
+                Some(plan) => plan.dot_tile(k, w, acts, c * CALL, out),
+                None => {
+                    for (i, wr) in w.iter().enumerate() {
+                        for (j, act) in acts.iter().enumerate() {
+                            out[j * rm + i] = dot(k, wr, act);
+                        }
+                    }
+                }
+            }
+            for j in 0..rn {
+                let (u, tok) = (chunk[2 * j] as usize, chunk[2 * j + 1] as usize);
+                // SAFETY: dst elements (i0..i0 + rm, u, tok) belong to this task only: the
+                // (u, tok) pair is in one expert's list once, and the weight rows are this
+                // task's group.
+                unsafe { d.set_run([i0, u, tok, 0], &out[j * rm..(j + 1) * rm]) };
+            }
         }
     }
 }

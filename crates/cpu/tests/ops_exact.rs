@@ -2,7 +2,8 @@
 //! `data/ops_vectors.bin` holds the inputs and outputs of ggml graphs computed by ggml-cpu
 //! (llama.cpp 0c1e570 as vendored in llama-cpp-python 0.3.36, built for AVX2/FMA/F16C as the
 //! reference build was), written by `data/ops_harness.c` via `data/gen_ops_vectors.sh`:
-//! argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
+//! mul_mat_id over 14 weight types (with the weights in ggml's `CPU_REPACK` buffer where
+//! llama.cpp puts them), argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
 //! build_moe_ffn's routing chain (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
 //! clamp, div, broadcast mul, add_id), div / sum_rows / repeat / fill. Each graph runs through
 //! the graph allocator on one device and on each of 3 virtual devices, and every output must
@@ -287,4 +288,52 @@ fn div_sum_rows_repeat_fill_match_llama_cpp() {
     c.output(rp, r.arrays[7], "repeat_4d");
     c.output(fl, r.arrays[8], "fill");
     c.check(&devs);
+}
+
+fn dtype_named(s: &str) -> DType {
+    match s {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "q4_0" => DType::Q4_0,
+        "q4_1" => DType::Q4_1,
+        "q5_0" => DType::Q5_0,
+        "q8_0" => DType::Q8_0,
+        "iq4_nl" => DType::IQ4_NL,
+        "q2_K" => DType::Q2_K,
+        "q3_K" => DType::Q3_K,
+        "q4_K" => DType::Q4_K,
+        "q5_K" => DType::Q5_K,
+        "q6_K" => DType::Q6_K,
+        "iq4_xs" => DType::IQ4_XS,
+        "mxfp4" => DType::MXFP4,
+        _ => panic!("unknown type {s}"),
+    }
+}
+
+/// Weight types whose mul_mat_id is not replicated exactly (see `kernels::matmul`).
+fn inexact(dtype: DType) -> bool {
+    dtype == DType::MXFP4
+}
+
+#[test]
+fn mul_mat_id_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("mmid:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        if inexact(dtype) {
+            continue;
+        }
+        let d = dims(r.name);
+        let (k, m, n_expert, n_used, n_b1, n_tok) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+        let mut c = Case::new();
+        let w = c.input(dtype, &[k, m, n_expert], r.arrays[0]);
+        let x = c.input(DType::F32, &[k, n_b1, n_tok], r.arrays[1]);
+        let ids = c.input(DType::I32, &[n_used, n_tok], r.arrays[2]);
+        let out = c.g.mul_mat_id(w, x, ids).unwrap();
+        c.output(out, r.arrays[3], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 52);
 }

@@ -1,9 +1,10 @@
-//! Conformance of the ops that MoE and the other llama.cpp architectures need (argsort / top_k, sigmoid … gelu_erf, clamp, div, sum_rows, add_id, repeat, fill, the GLU
+//! Conformance of the ops that MoE and the other llama.cpp architectures need (mul_mat_id,
+//! argsort / top_k, sigmoid … gelu_erf, clamp, div, sum_rows, add_id, repeat, fill, the GLU
 //! variants, softmax with sinks, 3-D get_rows), in the style of `conformance.rs`: several
 //! shapes, odd sizes and strided views, against f64 references with ggml's NMSE limits,
 //! sentinel bytes around every tensor, on one device and on each of 3 virtual devices.
-//! `ops_exact.rs` holds the same ops to llama.cpp's bits; here also: bad ids are errors, not
-//! undefined behaviour.
+//! `ops_exact.rs` holds the same ops to llama.cpp's bits; here also: mul_mat_id's rows equal
+//! plain mul_mat's bit for bit, and bad expert ids are errors, not undefined behaviour.
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the reference formulas
 
@@ -586,6 +587,223 @@ fn soft_max_with_sinks() {
                 &reference,
                 EXACT,
             );
+        }
+    });
+}
+
+/// One mul_mat_id configuration: weights `[k, m, n_expert]`, `ids[t][u]`, `n_b1` rows of
+/// activations per token.
+struct MmidCase {
+    k: usize,
+    m: usize,
+    n_expert: usize,
+    n_b1: usize,
+    ids: Vec<Vec<i32>>,
+}
+
+fn mmid_cases(blck: usize) -> Vec<MmidCase> {
+    let k = if blck == 1 { 33 } else { blck };
+    vec![
+        // decode: one token, broadcast activations
+        MmidCase {
+            k,
+            m: 7,
+            n_expert: 4,
+            n_b1: 1,
+            ids: vec![vec![2, 0]],
+        },
+        // activations per used expert, an unused expert (3), a repeated one within a token
+        MmidCase {
+            k: 2 * k,
+            m: 16,
+            n_expert: 4,
+            n_b1: 3,
+            ids: vec![
+                vec![0, 2, 1],
+                vec![2, 2, 0],
+                vec![1, 0, 2],
+                vec![0, 1, 2],
+                vec![2, 1, 0],
+            ],
+        },
+        // expert 1 gets 10 rows (tiled K-quant kernels, Q4_K included: m % 8 != 0)
+        MmidCase {
+            k,
+            m: 12,
+            n_expert: 3,
+            n_b1: 1,
+            ids: (0..10).map(|t| vec![1, (t % 2) * 2]).collect(),
+        },
+    ]
+}
+
+/// mul_mat_id for every weight type mul_mat takes, against an f64 reference.
+#[test]
+fn mul_mat_id_all_types() {
+    let mut seed = 4000;
+    for_devices(|dev| {
+        let types: &[DType] = if cfg!(miri) {
+            &[DType::F16, DType::Q4_0, DType::Q4_K]
+        } else {
+            &lamina_cpu::MATMUL_WEIGHT_TYPES
+        };
+        for &dtype in types {
+            for (ci, c) in mmid_cases(dtype.block_size() as usize).iter().enumerate() {
+                for strided_b in [false, true] {
+                    seed += 1;
+                    let mut rng = Rng::new(seed);
+                    let mut g = Graph::new();
+                    let (n_used, n_tok) = (c.ids[0].len(), c.ids.len());
+                    let w = rand_leaf(&mut g, &mut rng, dtype, &[c.k, c.m, c.n_expert]);
+                    // Activations, optionally a permuted view (strided rows).
+                    let (b, b_id, b_vals) = if strided_b {
+                        let x = rand_leaf(&mut g, &mut rng, DType::F32, &[c.n_b1, c.k, n_tok]);
+                        let p = g.permute(x.id, [1, 0, 2, 3]).unwrap();
+                        let vals = logical(&g, p, &x.vals);
+                        (x, p, vals)
+                    } else {
+                        let x = rand_leaf(&mut g, &mut rng, DType::F32, &[c.k, c.n_b1, n_tok]);
+                        let (id, vals) = (x.id, x.vals.clone());
+                        (x, id, vals)
+                    };
+                    let flat: Vec<f32> = c.ids.iter().flatten().map(|&i| i as f32).collect();
+                    let ids = leaf(&mut g, DType::I32, &[n_used, n_tok], &flat);
+                    let out = g.mul_mat_id(w.id, b_id, ids.id).unwrap();
+                    assert_eq!(g.layout(out).ne, [c.m, n_used, n_tok, 1]);
+                    let got = run(dev, g, &[&w, &b, &ids], out);
+                    let mut reference = Vec::new();
+                    for t in 0..n_tok {
+                        for u in 0..n_used {
+                            let e = c.ids[t][u] as usize;
+                            let brow = &b_vals[c.k * (u % c.n_b1 + c.n_b1 * t)..][..c.k];
+                            for i in 0..c.m {
+                                let wrow = &w.vals[c.k * (i + c.m * e)..][..c.k];
+                                reference.push(wrow.iter().zip(brow).map(|(a, b)| a * b).sum());
+                            }
+                        }
+                    }
+                    let limit = if dtype == DType::F32 { EXACT } else { MUL_MAT };
+                    check(
+                        &format!("mul_mat_id {dtype} case {ci} strided={strided_b}"),
+                        dev,
+                        &got,
+                        &reference,
+                        limit,
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// Whether ggml-cpu's `mul_mat` of `n` activation rows uses the same per-output arithmetic as
+/// `mul_mat_id` of the same rows (else `mul_mat` of one row at a time does): tinyBLAS (f32,
+/// f16, IQ4_NL) and the repacked Q4_K gemm are `mul_mat`-only.
+fn mul_mat_batch_matches_id(dtype: DType, m: usize) -> bool {
+    let repacked = m.is_multiple_of(8);
+    match dtype {
+        DType::F32 | DType::F16 => false,
+        // not repacked: tinyBLAS in mul_mat, vec_dot in mul_mat_id
+        DType::IQ4_NL => repacked,
+        // repacked: gemm for groups of 4 rows in mul_mat, gemv only in mul_mat_id
+        DType::Q4_K => !repacked,
+        _ => true,
+    }
+}
+
+/// mul_mat_id's output rows are, bit for bit, those of plain mul_mat of the same expert's
+/// weight matrix with the same activation rows.
+#[test]
+fn mul_mat_id_rows_equal_mul_mat() {
+    for_devices(|dev| {
+        for &dtype in &lamina_cpu::MATMUL_WEIGHT_TYPES {
+            for c in mmid_cases(dtype.block_size() as usize) {
+                let mut rng = Rng::new(4500);
+                let (n_used, n_tok) = (c.ids[0].len(), c.ids.len());
+                let wn = c.k * c.m * c.n_expert;
+                let w_f = rng.vec(wn, 1.0);
+                let x_f = rng.vec(c.k * c.n_b1 * n_tok, 1.0);
+                let flat: Vec<f32> = c.ids.iter().flatten().map(|&i| i as f32).collect();
+                let mut g = Graph::new();
+                let w = leaf(&mut g, dtype, &[c.k, c.m, c.n_expert], &w_f);
+                let x = leaf(&mut g, DType::F32, &[c.k, c.n_b1, n_tok], &x_f);
+                let ids = leaf(&mut g, DType::I32, &[n_used, n_tok], &flat);
+                let out = g.mul_mat_id(w.id, x.id, ids.id).unwrap();
+                let got = run(dev, g, &[&w, &x, &ids], out);
+                let wrow = w.bytes.len() / (c.m * c.n_expert);
+                for e in 0..c.n_expert {
+                    let rows: Vec<(usize, usize)> = (0..n_tok)
+                        .flat_map(|t| (0..n_used).map(move |u| (u, t)))
+                        .filter(|&(u, t)| c.ids[t][u] as usize == e)
+                        .collect();
+                    if rows.is_empty() {
+                        continue;
+                    }
+                    let x_rows: Vec<f32> = rows
+                        .iter()
+                        .flat_map(|&(u, t)| x_f[c.k * (u % c.n_b1 + c.n_b1 * t)..][..c.k].to_vec())
+                        .collect();
+                    let batches: Vec<Vec<usize>> = if mul_mat_batch_matches_id(dtype, c.m) {
+                        vec![(0..rows.len()).collect()]
+                    } else {
+                        (0..rows.len()).map(|j| vec![j]).collect()
+                    };
+                    for batch in batches {
+                        let mut g = Graph::new();
+                        let we = g.new_input(dtype, &[c.k, c.m]).unwrap();
+                        let we_t = HostTensor {
+                            id: we,
+                            bytes: w.bytes[e * c.m * wrow..(e + 1) * c.m * wrow].to_vec(),
+                            vals: Vec::new(),
+                        };
+                        let xs: Vec<f32> = batch
+                            .iter()
+                            .flat_map(|&j| x_rows[j * c.k..(j + 1) * c.k].to_vec())
+                            .collect();
+                        let xe = leaf(&mut g, DType::F32, &[c.k, batch.len()], &xs);
+                        let o = g.mul_mat(we, xe.id).unwrap();
+                        let plain = run(dev, g, &[&we_t, &xe], o);
+                        for (bj, &j) in batch.iter().enumerate() {
+                            let (u, t) = rows[j];
+                            let col = &got[c.m * (u + n_used * t)..][..c.m];
+                            let want = &plain[c.m * bj..][..c.m];
+                            assert!(
+                                col.iter()
+                                    .zip(want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{dtype} expert {e} row ({u}, {t}) of {} (k {}, m {}) on {}: \
+                                 {col:?} vs mul_mat {want:?}",
+                                rows.len(),
+                                c.k,
+                                c.m,
+                                dev.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// An expert id outside the weights is a compute error.
+#[test]
+fn bad_expert_ids_are_errors() {
+    for_devices(|dev| {
+        for bad in [4i32, -1, i32::MAX, i32::MIN] {
+            let mut g = Graph::new();
+            let w = g.new_input(DType::Q8_0, &[32, 8, 4]).unwrap();
+            let x = g.new_input(DType::F32, &[32, 1, 2]).unwrap();
+            let ids = g.new_input(DType::I32, &[2, 2]).unwrap();
+            let out = g.mul_mat_id(w, x, ids).unwrap();
+            g.set_output(out).unwrap();
+            let inputs = vec![
+                (w, vec![0u8; 34 * 8 * 4]),
+                (x, common::bytes_f32(&[0.5; 64])),
+                (ids, i32_bytes(&[0, 1, bad, 3])),
+            ];
+            let e = compute_error(dev, g, inputs).expect("a bad id must be an error");
+            assert!(e.contains("MUL_MAT_ID"), "id {bad}: unexpected error {e}");
         }
     });
 }
