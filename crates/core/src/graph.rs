@@ -48,19 +48,79 @@ pub struct Binding {
     pub offset: usize,
 }
 
-/// Unary element-wise functions.
+/// Unary element-wise functions (ggml's `GGML_UNARY_OP_*` of the same names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnaryOp {
     Silu,
     /// GELU, tanh approximation.
     Gelu,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// `log(1 + exp(x))`, `x` itself above 20.
+    Softplus,
+    Tanh,
+    /// `max(x, 0)` (0 for NaN).
+    Relu,
+    /// `x * x` (ggml's `GGML_OP_SQR`).
+    Sqr,
+    /// ggml's `GGML_OP_SQRT`.
+    Sqrt,
+    Exp,
+    /// Exact GELU: `0.5 x (1 + erf(x / sqrt 2))`.
+    GeluErf,
 }
 
-/// Gated linear units: `act(a) * b`.
+/// Gated linear units: `act(a) * b` (ggml's `GGML_GLU_OP_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GluOp {
     SwiGlu,
     GeGlu,
+    /// `relu(a) * b`.
+    ReGlu,
+    /// Exact-GELU gate: `gelu_erf(a) * b`.
+    GeGluErf,
+    /// gpt-oss: `x = min(a, limit)`, `y = clamp(b, -limit, limit)`,
+    /// `x / (1 + exp(-alpha x)) * (y + 1)`.
+    SwiGluOai,
+    /// `silu(min(a, limit)) * clamp(b, -limit, limit)`.
+    SwiGluClamp,
+}
+
+impl GluOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            GluOp::SwiGlu => "SWIGLU",
+            GluOp::GeGlu => "GEGLU",
+            GluOp::ReGlu => "REGLU",
+            GluOp::GeGluErf => "GEGLU_ERF",
+            GluOp::SwiGluOai => "SWIGLU_OAI",
+            GluOp::SwiGluClamp => "SWIGLU_CLAMP",
+        }
+    }
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Silu => "SILU",
+            UnaryOp::Gelu => "GELU",
+            UnaryOp::Sigmoid => "SIGMOID",
+            UnaryOp::Softplus => "SOFTPLUS",
+            UnaryOp::Tanh => "TANH",
+            UnaryOp::Relu => "RELU",
+            UnaryOp::Sqr => "SQR",
+            UnaryOp::Sqrt => "SQRT",
+            UnaryOp::Exp => "EXP",
+            UnaryOp::GeluErf => "GELU_ERF",
+        }
+    }
+}
+
+/// Sort order of [`Graph::argsort`] (ggml's `GGML_SORT_ORDER_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortOrder {
+    Asc,
+    Desc,
 }
 
 /// Rotary embedding modes (ggml's `GGML_ROPE_TYPE_*`).
@@ -116,8 +176,28 @@ pub enum Op {
     Transpose,
     GetRows,
     MulMat,
+    /// Expert products (see [`Graph::mul_mat_id`]): `src` = weights, activations, i32 ids.
+    MulMatId,
     Add,
     Mul,
+    Div,
+    /// `a + b[ids]` row by row (see [`Graph::add_id`]): `src` = a, b, ids.
+    AddId,
+    SumRows,
+    /// `src[0]` tiled to the output's shape.
+    Repeat,
+    /// Every element set to `value` (the source only gives the shape).
+    Fill {
+        value: f32,
+    },
+    Clamp {
+        min: f32,
+        max: f32,
+    },
+    /// i32 indices that sort each row.
+    ArgSort(SortOrder),
+    /// i32 indices of the `ne0` largest values of each row, in ggml-cpu's (unspecified) order.
+    TopK,
     Scale {
         scale: f32,
         bias: f32,
@@ -129,15 +209,20 @@ pub enum Op {
         eps: f32,
     },
     Rope(RopeParams),
+    /// `src` = input, optional mask, optional f32 sinks (one per dim-2 index; see
+    /// [`Graph::soft_max_add_sinks`]).
     SoftMax {
         scale: f32,
         max_bias: f32,
     },
     Unary(UnaryOp),
     /// `src[1]` present: split form `act(a) * b`; absent: `a` holds both halves along dim 0.
+    /// `alpha` and `limit` are the parameters of `SwiGluOai` / `SwiGluClamp` (0 otherwise).
     Glu {
         op: GluOp,
         swapped: bool,
+        alpha: f32,
+        limit: f32,
     },
     /// Writes rows of `src[0]` into the view source at row indices `src[1]`.
     SetRows,
@@ -164,22 +249,25 @@ impl Op {
             Op::Transpose => "TRANSPOSE",
             Op::GetRows => "GET_ROWS",
             Op::MulMat => "MUL_MAT",
+            Op::MulMatId => "MUL_MAT_ID",
             Op::Add => "ADD",
             Op::Mul => "MUL",
+            Op::Div => "DIV",
+            Op::AddId => "ADD_ID",
+            Op::SumRows => "SUM_ROWS",
+            Op::Repeat => "REPEAT",
+            Op::Fill { .. } => "FILL",
+            Op::Clamp { .. } => "CLAMP",
+            Op::ArgSort(_) => "ARGSORT",
+            Op::TopK => "TOP_K",
             Op::Scale { .. } => "SCALE",
             Op::RmsNorm { .. } => "RMS_NORM",
             Op::Norm { .. } => "NORM",
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
             Op::Attention { .. } => "ATTENTION",
-            Op::Unary(UnaryOp::Silu) => "SILU",
-            Op::Unary(UnaryOp::Gelu) => "GELU",
-            Op::Glu {
-                op: GluOp::SwiGlu, ..
-            } => "SWIGLU",
-            Op::Glu {
-                op: GluOp::GeGlu, ..
-            } => "GEGLU",
+            Op::Unary(u) => u.name(),
+            Op::Glu { op, .. } => op.name(),
             Op::SetRows => "SET_ROWS",
             Op::Cpy => "CPY",
             Op::Cont => "CONT",
@@ -697,7 +785,11 @@ impl Graph {
         Ok(Layout::contiguous(DType::F32, &l.ne)?)
     }
 
-    /// Rows of `a` picked by the i32 indices `b`: `[a.ne0, b.ne0, b.ne1, b.ne2]`, as f32.
+    /// Rows of `a` picked by the i32 indices `b` (any strides, e.g. a view of
+    /// [`Graph::argsort_top_k`]): `[a.ne0, b.ne0, b.ne1, b.ne2]`, as f32 (i32 data stays i32).
+    /// Index `b[i0, i1, i2]` picks row `(b[..], i1, i2)` of `a`: `a` is `[ne0, n_rows, b.ne1,
+    /// b.ne2 or 1]`, so 3-D data has one set of rows per index column (`get_rows(reshape_3d(probs,
+    /// 1, n_expert, n_tokens), selected)` picks each token's own probabilities).
     pub fn get_rows(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
         let la = self.check(a)?.layout;
         let lb = self.check(b)?.layout;
@@ -707,7 +799,9 @@ impl Graph {
                 dtype: lb.dtype,
             });
         }
-        if !matches!(la.dtype, DType::F32 | DType::F16 | DType::BF16) && !la.dtype.is_quantized() {
+        if !matches!(la.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32)
+            && !la.dtype.is_quantized()
+        {
             return Err(GraphError::Type {
                 op: "GET_ROWS",
                 dtype: la.dtype,
@@ -722,7 +816,13 @@ impl Graph {
         if !la.rows_packed() {
             return Err(shape_err("GET_ROWS", "data rows must be packed"));
         }
-        let layout = Layout::contiguous(DType::F32, &[la.ne[0], lb.ne[0], lb.ne[1], lb.ne[2]])?;
+        // f32 out, except i32 data (copied as is), as in ggml.
+        let dtype = if la.dtype == DType::I32 {
+            DType::I32
+        } else {
+            DType::F32
+        };
+        let layout = Layout::contiguous(dtype, &[la.ne[0], lb.ne[0], lb.ne[1], lb.ne[2]])?;
         self.node(layout, Op::GetRows, [Some(a), Some(b), None, None])
     }
 
@@ -731,6 +831,56 @@ impl Graph {
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
         let layout = self.mul_mat_layout(a, b)?;
         self.node(layout, Op::MulMat, [Some(a), Some(b), None, None])
+    }
+
+    /// ggml_mul_mat_id, the mixture-of-experts product: `as` is `[K, M, n_expert]` (weights of
+    /// any type `mul_mat` takes, packed rows), `b` is `[K, n_b1, n_tokens]` f32 (any strides;
+    /// `n_b1` is 1, broadcast, or `n_used`), `ids` is i32 `[n_used, n_tokens]` (any strides,
+    /// e.g. a view of [`Graph::argsort_top_k`]). The result is f32 `[M, n_used, n_tokens]`:
+    /// column `(e, t)` is `as[:, :, ids[e, t]] · b[:, e % n_b1, t]`. An id outside
+    /// `0..n_expert` is a compute error (the backend writes no garbage and reports it).
+    pub fn mul_mat_id(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        let lb = self.want_f32("MUL_MAT_ID", b)?;
+        let li = self.check(ids)?.layout;
+        if matches!(
+            la.dtype,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::F64
+        ) {
+            return Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                dtype: la.dtype,
+            });
+        }
+        if li.dtype != DType::I32 {
+            return Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                dtype: li.dtype,
+            });
+        }
+        if la.ne[0] != lb.ne[0]
+            || la.ne[3] != 1
+            || lb.ne[3] != 1
+            || li.ne[2] != 1
+            || li.ne[3] != 1
+            || li.ne[1] != lb.ne[2]
+            || li.ne[0] % lb.ne[1] != 0
+        {
+            return Err(shape_err(
+                "MUL_MAT_ID",
+                format!("{:?} x {:?} with ids {:?}", la.ne, lb.ne, li.ne),
+            ));
+        }
+        if !la.rows_packed() {
+            return Err(shape_err("MUL_MAT_ID", "weight rows must be packed"));
+        }
+        let layout = Layout::contiguous(DType::F32, &[la.ne[1], li.ne[0], lb.ne[2]])?;
+        self.node(layout, Op::MulMatId, [Some(a), Some(b), Some(ids), None])
     }
 
     /// The checked result layout of `mul_mat(a, b)`.
@@ -884,6 +1034,49 @@ impl Graph {
         self.binary(Op::Mul, a, b)
     }
 
+    /// `a / b` element-wise, `b` broadcast to `a`'s shape.
+    pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.binary(Op::Div, a, b)
+    }
+
+    /// ggml_add_id: row `(i1, i2)` of `a` (`[ne0, n_used, n_tokens]` f32, any strides) plus
+    /// row `ids[i1, i2]` of `b` (`[ne0, n_rows]` f32, packed rows), e.g. per-expert biases
+    /// added to `mul_mat_id`'s output with the same i32 `ids` (`[n_used, n_tokens]`, any
+    /// strides). An id outside `0..n_rows` is a compute error.
+    pub fn add_id(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("ADD_ID", a)?;
+        let lb = self.want_f32("ADD_ID", b)?;
+        let li = self.check(ids)?.layout;
+        if li.dtype != DType::I32 {
+            return Err(GraphError::Type {
+                op: "ADD_ID",
+                dtype: li.dtype,
+            });
+        }
+        if la.ne[0] != lb.ne[0]
+            || la.ne[3] != 1
+            || lb.ne[2] != 1
+            || lb.ne[3] != 1
+            || li.ne[0] != la.ne[1]
+            || li.ne[1] != la.ne[2]
+            || li.ne[2] != 1
+            || li.ne[3] != 1
+            || !lb.rows_packed()
+        {
+            return Err(shape_err(
+                "ADD_ID",
+                format!("a {:?}, b {:?}, ids {:?}", la.ne, lb.ne, li.ne),
+            ));
+        }
+        let layout = self.f32_like(&la)?;
+        self.node(layout, Op::AddId, [Some(a), Some(b), Some(ids), None])
+    }
+
     fn unary_like(&mut self, op: Op, a: TensorId) -> Result<TensorId, GraphError> {
         let la = self.want_f32(op.name(), a)?;
         let layout = self.f32_like(&la)?;
@@ -919,6 +1112,91 @@ impl Graph {
 
     pub fn gelu(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
         self.unary_like(Op::Unary(UnaryOp::Gelu), a)
+    }
+
+    /// Any [`UnaryOp`] of f32 `a` (any strides); the result is contiguous.
+    pub fn unary(&mut self, a: TensorId, op: UnaryOp) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Unary(op), a)
+    }
+
+    pub fn sigmoid(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Sigmoid)
+    }
+
+    pub fn softplus(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Softplus)
+    }
+
+    pub fn tanh(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Tanh)
+    }
+
+    pub fn relu(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Relu)
+    }
+
+    pub fn sqr(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Sqr)
+    }
+
+    pub fn sqrt(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Sqrt)
+    }
+
+    pub fn exp(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::Exp)
+    }
+
+    /// Exact GELU (`0.5 x (1 + erf(x / sqrt 2))`), ggml_gelu_erf.
+    pub fn gelu_erf(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(a, UnaryOp::GeluErf)
+    }
+
+    /// `max(min(x, max), min)` element-wise, as ggml computes it (NaN becomes `max`).
+    pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Clamp { min, max }, a)
+    }
+
+    /// `a`'s shape (f32, any strides) filled with `value`.
+    pub fn fill(&mut self, a: TensorId, value: f32) -> Result<TensorId, GraphError> {
+        self.unary_like(Op::Fill { value }, a)
+    }
+
+    /// The sum of each row of f32 `a` (any strides): `[1, ne1, ne2, ne3]`, summed in f64 as
+    /// ggml does.
+    pub fn sum_rows(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("SUM_ROWS", a)?;
+        let layout = Layout::contiguous(DType::F32, &[1, la.ne[1], la.ne[2], la.ne[3]])?;
+        self.node(layout, Op::SumRows, [Some(a), None, None, None])
+    }
+
+    /// `a` tiled to `b`'s shape (ggml_repeat); every dim of `b` a multiple of `a`'s.
+    pub fn repeat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let ne = self.check(b)?.layout.ne;
+        self.repeat_4d(a, ne)
+    }
+
+    /// `a` (f32, f16, bf16 or i32, any strides) tiled to shape `ne` (ggml_repeat_4d).
+    pub fn repeat_4d(
+        &mut self,
+        a: TensorId,
+        ne: [usize; MAX_DIMS],
+    ) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        if !matches!(la.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {
+            return Err(GraphError::Type {
+                op: "REPEAT",
+                dtype: la.dtype,
+            });
+        }
+        let layout = Layout::contiguous(la.dtype, &ne)?;
+        if !la.can_repeat_to(&layout) {
+            return Err(shape_err(
+                "REPEAT",
+                format!("{:?} cannot be repeated to {ne:?}", la.ne),
+            ));
+        }
+        self.node(layout, Op::Repeat, [Some(a), None, None, None])
     }
 
     /// Rotary embedding of `a` (`[head_dim, n_head, n_tokens, 1]`) at i32 positions `pos`
@@ -1009,8 +1287,57 @@ impl Graph {
         self.soft_max_ext(a, None, 1.0, 0.0)
     }
 
-    fn glu_split(&mut self, op: GluOp, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
-        let opv = Op::Glu { op, swapped: false };
+    /// ggml_soft_max_add_sinks: gives softmax node `sm` attention sinks, f32 `[a.ne2]` (one
+    /// logit per head, packed), which join every row's normalization as if each row had one
+    /// more value `sinks[i2]` (its probability is dropped). `sinks` must have been created
+    /// before `sm` (graph order is execution order).
+    pub fn soft_max_add_sinks(&mut self, sm: TensorId, sinks: TensorId) -> Result<(), GraphError> {
+        let t = self.check(sm)?;
+        let (op, src) = (t.op, t.src);
+        let ls = self.want_f32("SOFT_MAX", sinks)?;
+        let Some(a) = src[0] else {
+            return Err(shape_err("SOFT_MAX", "not a softmax node"));
+        };
+        if !matches!(op, Op::SoftMax { .. }) {
+            return Err(shape_err(
+                "SOFT_MAX",
+                format!("{sm} is a {} node", op.name()),
+            ));
+        }
+        if src[2].is_some() {
+            return Err(shape_err("SOFT_MAX", "the node already has sinks"));
+        }
+        if sinks >= sm {
+            return Err(shape_err(
+                "SOFT_MAX",
+                "sinks must be created before the softmax",
+            ));
+        }
+        let la = self.layout(a);
+        if ls.ne[0] != la.ne[2] || ls.nelements() != ls.ne[0] || !ls.rows_packed() {
+            return Err(shape_err(
+                "SOFT_MAX",
+                format!("sinks {:?} for input {:?}", ls.ne, la.ne),
+            ));
+        }
+        self.tensors[sm.index()].src[2] = Some(sinks);
+        Ok(())
+    }
+
+    fn glu_node(
+        &mut self,
+        op: GluOp,
+        a: TensorId,
+        b: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId, GraphError> {
+        let opv = Op::Glu {
+            op,
+            swapped: false,
+            alpha,
+            limit,
+        };
         let la = self.want_f32(opv.name(), a)?;
         let lb = self.want_f32(opv.name(), b)?;
         if !la.same_shape(&lb) {
@@ -1018,6 +1345,18 @@ impl Graph {
         }
         let layout = self.f32_like(&la)?;
         self.node(layout, opv, [Some(a), Some(b), None, None])
+    }
+
+    /// Split form `act(a) * b` of any GLU op without parameters (`a` and `b` f32, same
+    /// shape). `SwiGluOai` and `SwiGluClamp` take their parameters through
+    /// [`Graph::swiglu_oai`] and [`Graph::swiglu_clamp`]; here they get alpha 0 and limit 0.
+    pub fn glu_split(
+        &mut self,
+        op: GluOp,
+        a: TensorId,
+        b: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        self.glu_node(op, a, b, 0.0, 0.0)
     }
 
     /// `silu(a) * b`.
@@ -1030,9 +1369,46 @@ impl Graph {
         self.glu_split(GluOp::GeGlu, a, b)
     }
 
+    /// `relu(a) * b`.
+    pub fn reglu_split(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.glu_split(GluOp::ReGlu, a, b)
+    }
+
+    /// `gelu_erf(a) * b`.
+    pub fn geglu_erf_split(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        self.glu_split(GluOp::GeGluErf, a, b)
+    }
+
+    /// gpt-oss's clamped SwiGLU (ggml_swiglu_oai): with `x = min(a, limit)` and
+    /// `y = clamp(b, -limit, limit)`, `x / (1 + exp(-alpha x)) * (y + 1)`.
+    pub fn swiglu_oai(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId, GraphError> {
+        self.glu_node(GluOp::SwiGluOai, a, b, alpha, limit)
+    }
+
+    /// `silu(min(a, limit)) * clamp(b, -limit, limit)` (ggml_swiglu_clamp).
+    pub fn swiglu_clamp(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        limit: f32,
+    ) -> Result<TensorId, GraphError> {
+        self.glu_node(GluOp::SwiGluClamp, a, b, 0.0, limit)
+    }
+
     /// Fused form: the first half of each row is the gate (second half if `swapped`).
     pub fn glu(&mut self, op: GluOp, a: TensorId, swapped: bool) -> Result<TensorId, GraphError> {
-        let opv = Op::Glu { op, swapped };
+        let opv = Op::Glu {
+            op,
+            swapped,
+            alpha: 0.0,
+            limit: 0.0,
+        };
         let la = self.want_f32(opv.name(), a)?;
         if la.ne[0] % 2 != 0 {
             return Err(shape_err(opv.name(), "row length must be even"));
@@ -1139,6 +1515,48 @@ impl Graph {
         let layout = Layout::contiguous(DType::I32, &[la.ne[1]])?;
         self.node(layout, Op::ArgMax, [Some(a), None, None, None])
     }
+
+    /// ggml_argsort: per row of f32 `a` (any strides), the i32 indices that sort it in
+    /// `order`, ordered on ties exactly as ggml-cpu's `std::sort` (libstdc++'s introsort).
+    pub fn argsort(&mut self, a: TensorId, order: SortOrder) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("ARGSORT", a)?;
+        if la.ne[0] > i32::MAX as usize {
+            return Err(shape_err("ARGSORT", "rows longer than i32::MAX"));
+        }
+        let layout = Layout::contiguous(DType::I32, &la.ne)?;
+        self.node(layout, Op::ArgSort(order), [Some(a), None, None, None])
+    }
+
+    /// ggml_argsort_top_k: [`Graph::argsort`] in descending order, then a view of the first
+    /// `k` indices of each row: i32 `[k, ne1, ne2, ne3]` with the argsort's row strides (not
+    /// contiguous when `k < ne0`). `1 <= k <= ne0`.
+    pub fn argsort_top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId, GraphError> {
+        let ne = self.want_f32("ARGSORT", a)?.ne;
+        if k == 0 || k > ne[0] {
+            return Err(shape_err(
+                "ARGSORT",
+                format!("top {k} of rows of {}", ne[0]),
+            ));
+        }
+        let sorted = self.argsort(a, SortOrder::Desc)?;
+        let nb = self.layout(sorted).nb;
+        self.view_4d(sorted, [k, ne[1], ne[2], ne[3]], nb[1], nb[2], nb[3], 0)
+    }
+
+    /// ggml_top_k: per row of f32 `a` (any strides), i32 indices of its `k` largest values
+    /// (`1 <= k <= ne0`), contiguous `[k, ne1, ne2, ne3]`, in ggml-cpu's order
+    /// (`std::partial_sort`, then the first two swapped: the order is not meaningful).
+    pub fn top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("TOP_K", a)?;
+        if k == 0 || k > la.ne[0] {
+            return Err(shape_err(
+                "TOP_K",
+                format!("top {k} of rows of {}", la.ne[0]),
+            ));
+        }
+        let layout = Layout::contiguous(DType::I32, &[k, la.ne[1], la.ne[2], la.ne[3]])?;
+        self.node(layout, Op::TopK, [Some(a), None, None, None])
+    }
 }
 
 /// Builds an attention mask the way llama.cpp fills `kq_mask`: row `i` (query at position
@@ -1220,6 +1638,173 @@ mod tests {
         g.clear();
         assert!(g.is_empty() && g.find("best").is_none());
         assert!(cap > 0);
+    }
+
+    #[test]
+    fn moe_routing_op_shapes_and_errors() {
+        let mut g = Graph::new();
+        let logits = g.new_input(DType::F32, &[8, 5]).unwrap();
+        let ids = g.argsort_top_k(logits, 2).unwrap();
+        assert_eq!(g.layout(ids).ne, [2, 5, 1, 1]);
+        assert_eq!(g.layout(ids).nb[1], 8 * 4, "a view of the whole argsort");
+        assert!(matches!(
+            g.tensor(g.tensor(ids).view_src.unwrap()).op,
+            Op::ArgSort(SortOrder::Desc)
+        ));
+        let fids = g.new_input(DType::F32, &[2, 5]).unwrap();
+        // top_k / argsort_top_k: 1 <= k <= ne0
+        for k in [0, 9] {
+            assert!(matches!(g.top_k(logits, k), Err(GraphError::Shape { .. })));
+            assert!(matches!(
+                g.argsort_top_k(logits, k),
+                Err(GraphError::Shape { .. })
+            ));
+        }
+        assert_eq!(
+            {
+                let t = g.top_k(logits, 8).unwrap();
+                g.layout(t).ne
+            },
+            [8, 5, 1, 1]
+        );
+        assert!(matches!(
+            g.argsort(ids, SortOrder::Asc),
+            Err(GraphError::Type { .. })
+        ));
+        // add_id
+        let up = g.new_input(DType::F32, &[12, 2, 5]).unwrap();
+        let bias = g.new_input(DType::F32, &[12, 8]).unwrap();
+        assert_eq!(
+            {
+                let t = g.add_id(up, bias, ids).unwrap();
+                g.layout(t).ne
+            },
+            [12, 2, 5, 1]
+        );
+        let bias_short = g.new_input(DType::F32, &[11, 8]).unwrap();
+        assert!(matches!(
+            g.add_id(up, bias_short, ids),
+            Err(GraphError::Shape { .. })
+        ));
+        assert!(matches!(
+            g.add_id(up, bias, fids),
+            Err(GraphError::Type { .. })
+        ));
+        let up_t = g.new_input(DType::F32, &[12, 2, 4]).unwrap();
+        assert!(matches!(
+            g.add_id(up_t, bias, ids),
+            Err(GraphError::Shape { .. })
+        ));
+        // get_rows of the 3-D probabilities with the selected experts
+        let p3 = g.reshape(logits, &[1, 8, 5]).unwrap();
+        assert_eq!(
+            {
+                let t = g.get_rows(p3, ids).unwrap();
+                g.layout(t).ne
+            },
+            [1, 2, 5, 1]
+        );
+        let p3_bad = g.new_input(DType::F32, &[1, 8, 4]).unwrap();
+        assert!(g.get_rows(p3_bad, ids).is_err());
+        // i32 data (rows of the selected experts) stays i32
+        let idx = g.new_input(DType::I32, &[3]).unwrap();
+        let picked = g.get_rows(ids, idx).unwrap();
+        assert_eq!(g.layout(picked).dtype, DType::I32);
+        assert_eq!(g.layout(picked).ne, [2, 3, 1, 1]);
+        // broadcasting: ne0 == 1 divisors, and shapes that do not divide
+        let weights = g.new_input(DType::F32, &[2, 5]).unwrap();
+        let sum = g.sum_rows(weights).unwrap();
+        assert_eq!(g.layout(sum).ne, [1, 5, 1, 1]);
+        assert_eq!(
+            {
+                let t = g.div(weights, sum).unwrap();
+                g.layout(t).ne
+            },
+            [2, 5, 1, 1]
+        );
+        let three = g.new_input(DType::F32, &[3, 5]).unwrap();
+        assert!(matches!(
+            g.div(weights, three),
+            Err(GraphError::Shape { .. })
+        ));
+        assert!(matches!(g.sum_rows(ids), Err(GraphError::Type { .. })));
+        let k_pe = g.new_input(DType::F32, &[64, 1, 5]).unwrap();
+        assert_eq!(
+            {
+                let t = g.repeat_4d(k_pe, [64, 16, 5, 1]).unwrap();
+                g.layout(t).ne
+            },
+            [64, 16, 5, 1]
+        );
+        assert!(g.repeat_4d(k_pe, [64, 16, 6, 1]).is_err());
+        // GLU split forms need equal shapes
+        assert!(g.swiglu_oai(up, up_t, 1.702, 7.0).is_err());
+        assert!(g.glu_split(GluOp::ReGlu, up, up).is_ok());
+        // sinks: one per head, created before the softmax, on a softmax node
+        let kq = g.new_input(DType::F32, &[16, 5, 4]).unwrap();
+        let sinks = g.new_input(DType::F32, &[4]).unwrap();
+        let sinks3 = g.new_input(DType::F32, &[3]).unwrap();
+        let sm = g.soft_max_ext(kq, None, 0.125, 0.0).unwrap();
+        assert!(g.soft_max_add_sinks(sm, sinks3).is_err());
+        assert!(g.soft_max_add_sinks(kq, sinks).is_err());
+        let late = g.new_input(DType::F32, &[4]).unwrap();
+        assert!(g.soft_max_add_sinks(sm, late).is_err());
+        g.soft_max_add_sinks(sm, sinks).unwrap();
+        assert_eq!(g.tensor(sm).src[2], Some(sinks));
+        assert!(g.soft_max_add_sinks(sm, sinks).is_err(), "sinks set twice");
+    }
+
+    #[test]
+    fn mul_mat_id_shapes_and_errors() {
+        let mut g = Graph::new();
+        let w = g.new_tensor(DType::Q4_K, &[256, 12, 8]).unwrap();
+        let x = g.new_input(DType::F32, &[256, 1, 5]).unwrap();
+        let logits = g.new_input(DType::F32, &[8, 5]).unwrap();
+        let ids = g.argsort_top_k(logits, 2).unwrap();
+        let y = g.mul_mat_id(w, x, ids).unwrap();
+        assert_eq!(g.layout(y).ne, [12, 2, 5, 1]);
+        assert_eq!(g.tensor(y).src, [Some(w), Some(x), Some(ids), None]);
+        // ids must be i32
+        let fids = g.new_input(DType::F32, &[2, 5]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(w, x, fids),
+            Err(GraphError::Type {
+                op: "MUL_MAT_ID",
+                ..
+            })
+        ));
+        // mismatched K, tokens, broadcast and rank
+        let x_k = g.new_input(DType::F32, &[128, 1, 5]).unwrap();
+        let x_t = g.new_input(DType::F32, &[256, 1, 4]).unwrap();
+        let x_b = g.new_input(DType::F32, &[256, 3, 5]).unwrap();
+        let x_4 = g.new_input(DType::F32, &[256, 1, 5, 2]).unwrap();
+        for bad in [x_k, x_t, x_b, x_4] {
+            assert!(matches!(
+                g.mul_mat_id(w, bad, ids),
+                Err(GraphError::Shape { .. })
+            ));
+        }
+        let xq = g.new_input(DType::F16, &[256, 1, 5]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(w, xq, ids),
+            Err(GraphError::Type { .. })
+        ));
+        // activations per used expert
+        let x_u = g.new_input(DType::F32, &[256, 2, 5]).unwrap();
+        let y_u = g.mul_mat_id(w, x_u, ids).unwrap();
+        assert_eq!(g.layout(y_u).ne, [12, 2, 5, 1]);
+        // transposed weights, integer weights
+        let wf = g.new_tensor(DType::F32, &[12, 256, 8]).unwrap();
+        let wt = g.transpose(wf).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(wt, x, ids),
+            Err(GraphError::Shape { .. })
+        ));
+        let wi = g.new_tensor(DType::I32, &[256, 12, 8]).unwrap();
+        assert!(matches!(
+            g.mul_mat_id(wi, x, ids),
+            Err(GraphError::Type { .. })
+        ));
     }
 
     #[test]

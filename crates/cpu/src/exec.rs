@@ -85,6 +85,20 @@ impl TView {
         }
     }
 
+    /// Mutable packed i32 row.
+    ///
+    /// # Safety
+    /// As [`TView::row_mut`]; the tensor is i32 with packed rows (alignment validated at
+    /// enqueue).
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub unsafe fn row_i32_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> &'a mut [i32] {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.at([0, i1, i2, i3]) as *mut i32, self.l.ne[0])
+        }
+    }
+
     /// Element `i` as f32 (f32, f16, bf16, i32).
     ///
     /// # Safety
@@ -261,6 +275,38 @@ impl Work {
         debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
         // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut f32, n) }
+    }
+
+    /// `n` i32 values at byte offset `off` (a multiple of 4).
+    ///
+    /// # Safety
+    /// As [`Work::bytes`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn i32s<'a>(&self, off: usize, n: usize) -> &'a mut [i32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut i32, n) }
+    }
+
+    /// `n` u32 values at byte offset `off` (a multiple of 4), for reading.
+    ///
+    /// # Safety
+    /// As [`Work::bytes_ref`].
+    pub unsafe fn u32s_ref<'a>(&self, off: usize, n: usize) -> &'a [u32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off) as *const u32, n) }
+    }
+
+    /// `n` u32 values at byte offset `off` (a multiple of 4).
+    ///
+    /// # Safety
+    /// As [`Work::bytes`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn u32s<'a>(&self, off: usize, n: usize) -> &'a mut [u32] {
+        debug_assert!(off.is_multiple_of(4) && off + 4 * n <= self.len);
+        // SAFETY: by the caller's contract; the work buffer is 8-byte aligned.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off) as *mut u32, n) }
     }
 }
 

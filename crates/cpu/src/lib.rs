@@ -187,7 +187,7 @@ pub fn supports_op(graph: &Graph, id: TensorId) -> bool {
     let Ok(t) = graph.get(id) else { return false };
     let src_type = |i: usize| t.src[i].map(|s| graph.tensor(s).layout.dtype);
     match t.op {
-        Op::MulMat => src_type(0).is_some_and(|d| {
+        Op::MulMat | Op::MulMatId => src_type(0).is_some_and(|d| {
             type_supported(d) && quant::vec_dot_type(d).is_some_and(type_supported)
         }),
         Op::GetRows => src_type(0).is_some_and(type_supported),

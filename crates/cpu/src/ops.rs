@@ -4,10 +4,11 @@
 //! per-type dot kernels of `mul_mat` are the plug-in point for SIMD.
 
 use lamina_core::DType;
-use lamina_core::graph::{GluOp, Op, RopeMode, RopeParams, UnaryOp};
+use lamina_core::graph::{GluOp, Op, RopeMode, RopeParams, SortOrder, UnaryOp};
 
 use crate::exec::{ErrorSlot, NodePlan, TView, Work, split, unravel_row};
 use crate::kernels;
+use crate::kernels::act::elem;
 use crate::pool::WorkerCtx;
 use crate::quant;
 
@@ -33,12 +34,27 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
             }
             _ => 0,
         },
+        Op::MulMatId => MulMatIdPlan::new(node, nth).map_or(0, |p| p.work_bytes),
         Op::Attention { .. } => match AttentionPlan::new(node) {
             Some(p) => nth * p.scratch_bytes(),
             None => 0,
         },
         _ => per_thread,
     }
+}
+
+/// Byte offset of the per-thread scratch slot `slot` (0 or 1) of `max_ne0` 4-byte values,
+/// for nodes other than mul_mat.
+fn scratch_off(ctx: &WorkerCtx<'_>, node: &NodePlan, slot: usize) -> usize {
+    let max_ne0 = node
+        .src
+        .iter()
+        .flatten()
+        .map(|s| s.l.ne[0])
+        .max()
+        .unwrap_or(0)
+        .max(node.dst.l.ne[0]);
+    (ctx.ith * 2 + slot) * max_ne0 * 4
 }
 
 /// Per-thread f32 scratch of `n` values (`slot` 0 or 1), for nodes other than mul_mat.
@@ -52,17 +68,23 @@ unsafe fn scratch<'a>(
     slot: usize,
     n: usize,
 ) -> &'a mut [f32] {
-    let max_ne0 = node
-        .src
-        .iter()
-        .flatten()
-        .map(|s| s.l.ne[0])
-        .max()
-        .unwrap_or(0)
-        .max(node.dst.l.ne[0]);
-    let off = (ctx.ith * 2 + slot) * max_ne0 * 4;
     // SAFETY: per-thread disjoint region inside `work_size`.
-    unsafe { work.f32s(off, n) }
+    unsafe { work.f32s(scratch_off(ctx, node, slot), n) }
+}
+
+/// [`scratch`] as i32 values.
+///
+/// # Safety
+/// As [`scratch`].
+unsafe fn scratch_i32<'a>(
+    work: Work,
+    ctx: &WorkerCtx<'_>,
+    node: &NodePlan,
+    slot: usize,
+    n: usize,
+) -> &'a mut [i32] {
+    // SAFETY: per-thread disjoint region inside `work_size`.
+    unsafe { work.i32s(scratch_off(ctx, node, slot), n) }
 }
 
 /// Source row `(i1, i2, i3)` as f32: borrowed when packed f32, else gathered into `buf`.
@@ -111,7 +133,26 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
     match node.op {
         Op::GetRows => get_rows(node, a, ctx, err),
         Op::MulMat => mul_mat(node, a, ctx, work, err),
-        Op::Add | Op::Mul => binary(node, a, ctx, work),
+        Op::MulMatId => mul_mat_id(node, a, ctx, work, err),
+        Op::Add | Op::Mul | Op::Div => binary(node, a, ctx, work),
+        Op::AddId => add_id(node, a, ctx, work, err),
+        Op::SumRows => sum_rows(node, a, ctx, work),
+        Op::Repeat => repeat(node, a, ctx),
+        Op::Fill { value } => {
+            let d = node.dst;
+            for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+                let (i1, i2, i3) = unravel_row(r, d.l.ne);
+                // SAFETY: dst row r is this thread's (rows are split across threads).
+                unsafe { d.row_f32_mut(i1, i2, i3).fill(value) };
+            }
+        }
+        Op::Clamp { min, max } => map_rows(node, a, ctx, work, |x, y| {
+            for (o, &v) in y.iter_mut().zip(x) {
+                *o = elem::clamp(v, min, max);
+            }
+        }),
+        Op::ArgSort(order) => argsort(node, a, order, ctx, work),
+        Op::TopK => top_k(node, a, ctx, work),
         Op::Scale { scale, bias } => map_rows(node, a, ctx, work, |x, y| {
             for (o, v) in y.iter_mut().zip(x) {
                 *o = v * scale + bias;
@@ -134,7 +175,30 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         }),
         Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, kernels::silu_row),
         Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, kernels::gelu_row),
-        Op::Glu { op, swapped } => glu(node, a, op, swapped, ctx, work),
+        Op::Unary(op) => {
+            let f: fn(f32) -> f32 = match op {
+                UnaryOp::Sigmoid => elem::sigmoid,
+                UnaryOp::Softplus => elem::softplus,
+                UnaryOp::Tanh => elem::tanh,
+                UnaryOp::Relu => elem::relu,
+                UnaryOp::Sqr => elem::sqr,
+                UnaryOp::Sqrt => elem::sqrt,
+                UnaryOp::Exp => elem::exp,
+                UnaryOp::GeluErf => elem::gelu_erf,
+                UnaryOp::Silu | UnaryOp::Gelu => unreachable!("matched above"),
+            };
+            map_rows(node, a, ctx, work, |x, y| {
+                for (o, &v) in y.iter_mut().zip(x) {
+                    *o = f(v);
+                }
+            })
+        }
+        Op::Glu {
+            op,
+            swapped,
+            alpha,
+            limit,
+        } => glu(node, a, (op, swapped, alpha, limit), ctx, work),
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
         Op::Attention { scale } => attention(node, scale, ctx, work, err),
@@ -170,7 +234,7 @@ fn map_rows(
 fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
     let Some(b) = node.src[1] else { return };
     let d = node.dst;
-    let add = matches!(node.op, Op::Add);
+    let op = node.op;
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         // SAFETY: as in `map_rows`; scratch slots 0 and 1 are this thread's.
@@ -187,10 +251,10 @@ fn binary(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
             // `y` repeats along the row (ggml_can_repeat); chunks of its length keep the
             // inner loop free of index arithmetic so it vectorises.
             for (oc, xc) in o.chunks_mut(y.len().max(1)).zip(x.chunks(y.len().max(1))) {
-                if add {
-                    binary_chunk(oc, xc, y, |a, b| a + b);
-                } else {
-                    binary_chunk(oc, xc, y, |a, b| a * b);
+                match op {
+                    Op::Add => binary_chunk(oc, xc, y, |a, b| a + b),
+                    Op::Mul => binary_chunk(oc, xc, y, |a, b| a * b),
+                    _ => binary_chunk(oc, xc, y, |a, b| a / b),
                 }
             }
         }
@@ -204,13 +268,31 @@ fn binary_chunk(o: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32
     }
 }
 
-fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>, work: Work) {
+fn glu(
+    node: &NodePlan,
+    a: TView,
+    (op, swapped, alpha, limit): (GluOp, bool, f32, f32),
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+) {
     let d = node.dst;
     let n = d.l.ne[0];
-    // ggml_vec_swiglu_f32 / ggml_vec_geglu_f32 (f16 GELU table).
-    let act = |g: &[f32], u: &[f32], o: &mut [f32]| match op {
-        GluOp::SwiGlu => kernels::swiglu_row(g, u, o),
-        GluOp::GeGlu => kernels::geglu_row(g, u, o),
+    // ggml_vec_swiglu_f32 / ggml_vec_geglu_f32 (f16 GELU table) / the scalar loops of
+    // ggml_compute_forward_{reglu,geglu_erf,swiglu_oai,swiglu_clamp}_f32.
+    let act = |g: &[f32], u: &[f32], o: &mut [f32]| {
+        let each = |o: &mut [f32], f: &dyn Fn(f32, f32) -> f32| {
+            for ((o, &x), &y) in o.iter_mut().zip(g).zip(u) {
+                *o = f(x, y);
+            }
+        };
+        match op {
+            GluOp::SwiGlu => kernels::swiglu_row(g, u, o),
+            GluOp::GeGlu => kernels::geglu_row(g, u, o),
+            GluOp::ReGlu => each(o, &elem::reglu),
+            GluOp::GeGluErf => each(o, &elem::geglu_erf),
+            GluOp::SwiGluOai => each(o, &|x, y| elem::swiglu_oai(x, y, alpha, limit)),
+            GluOp::SwiGluClamp => each(o, &|x, y| elem::swiglu_clamp(x, y, limit)),
+        }
     };
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
@@ -236,6 +318,117 @@ fn glu(node: &NodePlan, a: TView, op: GluOp, swapped: bool, ctx: &WorkerCtx<'_>,
     }
 }
 
+/// ggml_compute_forward_add_id_f32: `dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`.
+fn add_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let (Some(b), Some(ids)) = (node.src[1], node.src[2]) else {
+        return;
+    };
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's; sources are read-only; the id element is in
+        // range (ids is [a.ne1, a.ne2], checked when the graph was built) and the b row is
+        // read only after the bounds check; scratch slot 0 is this thread's.
+        unsafe {
+            let id = ids.index([i1, i2, 0, 0]);
+            let o = d.row_f32_mut(i1, i2, i3);
+            if id < 0 || id as usize >= b.l.ne[1] {
+                err.set(|| {
+                    format!(
+                        "ADD_ID {}: row index {id} outside 0..{}",
+                        node.id, b.l.ne[1]
+                    )
+                });
+                o.fill(0.0);
+                continue;
+            }
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let y = b.row_f32(id as usize, 0, 0);
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *o = x + y;
+            }
+        }
+    }
+}
+
+/// ggml_compute_forward_sum_rows_f32: `ggml_vec_sum_f32`, an f64 sum in order.
+fn sum_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst element r is this thread's; the source is read-only; scratch slot 0 is
+        // this thread's.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let mut sum = 0f64;
+            for &v in x {
+                sum += f64::from(v);
+            }
+            d.set([0, i1, i2, i3], sum as f32);
+        }
+    }
+}
+
+/// ggml_compute_forward_repeat: element copies (bit-exact), `src[0]` tiled over `dst`.
+fn repeat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>) {
+    let d = node.dst;
+    let ne = a.l.ne;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        let (j1, j2, j3) = (i1 % ne[1], i2 % ne[2], i3 % ne[3]);
+        for i0 in 0..d.l.ne[0] {
+            // SAFETY: dst row r is this thread's; the source is read-only; both indices are
+            // in range.
+            unsafe { d.copy_elem([i0, i1, i2, i3], &a, [i0 % ne[0], j1, j2, j3]) };
+        }
+    }
+}
+
+/// ggml_compute_forward_argsort_f32: `std::sort` of the row's indices by value.
+fn argsort(node: &NodePlan, a: TView, order: SortOrder, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's (i32, contiguous); the source is read-only;
+        // scratch slot 0 is this thread's.
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, a.l.ne[0]));
+            let idx = d.row_i32_mut(i1, i2, i3);
+            for (j, v) in idx.iter_mut().enumerate() {
+                *v = j as i32;
+            }
+            kernels::sort::sort_indices(idx, x, order == SortOrder::Desc);
+        }
+    }
+}
+
+/// ggml_compute_forward_top_k_f32: `std::partial_sort` of the row's indices, the first `k`
+/// copied out, then the first two swapped ("the order is not important").
+fn top_k(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
+    let d = node.dst;
+    let k = d.l.ne[0];
+    let n = a.l.ne[0];
+    for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, d.l.ne);
+        // SAFETY: dst row r is this thread's (i32, contiguous); the source is read-only;
+        // scratch slots 0 and 1 are this thread's (slot 1 holds `n` i32 values: slots are
+        // `max_ne0` 4-byte values each).
+        unsafe {
+            let x = src_row(&a, i1, i2, i3, scratch(work, ctx, node, 0, n));
+            let tmp = scratch_i32(work, ctx, node, 1, n);
+            for (j, v) in tmp.iter_mut().enumerate() {
+                *v = j as i32;
+            }
+            kernels::sort::partial_sort_desc(tmp, k, x);
+            let o = d.row_i32_mut(i1, i2, i3);
+            o.copy_from_slice(&tmp[..k]);
+            if k > 1 {
+                o.swap(0, 1);
+            }
+        }
+    }
+}
+
 fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
     let Some(b) = node.src[1] else { return };
     let d = node.dst;
@@ -245,7 +438,6 @@ fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
         // by this thread; `a` rows are read only after the bounds check.
         unsafe {
             let idx = b.index([i10, i11, i12, 0]);
-            let o = d.row_f32_mut(i10, i11, i12);
             if idx < 0 || idx as usize >= a.l.ne[1] {
                 err.set(|| {
                     format!(
@@ -253,10 +445,16 @@ fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
                         node.id, a.l.ne[1]
                     )
                 });
-                o.fill(0.0);
+                d.row_mut(i10, i11, i12).fill(0);
                 continue;
             }
             let row = a.row(idx as usize, i11, i12 % a.l.ne[3]);
+            if d.l.dtype == DType::I32 {
+                // i32 rows are copied as they are.
+                d.row_mut(i10, i11, i12).copy_from_slice(row);
+                continue;
+            }
+            let o = d.row_f32_mut(i10, i11, i12);
             if let Err(e) = quant::dequantize_row(a.l.dtype, row, o) {
                 err.set(|| format!("GET_ROWS {}: {e}", node.id));
             }
@@ -548,6 +746,215 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                 unsafe { d.set_run([i0, j0 + j, i12, i13], col) };
             }
             j0 = end;
+        }
+    }
+}
+
+/// Where a `mul_mat_id` node keeps its work, and how it computes each expert's products.
+struct MulMatIdPlan {
+    b: TView,
+    ids: TView,
+    /// The conversion plan (`plan_id` with no rows: every expert converts alike); `None`:
+    /// the reference dots of `lamina_core` (types without an exact kernel).
+    plan: Option<kernels::MatMul>,
+    /// Activation row type of the reference path.
+    vdt: DType,
+    /// Bytes of one converted activation row.
+    brow: usize,
+    /// Per-thread f32 rows (`k` values each) for gathering strided activations.
+    f32_off: usize,
+    /// u32 arrays: rows per expert, first row of each expert (`n_expert + 1`), the experts
+    /// with rows (count first), and the (slot, token) pairs grouped by expert.
+    counts_off: usize,
+    starts_off: usize,
+    active_off: usize,
+    rows_off: usize,
+    work_bytes: usize,
+}
+
+impl MulMatIdPlan {
+    fn new(node: &NodePlan, nth: usize) -> Option<MulMatIdPlan> {
+        let [Some(a), Some(b), Some(ids), _] = node.src else {
+            return None;
+        };
+        let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
+        let plan = kernels::MatMul::plan_id(a.l.dtype, m, n_expert, 0);
+        let vdt = quant::vec_dot_type(a.l.dtype)?;
+        let brow = match plan {
+            Some(p) => p.act_row_bytes(k)?,
+            None => vdt.row_size(k as u64).ok()? as usize,
+        };
+        let n_entries = ids.l.ne[0] * ids.l.ne[1];
+        let f32_off = (b.l.nrows() * brow).next_multiple_of(64);
+        let counts_off = f32_off + (nth * k * 4).next_multiple_of(64);
+        let starts_off = counts_off + 4 * n_expert;
+        let active_off = starts_off + 4 * (n_expert + 1);
+        let rows_off = active_off + 4 * (n_expert + 1);
+        Some(MulMatIdPlan {
+            b,
+            ids,
+            plan,
+            vdt,
+            brow,
+            f32_off,
+            counts_off,
+            starts_off,
+            active_off,
+            rows_off,
+            work_bytes: rows_off + 8 * n_entries,
+        })
+    }
+}
+
+/// `ggml_compute_forward_mul_mat_id`: every activation row converted once (as `mul_mat`
+/// does), the (slot, token) pairs grouped by expert in ggml's order, then each expert's rows
+/// multiplied by its weights with the kernel `MatMul::plan_id` picks for that expert (the
+/// `mul_mat` tile kernels, so each output has ggml's bits), and scattered to their columns.
+/// Tasks are (expert, group of 8 weight rows) pairs, so no two threads write one output and
+/// no barrier separates the experts. An id outside `0..n_expert` is reported as an error and
+/// its column is written as zeros.
+fn mul_mat_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
+    let Some(p) = MulMatIdPlan::new(node, ctx.nth) else {
+        err.set(|| format!("MUL_MAT_ID {}: unsupported operands", node.id));
+        return;
+    };
+    let (b, ids, d) = (p.b, p.ids, node.dst);
+    let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
+    let (n_used, n_tokens, n_b1) = (ids.l.ne[0], ids.l.ne[1], b.l.ne[1]);
+    let brow = p.brow;
+    // Phase 1: activations to the kernel's row format.
+    for r in split(b.l.nrows(), ctx.ith, ctx.nth) {
+        let (i1, i2, i3) = unravel_row(r, b.l.ne);
+        // SAFETY: row r of the converted area and this thread's f32 row are written only by
+        // this thread in this phase; `b` is read-only here.
+        unsafe {
+            let x = src_row(&b, i1, i2, i3, work.f32s(p.f32_off + ctx.ith * k * 4, k));
+            let out = work.bytes(r * brow, brow);
+            match p.plan {
+                Some(plan) => plan.convert_act(i1, x, out),
+                None => {
+                    if let Err(e) = quant::quantize_row(p.vdt, x, out) {
+                        err.set(|| format!("MUL_MAT_ID {}: {e}", node.id));
+                    }
+                }
+            }
+        }
+    }
+    if ctx.ith == 0 {
+        // SAFETY: the grouping arrays are written by thread 0 only, before the barrier, and
+        // only read after it; `ids` is read-only; a column with a bad id is written here and
+        // by no task (it is in no expert's list).
+        unsafe {
+            let counts = work.u32s(p.counts_off, n_expert);
+            let starts = work.u32s(p.starts_off, n_expert + 1);
+            let active = work.u32s(p.active_off, n_expert + 1);
+            let rows = work.u32s(p.rows_off, 2 * n_used * n_tokens);
+            counts.fill(0);
+            let id_at = |u: usize, t: usize| {
+                let id = ids.index([u, t, 0, 0]);
+                (0..n_expert as i64).contains(&id).then_some(id as usize)
+            };
+            for t in 0..n_tokens {
+                for u in 0..n_used {
+                    match id_at(u, t) {
+                        Some(e) => counts[e] += 1,
+                        None => {
+                            let id = ids.index([u, t, 0, 0]);
+                            err.set(|| {
+                                format!(
+                                    "MUL_MAT_ID {}: expert id {id} outside 0..{n_expert}",
+                                    node.id
+                                )
+                            });
+                            d.row_f32_mut(u, t, 0).fill(0.0);
+                        }
+                    }
+                }
+            }
+            let mut n_active = 0;
+            starts[0] = 0;
+            for e in 0..n_expert {
+                starts[e + 1] = starts[e] + counts[e];
+                if counts[e] > 0 {
+                    active[1 + n_active] = e as u32;
+                    n_active += 1;
+                }
+                counts[e] = 0;
+            }
+            active[0] = n_active as u32;
+            // Rows in ggml's order: tokens, then slots.
+            for t in 0..n_tokens {
+                for u in 0..n_used {
+                    if let Some(e) = id_at(u, t) {
+                        let at = (starts[e] + counts[e]) as usize;
+                        rows[2 * at] = u as u32;
+                        rows[2 * at + 1] = t as u32;
+                        counts[e] += 1;
+                    }
+                }
+            }
+        }
+    }
+    ctx.barrier.wait();
+    // Phase 2: products, in tiles of up to WR weight rows × CALL activation rows.
+    const WR: usize = 8;
+    const CALL: usize = 16;
+    // SAFETY: the grouping arrays are complete (barrier) and only read from now on.
+    let (counts, starts, active, rows) = unsafe {
+        (
+            work.u32s_ref(p.counts_off, n_expert),
+            work.u32s_ref(p.starts_off, n_expert + 1),
+            work.u32s_ref(p.active_off, n_expert + 1),
+            work.u32s_ref(p.rows_off, 2 * n_used * n_tokens),
+        )
+    };
+    let n_active = active[0] as usize;
+    let groups = m.div_ceil(WR);
+    let dot = dot_kernel(a.l.dtype);
+    let mut out = [0f32; WR * CALL];
+    for t in split(n_active * groups, ctx.ith, ctx.nth) {
+        let e = active[1 + t / groups] as usize;
+        let i0 = (t % groups) * WR;
+        let rm = WR.min(m - i0);
+        let mut w: [&[u8]; WR] = [&[]; WR];
+        for (i, row) in w.iter_mut().enumerate().take(rm) {
+            // SAFETY: row in range; weights are read-only during the node.
+            *row = unsafe { a.row(i0 + i, e, 0) };
+        }
+        let w = &w[..rm];
+        let cne1 = counts[e] as usize;
+        let plan = p
+            .plan
+            .and_then(|_| kernels::MatMul::plan_id(a.l.dtype, m, n_expert, cne1));
+        let erows = &rows[2 * starts[e] as usize..2 * (starts[e] as usize + cne1)];
+        for (c, chunk) in erows.chunks(2 * CALL).enumerate() {
+            let rn = chunk.len() / 2;
+            let mut acts: [&[u8]; CALL] = [&[]; CALL];
+            for (j, act) in acts.iter_mut().enumerate().take(rn) {
+                let (u, tok) = (chunk[2 * j] as usize, chunk[2 * j + 1] as usize);
+                let r = u % n_b1 + n_b1 * tok;
+                // SAFETY: the converted area is complete (barrier) and only read.
+                *act = unsafe { work.bytes_ref(r * brow, brow) };
+            }
+            let acts = &acts[..rn];
+            let out = &mut out[..rm * rn];
+            match plan {
+                Some(plan) => plan.dot_tile(k, w, acts, c * CALL, out),
+                None => {
+                    for (i, wr) in w.iter().enumerate() {
+                        for (j, act) in acts.iter().enumerate() {
+                            out[j * rm + i] = dot(k, wr, act);
+                        }
+                    }
+                }
+            }
+            for j in 0..rn {
+                let (u, tok) = (chunk[2 * j] as usize, chunk[2 * j + 1] as usize);
+                // SAFETY: dst elements (i0..i0 + rm, u, tok) belong to this task only: the
+                // (u, tok) pair is in one expert's list once, and the weight rows are this
+                // task's group.
+                unsafe { d.set_run([i0, u, tok, 0], &out[j * rm..(j + 1) * rm]) };
+            }
         }
     }
 }
@@ -845,9 +1252,13 @@ pub(crate) fn alibi_slope(max_bias: f32, h: usize, n_head: usize) -> f32 {
 fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCtx<'_>, work: Work) {
     let d = node.dst;
     let mask = node.src[1];
+    let sinks = node.src[2];
     for r in split(d.l.nrows(), ctx.ith, ctx.nth) {
         let (i1, i2, i3) = unravel_row(r, d.l.ne);
         let slope = alibi_slope(max_bias, i2, d.l.ne[2]);
+        // SAFETY: sinks has one value per dim-2 index (checked when the graph was built) and
+        // is read-only during the node.
+        let sink = sinks.map(|s| unsafe { s.get([i2, 0, 0, 0]) });
         // SAFETY: dst row r owned by this thread; sources read-only; scratch slots are this
         // thread's; the mask row index is in range (mask.ne1 >= ne1, broadcast by modulo).
         unsafe {
@@ -873,7 +1284,7 @@ fn soft_max(node: &NodePlan, a: TView, scale: f32, max_bias: f32, ctx: &WorkerCt
                 &*buf
             });
             // ggml_compute_forward_soft_max_f32's arithmetic.
-            kernels::softmax_row(x, scale, mrow, slope, y);
+            kernels::softmax_row_sink(x, scale, mrow, slope, sink, y);
         }
     }
 }

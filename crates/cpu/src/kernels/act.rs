@@ -132,7 +132,7 @@ pub mod scalar {
 
     /// [`super::softmax_row`] without AVX2.
     pub fn softmax_row(x: &[f32], scale: f32, mask: Option<&[f32]>, slope: f32, y: &mut [f32]) {
-        super::softmax_impl(x, scale, mask, slope, y, false);
+        super::softmax_impl(x, scale, mask, slope, None, y, false);
     }
 }
 
@@ -188,6 +188,7 @@ fn softmax_impl(
     scale: f32,
     mask: Option<&[f32]>,
     slope: f32,
+    sink: Option<f32>,
     y: &mut [f32],
     simd: bool,
 ) {
@@ -205,7 +206,14 @@ fn softmax_impl(
     for &v in y.iter() {
         max = if max > v { max } else { v };
     }
-    let sum = vec_soft_max(y, max, simd);
+    // Sinks: `max = MAX(max, sk)`, and `expf(sk - max)` joins the sum after the row's.
+    if let Some(s) = sink {
+        max = if max > s { max } else { s };
+    }
+    let mut sum = vec_soft_max(y, max, simd);
+    if let Some(s) = sink {
+        sum += f64::from((s - max).exp());
+    }
     let inv = (1.0 / sum) as f32;
     for v in y.iter_mut() {
         *v *= inv;
@@ -214,18 +222,39 @@ fn softmax_impl(
 
 /// `ggml_compute_forward_soft_max_f32` for one row: `y = softmax(x*scale + slope*mask)`.
 pub fn softmax_row(x: &[f32], scale: f32, mask: Option<&[f32]>, slope: f32, y: &mut [f32]) {
+    softmax_row_sink(x, scale, mask, slope, None, y);
+}
+
+/// [`softmax_row`] with an optional attention sink (`ggml_soft_max_add_sinks`): the sink
+/// logit joins the maximum and the normalizing sum; without one the result is
+/// [`softmax_row`]'s.
+pub fn softmax_row_sink(
+    x: &[f32],
+    scale: f32,
+    mask: Option<&[f32]>,
+    slope: f32,
+    sink: Option<f32>,
+    y: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(x: &[f32], scale: f32, mask: Option<&[f32]>, slope: f32, y: &mut [f32]) {
-            softmax_impl(x, scale, mask, slope, y, true)
+        unsafe fn fast(
+            x: &[f32],
+            scale: f32,
+            mask: Option<&[f32]>,
+            slope: f32,
+            sink: Option<f32>,
+            y: &mut [f32],
+        ) {
+            softmax_impl(x, scale, mask, slope, sink, y, true)
         }
         // SAFETY: AVX2/FMA/F16C present; the same operations, with `mul_add` as one `vfmadd`
         // instead of a libm call (same result).
-        unsafe { fast(x, scale, mask, slope, y) };
+        unsafe { fast(x, scale, mask, slope, sink, y) };
         return;
     }
-    softmax_impl(x, scale, mask, slope, y, false);
+    softmax_impl(x, scale, mask, slope, sink, y, false);
 }
 
 /// `ggml_gelu_f32` as GCC compiled it for the table: `0.5x * (1 + tanhf(S*x * fma(A*x, x, 1)))`.
@@ -287,6 +316,128 @@ fn geglu_scalar(x: &[f32], g: &[f32], y: &mut [f32], t: &[u16]) {
         } else {
             gelu_lookup(t, v) * gv
         };
+    }
+}
+
+// SAFETY: `erff` is the C library's, a pure function of one float (std links libm).
+unsafe extern "C" {
+    safe fn erff(x: f32) -> f32;
+}
+
+/// The C library's `erff`, which ggml's exact GELU calls.
+#[inline(always)]
+pub fn erf_f32(x: f32) -> f32 {
+    erff(x)
+}
+
+/// `SQRT_2_INV` of ggml-cpu.
+const SQRT_2_INV: f32 = std::f32::consts::FRAC_1_SQRT_2;
+
+/// The scalar element functions of ggml-cpu's `unary-ops.cpp` / `vec.h` (`op_sigmoid`, ...):
+/// GCC compiles them without vectorizing or contracting anything (the libm calls stay scalar),
+/// so these are the same operations on the same libm.
+pub mod elem {
+    use super::{SQRT_2_INV, erf_f32};
+
+    /// `1.f / (1.f + expf(-x))`.
+    #[inline(always)]
+    pub fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// `(x > 20.0f) ? x : logf(1.0f + expf(x))`.
+    #[inline(always)]
+    pub fn softplus(x: f32) -> f32 {
+        if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+    }
+
+    /// `tanhf(x)`.
+    #[inline(always)]
+    pub fn tanh(x: f32) -> f32 {
+        x.tanh()
+    }
+
+    /// `(x > 0.f) ? x : 0.f`.
+    #[inline(always)]
+    pub fn relu(x: f32) -> f32 {
+        if x > 0.0 { x } else { 0.0 }
+    }
+
+    #[inline(always)]
+    pub fn sqr(x: f32) -> f32 {
+        x * x
+    }
+
+    #[inline(always)]
+    pub fn sqrt(x: f32) -> f32 {
+        x.sqrt()
+    }
+
+    /// `expf(x)`.
+    #[inline(always)]
+    pub fn exp(x: f32) -> f32 {
+        x.exp()
+    }
+
+    /// `0.5f*x*(1.0f + erff(x*SQRT_2_INV))`.
+    #[inline(always)]
+    pub fn gelu_erf(x: f32) -> f32 {
+        0.5 * x * (1.0 + erf_f32(x * SQRT_2_INV))
+    }
+
+    /// `MAX(MIN(x, max), min)` with ggml's `MIN`/`MAX` macros (`a < b ? a : b`), so NaN
+    /// becomes `max`.
+    #[inline(always)]
+    pub fn clamp(x: f32, min: f32, max: f32) -> f32 {
+        let lo = if x < max { x } else { max };
+        if lo > min { lo } else { min }
+    }
+
+    /// `std::min(a, b)`: `(b < a) ? b : a`.
+    #[inline(always)]
+    pub fn std_min(a: f32, b: f32) -> f32 {
+        if b < a { b } else { a }
+    }
+
+    /// `std::clamp(v, lo, hi)`: `(v < lo) ? lo : (hi < v) ? hi : v`.
+    #[inline(always)]
+    pub fn std_clamp(v: f32, lo: f32, hi: f32) -> f32 {
+        if v < lo {
+            lo
+        } else if hi < v {
+            hi
+        } else {
+            v
+        }
+    }
+
+    /// `ggml_vec_reglu_f32`: `(x > 0.f) ? x * g : 0.f`.
+    #[inline(always)]
+    pub fn reglu(x: f32, g: f32) -> f32 {
+        if x > 0.0 { x * g } else { 0.0 }
+    }
+
+    /// `ggml_vec_geglu_erf_f32`: `0.5f * x * (1.0f + erff(x*SQRT_2_INV)) * g`.
+    #[inline(always)]
+    pub fn geglu_erf(x: f32, g: f32) -> f32 {
+        0.5 * x * (1.0 + erf_f32(x * SQRT_2_INV)) * g
+    }
+
+    /// `ggml_compute_forward_swiglu_oai_f32`'s element.
+    #[inline(always)]
+    pub fn swiglu_oai(a: f32, b: f32, alpha: f32, limit: f32) -> f32 {
+        let x = std_min(a, limit);
+        let y = std_clamp(b, -limit, limit);
+        let out_glu = x / (1.0 + (alpha * (-x)).exp());
+        out_glu * (y + 1.0)
+    }
+
+    /// `ggml_compute_forward_swiglu_clamp_f32`'s element: `gate / (1.f + expf(-gate)) * up`.
+    #[inline(always)]
+    pub fn swiglu_clamp(a: f32, b: f32, limit: f32) -> f32 {
+        let gate = std_min(a, limit);
+        let up = std_clamp(b, -limit, limit);
+        gate / (1.0 + (-gate).exp()) * up
     }
 }
 

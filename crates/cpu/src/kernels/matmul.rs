@@ -147,6 +147,64 @@ impl MatMul {
         })
     }
 
+    /// The plan of one expert's product in `ggml_compute_forward_mul_mat_id` (weights
+    /// `[k, m, n_expert]`, `rows` activation rows routed to the expert), which differs from
+    /// `mul_mat`'s: there is no tinyBLAS, so f32/f16 weights and the Q0 types take
+    /// `ggml_vec_dot_*` per output; Q4_0, IQ4_NL and Q4_K weights with a multiple of 8 rows
+    /// sit in the `CPU_REPACK` buffer when the tensor is 3-D (`n_expert > 1`), whose
+    /// `forward_mul_mat_id` runs the gemv kernel for every row (Q4_K activations are plain
+    /// Q8_K); other K-quant experts with at least 8 rows take the tiled kernels (the same
+    /// per-output arithmetic as `mul_mat`'s tiled path). Every expert of one product converts
+    /// its activations to the same type, whatever `rows` is. `None` when the type has no
+    /// kernel here.
+    pub fn plan_id(weight: DType, m: usize, n_expert: usize, rows: usize) -> Option<MatMul> {
+        let simple = |act, kind| MatMul {
+            weight,
+            act,
+            kind,
+            gemm_rows: 0,
+            exact: true,
+        };
+        let repacked = n_expert > 1;
+        Some(match weight {
+            DType::F32 => simple(ActKind::F32, DotKind::VecF32),
+            DType::F16 => simple(ActKind::F16, DotKind::VecF16),
+            DType::Q4_K if repacked && repack::q4_k_repacked(m) => {
+                simple(ActKind::Q8K, DotKind::Q4KRepack)
+            }
+            DType::Q4_0 | DType::IQ4_NL if repacked && repack::q0_repacked(weight, m) => {
+                simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
+            }
+            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
+                if repack::tiled_applies(weight, false, rows) =>
+            {
+                let kind = match weight {
+                    DType::Q6_K => DotKind::Q6KTiled,
+                    DType::Q4_K => DotKind::Q4KTiled,
+                    DType::Q5_K => DotKind::Q5KTiled,
+                    DType::Q2_K => DotKind::Q2KTiled,
+                    DType::Q3_K => DotKind::Q3KTiled,
+                    _ => DotKind::Iq4XsTiled,
+                };
+                simple(ActKind::Q8K, kind)
+            }
+            _ => {
+                let act = match lamina_core::quant::vec_dot_type(weight)? {
+                    DType::Q8_0 => ActKind::Q8_0,
+                    DType::Q8_1 => ActKind::Q8_1,
+                    DType::Q8_K => ActKind::Q8K,
+                    _ => return None,
+                };
+                let f = dot::dot_fn(weight)?;
+                let repacked_mxfp4 = repacked && m.is_multiple_of(8) && weight == DType::MXFP4;
+                MatMul {
+                    exact: !repacked_mxfp4,
+                    ..simple(act, DotKind::Quant(f))
+                }
+            }
+        })
+    }
+
     /// The storage type of converted activation rows.
     pub fn act_type(&self) -> DType {
         match self.act {

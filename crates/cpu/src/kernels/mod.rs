@@ -20,12 +20,14 @@ pub mod matmul;
 mod neon;
 pub mod quantize;
 pub mod repack;
+pub mod sort;
 mod tile;
 
 use std::sync::OnceLock;
 
 pub use act::{
-    geglu_row, gelu_row, rms_norm_row, rope_cache, rope_rotate, silu_row, softmax_row, swiglu_row,
+    geglu_row, gelu_row, rms_norm_row, rope_cache, rope_rotate, silu_row, softmax_row,
+    softmax_row_sink, swiglu_row,
 };
 pub use dot::{vec_dot, vec_dot_scalar};
 pub use fdot::{tinyblas_dot_f16, tinyblas_dot_f32, tinyblas_f_applies, vec_dot_f16, vec_dot_f32};

@@ -1,6 +1,8 @@
 //! Helpers shared by the CPU backend's integration tests.
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod conf;
+
 /// A small xorshift generator: the same values on every run and machine.
 pub struct Rng(pub u64);
 

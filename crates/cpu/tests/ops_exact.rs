@@ -1,0 +1,339 @@
+//! Bit-exactness of the CPU backend's MoE-era graph ops against llama.cpp itself:
+//! `data/ops_vectors.bin` holds the inputs and outputs of ggml graphs computed by ggml-cpu
+//! (llama.cpp 0c1e570 as vendored in llama-cpp-python 0.3.36, built for AVX2/FMA/F16C as the
+//! reference build was), written by `data/ops_harness.c` via `data/gen_ops_vectors.sh`:
+//! mul_mat_id over 14 weight types (with the weights in ggml's `CPU_REPACK` buffer where
+//! llama.cpp puts them), argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
+//! build_moe_ffn's routing chain (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
+//! clamp, div, broadcast mul, add_id), div / sum_rows / repeat / fill. Each graph runs through
+//! the graph allocator on one device and on each of 3 virtual devices, and every output must
+//! have llama.cpp's bits (NaNs: any NaN).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::run_graph;
+use lamina_backend::Device;
+use lamina_core::DType;
+use lamina_core::graph::{GluOp, Graph, SortOrder, TensorId, UnaryOp};
+use lamina_cpu::{CpuBackendReg, CpuConfig};
+
+const VECTORS: &[u8] = include_bytes!("data/ops_vectors.bin");
+
+struct Record<'a> {
+    name: &'a str,
+    arrays: Vec<&'a [u8]>,
+}
+
+fn records() -> Vec<Record<'static>> {
+    assert_eq!(&VECTORS[..4], b"LXV1");
+    let mut p = 4;
+    let u32_at = |p: &mut usize| {
+        let v = u32::from_le_bytes(VECTORS[*p..*p + 4].try_into().unwrap()) as usize;
+        *p += 4;
+        v
+    };
+    let mut out = Vec::new();
+    while p < VECTORS.len() {
+        let l = u32_at(&mut p);
+        let name = std::str::from_utf8(&VECTORS[p..p + l]).unwrap();
+        p += l;
+        let n = u32_at(&mut p);
+        let mut arrays = Vec::new();
+        for _ in 0..n {
+            let l = u32_at(&mut p);
+            arrays.push(&VECTORS[p..p + l]);
+            p += l;
+        }
+        out.push(Record { name, arrays });
+    }
+    out
+}
+
+fn devices() -> Vec<Arc<dyn Device>> {
+    let one = CpuBackendReg::new(CpuConfig::default().with_devices(1).with_threads(3)).unwrap();
+    let three = CpuBackendReg::new(CpuConfig::default().with_devices(3).with_threads(6)).unwrap();
+    one.cpu_devices()
+        .iter()
+        .chain(three.cpu_devices())
+        .map(|d| d.clone() as Arc<dyn Device>)
+        .collect()
+}
+
+/// Output bytes (as f32 bits) must equal llama.cpp's; any NaN matches any NaN.
+fn assert_bits(got: &[f32], want: &[u8], what: &str) {
+    assert_eq!(got.len() * 4, want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want.chunks_exact(4)).enumerate() {
+        let w = f32::from_le_bytes(w.try_into().unwrap());
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "{what}: element {i}: {g:e} ({:#x}) vs llama.cpp {w:e} ({:#x})",
+            g.to_bits(),
+            w.to_bits()
+        );
+    }
+}
+
+/// A graph with its inputs' bytes and its outputs with llama.cpp's bytes.
+struct Case {
+    g: Graph,
+    inputs: Vec<(TensorId, Vec<u8>)>,
+    outputs: Vec<(TensorId, &'static [u8], String)>,
+}
+
+impl Case {
+    fn new() -> Case {
+        Case {
+            g: Graph::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, dtype: DType, ne: &[usize], bytes: &[u8]) -> TensorId {
+        let id = self.g.new_input(dtype, ne).unwrap();
+        self.inputs.push((id, bytes.to_vec()));
+        id
+    }
+
+    fn output(&mut self, id: TensorId, want: &'static [u8], what: impl Into<String>) {
+        self.g.set_output(id).unwrap();
+        self.outputs.push((id, want, what.into()));
+    }
+
+    fn check(self, devs: &[Arc<dyn Device>]) {
+        let ids: Vec<TensorId> = self.outputs.iter().map(|o| o.0).collect();
+        for dev in devs {
+            let got = run_graph(&**dev, self.g.clone(), self.inputs.clone(), &ids);
+            for (g, (_, want, what)) in got.iter().zip(&self.outputs) {
+                assert_bits(g, want, &format!("{what} on {}", dev.name()));
+            }
+        }
+    }
+}
+
+fn dims(name: &str) -> Vec<usize> {
+    name.split(':').filter_map(|p| p.parse().ok()).collect()
+}
+
+#[test]
+fn unary_ops_match_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("unary:")) {
+        let op = r.name.split(':').nth(1).unwrap();
+        let d = dims(r.name);
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[d[0], d[1]], r.arrays[0]);
+        let out = match op {
+            "sigmoid" => c.g.sigmoid(a),
+            "softplus" => c.g.softplus(a),
+            "tanh" => c.g.tanh(a),
+            "relu" => c.g.relu(a),
+            "sqr" => c.g.sqr(a),
+            "sqrt" => c.g.sqrt(a),
+            "exp" => c.g.exp(a),
+            "gelu_erf" => c.g.unary(a, UnaryOp::GeluErf),
+            "clamp" => c.g.clamp(a, -2.5, 6.103_515_6e-5),
+            _ => panic!("unknown op {op}"),
+        }
+        .unwrap();
+        c.output(out, r.arrays[1], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 27);
+}
+
+#[test]
+fn glu_ops_match_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("glu:")) {
+        let op = r.name.split(':').nth(1).unwrap();
+        let d = dims(r.name);
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[d[0], d[1]], r.arrays[0]);
+        let b = c.input(DType::F32, &[d[0], d[1]], r.arrays[1]);
+        let out = match op {
+            "reglu" => c.g.reglu_split(a, b),
+            "geglu_erf" => c.g.glu_split(GluOp::GeGluErf, a, b),
+            "swiglu_oai" => c.g.swiglu_oai(a, b, 1.702, 7.0),
+            "swiglu_clamp" => c.g.swiglu_clamp(a, b, 7.0),
+            _ => panic!("unknown op {op}"),
+        }
+        .unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 8);
+}
+
+#[test]
+fn soft_max_sinks_match_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("softmax_sinks:"))
+    {
+        let d = dims(r.name);
+        let (nkv, nq, nh, masked) = (d[0], d[1], d[2], d[3] == 1);
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[nkv, nq, nh], r.arrays[0]);
+        let mask = masked.then(|| c.input(DType::F32, &[nkv, nq], r.arrays[1]));
+        let sinks = c.input(DType::F32, &[nh], r.arrays[2]);
+        let out = c.g.soft_max_ext(a, mask, 0.125, 0.0).unwrap();
+        c.g.soft_max_add_sinks(out, sinks).unwrap();
+        c.output(out, r.arrays[3], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}
+
+#[test]
+fn argsort_and_top_k_match_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("argsort:")) {
+        let d = dims(r.name);
+        let (ne0, ne1, k) = (d[0], d[1], d[3]);
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[ne0, ne1], r.arrays[0]);
+        let asc = c.g.argsort(a, SortOrder::Asc).unwrap();
+        let desc = c.g.argsort(a, SortOrder::Desc).unwrap();
+        let tk = c.g.top_k(a, k).unwrap();
+        let atk = c.g.argsort_top_k(a, k).unwrap();
+        let atk = c.g.cont(atk).unwrap();
+        c.output(asc, r.arrays[1], format!("{} asc", r.name));
+        c.output(desc, r.arrays[2], format!("{} desc", r.name));
+        c.output(tk, r.arrays[3], format!("{} top_k", r.name));
+        c.output(atk, r.arrays[4], format!("{} argsort_top_k", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 9);
+}
+
+/// build_moe_ffn's routing as llama.cpp builds it, op for op.
+#[test]
+fn moe_routing_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("moe_route:"))
+    {
+        let d = dims(r.name);
+        let (n_expert, n_used, n_tok, n_embd) = (d[0], d[1], d[2], d[3]);
+        let mut c = Case::new();
+        let logits = c.input(DType::F32, &[n_expert, n_tok], r.arrays[0]);
+        let bias = c.input(DType::F32, &[n_expert], r.arrays[1]);
+        let experts = c.input(DType::F32, &[n_embd, n_used, n_tok], r.arrays[2]);
+        let ebias = c.input(DType::F32, &[n_embd, n_expert], r.arrays[3]);
+        let g = &mut c.g;
+        let probs = g.soft_max(logits).unwrap();
+        let sel_probs = g.add(probs, bias).unwrap();
+        let selected = g.argsort_top_k(sel_probs, n_used).unwrap();
+        let p3 = g.reshape(probs, &[1, n_expert, n_tok]).unwrap();
+        let weights = g.get_rows(p3, selected).unwrap();
+        let w2 = g.reshape(weights, &[n_used, n_tok]).unwrap();
+        let wsum = g.sum_rows(w2).unwrap();
+        let wsum = g
+            .clamp(
+                wsum,
+                6.103_515_6e-5, /* 2^-14, llama.cpp's 6.103515625e-5 */
+                f32::INFINITY,
+            )
+            .unwrap();
+        let wn = g.div(w2, wsum).unwrap();
+        let wn3 = g.reshape(wn, &[1, n_used, n_tok]).unwrap();
+        let weighted = g.mul(experts, wn3).unwrap();
+        let biased = g.add_id(experts, ebias, selected).unwrap();
+        let selc = g.cont(selected).unwrap();
+        c.output(probs, r.arrays[4], format!("{} probs", r.name));
+        c.output(selc, r.arrays[5], format!("{} selected", r.name));
+        c.output(weights, r.arrays[6], format!("{} weights", r.name));
+        c.output(wn, r.arrays[7], format!("{} normalized", r.name));
+        c.output(weighted, r.arrays[8], format!("{} weighted", r.name));
+        c.output(biased, r.arrays[9], format!("{} add_id", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 3);
+}
+
+#[test]
+fn div_sum_rows_repeat_fill_match_llama_cpp() {
+    let devs = devices();
+    let recs = records();
+    let r = recs.iter().find(|r| r.name == "misc").unwrap();
+    let mut c = Case::new();
+    let a = c.input(DType::F32, &[13, 6, 3], r.arrays[0]);
+    let b = c.input(DType::F32, &[13, 1, 3], r.arrays[1]);
+    let cc = c.input(DType::F32, &[1, 6, 1], r.arrays[2]);
+    let k = c.input(DType::F32, &[7, 1, 4], r.arrays[3]);
+    let g = &mut c.g;
+    let d1 = g.div(a, b).unwrap();
+    let d2 = g.div(a, cc).unwrap();
+    let sr = g.sum_rows(a).unwrap();
+    let rp = g.repeat_4d(k, [14, 3, 4, 1]).unwrap();
+    let fl = g.fill(a, f32::NEG_INFINITY).unwrap();
+    c.output(d1, r.arrays[4], "div");
+    c.output(d2, r.arrays[5], "div ne0 = 1");
+    c.output(sr, r.arrays[6], "sum_rows");
+    c.output(rp, r.arrays[7], "repeat_4d");
+    c.output(fl, r.arrays[8], "fill");
+    c.check(&devs);
+}
+
+fn dtype_named(s: &str) -> DType {
+    match s {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "q4_0" => DType::Q4_0,
+        "q4_1" => DType::Q4_1,
+        "q5_0" => DType::Q5_0,
+        "q8_0" => DType::Q8_0,
+        "iq4_nl" => DType::IQ4_NL,
+        "q2_K" => DType::Q2_K,
+        "q3_K" => DType::Q3_K,
+        "q4_K" => DType::Q4_K,
+        "q5_K" => DType::Q5_K,
+        "q6_K" => DType::Q6_K,
+        "iq4_xs" => DType::IQ4_XS,
+        "mxfp4" => DType::MXFP4,
+        _ => panic!("unknown type {s}"),
+    }
+}
+
+/// Weight types whose mul_mat_id is not replicated exactly (see `kernels::matmul`).
+fn inexact(dtype: DType) -> bool {
+    dtype == DType::MXFP4
+}
+
+#[test]
+fn mul_mat_id_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("mmid:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        if inexact(dtype) {
+            continue;
+        }
+        let d = dims(r.name);
+        let (k, m, n_expert, n_used, n_b1, n_tok) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+        let mut c = Case::new();
+        let w = c.input(dtype, &[k, m, n_expert], r.arrays[0]);
+        let x = c.input(DType::F32, &[k, n_b1, n_tok], r.arrays[1]);
+        let ids = c.input(DType::I32, &[n_used, n_tok], r.arrays[2]);
+        let out = c.g.mul_mat_id(w, x, ids).unwrap();
+        c.output(out, r.arrays[3], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 52);
+}
