@@ -8,7 +8,7 @@
 // stdout: one JSON object {"n_vocab": N, "tokens": [...], "logits": [[N floats] x 24]},
 //         floats printed with %.9g (round-trips float32).
 // --dump FILE: also writes, for every graph node as the scheduler computes it (cb_eval),
-//         one line "name op type [ne0,ne1,ne2,ne3] first8=[...] sum=S" (values %.9g, sum in double).
+//         one line "name op type [ne0,ne1,ne2,ne3] src=[...] first8=[...] last8=[...] sum=S" (values %.9g, sum in double).
 //         Note: asking for every node makes the scheduler compute the graph node by node; the
 //         logits printed are those of that run (they are checked to be equal to a plain run).
 //
@@ -87,6 +87,8 @@ static bool dump_cb(struct ggml_tensor * t, bool ask, void * user_data) {
     double sum = 0.0;
     int    n_first = 0;
     double first[8];
+    double last[8];
+    int64_t n_seen = 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
@@ -96,6 +98,8 @@ static bool dump_cb(struct ggml_tensor * t, bool ask, void * user_data) {
                     if (n_first < 8) {
                         first[n_first++] = v;
                     }
+                    last[n_seen % 8] = v;
+                    n_seen++;
                     sum += v;
                 }
             }
@@ -104,6 +108,11 @@ static bool dump_cb(struct ggml_tensor * t, bool ask, void * user_data) {
     fprintf(st->f, " first8=[");
     for (int i = 0; i < n_first; i++) {
         fprintf(st->f, "%s%.9g", i ? "," : "", first[i]);
+    }
+    fprintf(st->f, "] last8=[");
+    const int n_last = n_seen < 8 ? (int) n_seen : 8;
+    for (int i = 0; i < n_last; i++) {
+        fprintf(st->f, "%s%.9g", i ? "," : "", last[(n_seen - n_last + i) % 8]);
     }
     fprintf(st->f, "] sum=%.9g\n", sum);
     st->n_nodes++;
@@ -218,7 +227,7 @@ int main(int argc, char ** argv) {
     if (dump_path) {
         fprintf(st.f, "# model %s, 24 tokens in one batch, n_ctx %u, n_ubatch %u, f16 KV, flash attn off, %d threads\n",
                 model_path, llama_n_ctx(ctx), llama_n_ubatch(ctx), n_threads);
-        fprintf(st.f, "# name op type [ne0,ne1,ne2,ne3] src=[...] first8=[values in ne0-fastest order] sum=(double)\n");
+        fprintf(st.f, "# name op type [ne0,ne1,ne2,ne3] src=[...] first8=[...] last8=[...] (element order: ne0 fastest) sum=(double)\n");
     }
 
     const int rc = llama_decode(ctx, batch);

@@ -19,7 +19,7 @@
 #   7. the logits of the fixed 24-token batch for each fixture -> $OUT/reference-logits.json,
 #      in the format of ../shared/archs/reference-logits.json, values at full float32 precision;
 #   8. optionally ($DUMPS set): a text dump of every graph node (name, op, type, shape, sources,
-#      first 8 values, sum) for each fixture and each ../shared/archs model, to $DUMPS/<file>.txt.
+#      first and last 8 values, sum) for each fixture and each ../shared/archs model, to $DUMPS/<file>.txt.
 #
 # The dumper settings: CPU only, n_ctx 256, n_batch = n_ubatch = 256, f16 K/V cache, flash attention
 # off, the 24 tokens in one llama_decode at positions 0..23 of sequence 0, logits at every position.

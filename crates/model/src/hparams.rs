@@ -55,6 +55,14 @@ pub struct HParams {
     pub n_swa: u32,
     /// Per layer: whether the layer uses sliding-window attention.
     pub swa_layers: Vec<bool>,
+    /// Experts per MoE layer (0: no experts).
+    pub n_expert: u32,
+    /// Experts each token is routed to.
+    pub n_expert_used: u32,
+    /// Expert groups (DeepSeek V3's group-limited routing; 0 or 1: none) and how many of them
+    /// a token may use.
+    pub n_expert_groups: u32,
+    pub n_group_used: u32,
 }
 
 impl HParams {
@@ -72,12 +80,50 @@ impl HParams {
         if n_embd == 0 {
             return Err(r.bad("embedding_length", "must be positive".into()));
         }
+        // Checked before anything allocates `n_layer` entries.
         if n_layer == 0 || n_layer > MAX_LAYERS {
             return Err(r.bad(
                 "block_count",
                 format!("{n_layer} layers (1 to {MAX_LAYERS} supported)"),
             ));
         }
+        // llama.cpp's LLAMA_MAX_EXPERTS, and its checks of the expert counts.
+        const MAX_EXPERTS: u32 = 512;
+        let n_expert = r.u32("expert_count")?.unwrap_or(0);
+        let n_expert_used = r
+            .per_layer("expert_used_count", n_layer)?
+            .map_or(0, |v| v.into_iter().max().unwrap_or(0));
+        let n_expert_groups = r.u32("expert_group_count")?.unwrap_or(0);
+        let n_group_used = r.u32("expert_group_used_count")?.unwrap_or(0);
+        if n_expert > MAX_EXPERTS {
+            return Err(r.bad(
+                "expert_count",
+                format!("{n_expert} experts (at most {MAX_EXPERTS})"),
+            ));
+        }
+        if n_expert_used > n_expert || (n_expert > 0 && n_expert_used == 0) {
+            return Err(r.bad(
+                "expert_used_count",
+                format!("{n_expert_used} experts used of {n_expert}"),
+            ));
+        }
+        if n_expert > 0 && n_expert_groups > 1 {
+            if n_expert_groups >= n_expert || !n_expert.is_multiple_of(n_expert_groups) {
+                return Err(r.bad(
+                    "expert_group_count",
+                    format!("{n_expert} experts cannot form {n_expert_groups} groups"),
+                ));
+            }
+            if n_group_used == 0 || n_group_used >= n_expert_groups {
+                return Err(r.bad(
+                    "expert_group_used_count",
+                    format!("{n_group_used} groups used of {n_expert_groups}"),
+                ));
+            }
+        } else if n_expert == 0 && n_expert_groups > 0 {
+            return Err(r.bad("expert_group_count", "expert groups without experts".into()));
+        }
+
         let n_ff = r
             .per_layer("feed_forward_length", n_layer)?
             .unwrap_or_else(|| vec![0; n_layer as usize]);
@@ -169,6 +215,10 @@ impl HParams {
             norm_eps: r.f32("attention.layer_norm_epsilon")?.unwrap_or(0.0),
             n_swa: 0,
             swa_layers: vec![false; n_layer as usize],
+            n_expert,
+            n_expert_used,
+            n_expert_groups,
+            n_group_used,
         })
     }
 

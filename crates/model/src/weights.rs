@@ -95,6 +95,67 @@ pub struct FfnWeights {
     pub down: Linear,
 }
 
+/// One stack of expert matrices `[n_in, n_out, n_expert]` (`*_exps.weight`), with optional
+/// per-expert biases `[n_out, n_expert]` and per-expert scales `[n_expert]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    pub w: WeightRef,
+    pub b: Option<WeightRef>,
+    pub scale: Option<WeightRef>,
+}
+
+impl Experts {
+    /// The stack without its biases.
+    pub fn no_bias(self) -> Experts {
+        Experts { b: None, ..self }
+    }
+
+    /// The stack without biases or scales.
+    pub fn plain(self) -> Experts {
+        Experts {
+            b: None,
+            scale: None,
+            ..self
+        }
+    }
+}
+
+/// A mixture-of-experts feed-forward layer: the router (`ffn_gate_inp`, optional bias) and the
+/// expert stacks; `gate` is absent for ungated experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeWeights {
+    pub router: Linear,
+    pub up: Experts,
+    pub gate: Option<Experts>,
+    pub down: Experts,
+    /// Expert-selection bias (DeepSeek V3's `exp_probs_b`), added for choosing only.
+    pub selection_bias: Option<WeightRef>,
+}
+
+impl MoeWeights {
+    /// The experts and router without biases or scales.
+    pub fn plain(self) -> MoeWeights {
+        MoeWeights {
+            up: self.up.plain(),
+            gate: self.gate.map(Experts::plain),
+            down: self.down.plain(),
+            router: self.router.plain(),
+            ..self
+        }
+    }
+
+    /// The experts and router without biases (expert scales kept).
+    pub fn no_bias(self) -> MoeWeights {
+        MoeWeights {
+            up: self.up.no_bias(),
+            gate: self.gate.map(Experts::no_bias),
+            down: self.down.no_bias(),
+            router: self.router.no_bias(),
+            ..self
+        }
+    }
+}
+
 /// Looks up tensors of a GGUF file by name, checking shape and type.
 pub struct TensorLoader<'a> {
     gguf: &'a Gguf,
@@ -228,18 +289,69 @@ impl<'a> TensorLoader<'a> {
         })
     }
 
+    /// `{prefix}.weight` `[n_in, n_out, n_expert]` with its optional per-expert bias and scale.
+    pub fn experts(
+        &self,
+        prefix: &str,
+        n_in: u64,
+        n_out: u64,
+        n_expert: u64,
+    ) -> Result<Experts, ModelError> {
+        Ok(Experts {
+            w: self.get(&format!("{prefix}.weight"), &[n_in, n_out, n_expert])?,
+            b: self.optional(&format!("{prefix}.bias"), &[n_out, n_expert])?,
+            scale: self.optional(&format!("{prefix}.scale"), &[n_expert])?,
+        })
+    }
+
+    /// Layer `il`'s experts (`ffn_{up,gate,down}_exps`, width `n_ff_exp`) and router
+    /// (`ffn_gate_inp` with its optional bias), everything optional included (an architecture
+    /// whose graph ignores some takes [`MoeWeights::plain`] or sets them to `None`).
+    pub fn moe(
+        &self,
+        hp: &HParams,
+        il: usize,
+        n_ff_exp: u32,
+        n_expert: u32,
+        gated: bool,
+    ) -> Result<MoeWeights, ModelError> {
+        let (n_embd, n_ff, n_expert) = (hp.n_embd as u64, n_ff_exp as u64, n_expert as u64);
+        if n_ff == 0 {
+            return Err(ModelError::BadHParam {
+                key: format!("{}.expert_feed_forward_length", hp.arch),
+                message: format!("layer {il} has no expert width"),
+            });
+        }
+        let router = self.linear(&blk(il, "ffn_gate_inp"), n_embd, n_expert)?;
+        Ok(MoeWeights {
+            router: Linear {
+                scale: None,
+                ..router
+            },
+            up: self.experts(&blk(il, "ffn_up_exps"), n_embd, n_ff, n_expert)?,
+            gate: if gated {
+                Some(self.experts(&blk(il, "ffn_gate_exps"), n_embd, n_ff, n_expert)?)
+            } else {
+                None
+            },
+            down: self.experts(&blk(il, "ffn_down_exps"), n_ff, n_embd, n_expert)?,
+            selection_bias: self.optional(&blk(il, "exp_probs_b.bias"), &[n_expert])?,
+        })
+    }
+
     /// `token_embd.weight` `[n_embd, n_vocab]`.
     pub fn token_embd(&self, hp: &HParams) -> Result<WeightRef, ModelError> {
         self.get("token_embd.weight", &[hp.n_embd as u64, hp.n_vocab as u64])
     }
 
-    /// The LM head: `output.weight` with its optional scale (no bias: an architecture whose
-    /// graph adds one sets it), else the token embeddings (tied).
+    /// The LM head: `output.weight` (no bias: an architecture whose graph adds one sets it; no
+    /// scale: llama.cpp reads `output.scale` only for NVFP4 files), else the token embeddings
+    /// (tied).
     pub fn lm_head(&self, hp: &HParams, tok_embd: WeightRef) -> Result<Linear, ModelError> {
         let (n_embd, n_vocab) = (hp.n_embd as u64, hp.n_vocab as u64);
         Ok(self
             .optional_linear("output", n_embd, n_vocab)?
-            .map(Linear::no_bias)
+            .map(Linear::plain)
             .unwrap_or(Linear {
                 w: tok_embd,
                 b: None,

@@ -16,6 +16,8 @@ struct Gemma3 {
     hp: HParams,
     /// Q is scaled by this before attention.
     attention_scale: f32,
+    /// Logits are soft-capped to this when non-zero.
+    final_softcap: f32,
     tok_embd: WeightRef,
     output_norm: NormWeights,
     lm_head: Linear,
@@ -38,19 +40,15 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let r = MetaReader::new(gguf, "gemma3");
     let mut hp = HParams::read_common(&r, RopeType::Neox)?;
     hp.norm_rms_eps = r.require_f32("attention.layer_norm_rms_epsilon")?;
-    // llama.cpp: a sliding window on all but every sixth layer (unless the file says which),
-    // with RoPE base 10000 unless the file gives one.
+    // llama.cpp: with a window, sliding on all but every sixth layer (unless the file says
+    // which), with RoPE base 10000 unless the file gives one.
     let n_swa = r.u32("attention.sliding_window")?.unwrap_or(0);
-    if n_swa == 0 {
-        return Err(r.bad(
-            "attention.sliding_window",
-            "gemma3 without sliding-window attention (soft-capped logits) is not supported yet"
-                .into(),
-        ));
+    if n_swa > 0 {
+        hp.set_swa(&r, n_swa, 6, false)?;
+        hp.rope_freq_base_swa = r.f32("rope.freq_base_swa")?.unwrap_or(10000.0);
+        hp.rope_freq_scale_swa = 1.0;
     }
-    hp.set_swa(&r, n_swa, 6, false)?;
-    hp.rope_freq_base_swa = r.f32("rope.freq_base_swa")?.unwrap_or(10000.0);
-    hp.rope_freq_scale_swa = 1.0;
+    let final_softcap = r.f32("final_logit_softcapping")?.unwrap_or(0.0);
     // Gemma 3 27B (62 layers) scales by n_embd / n_head instead of the head size, as
     // llama.cpp decides from the layer count.
     let scale_dim = if hp.n_layer == 62 {
@@ -81,6 +79,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
         .collect::<Result<_, ModelError>>()?;
     Ok(Box::new(Gemma3 {
         attention_scale,
+        final_softcap,
         tok_embd,
         output_norm: t.norm("output_norm", n_embd)?,
         lm_head: t.lm_head(&hp, tok_embd)?,
@@ -107,7 +106,7 @@ impl Architecture for Gemma3 {
             let k = b.norm(k, &lw.attn_k_norm, NormKind::Rms)?;
             let k = b.rope(k, il, None)?;
             let q = b.g.scale(q, self.attention_scale)?;
-            let params = AttnParams { kq_scale: 1.0 };
+            let params = AttnParams::scaled(1.0);
             let mut cur = b.attention(il, q, k, v, params, &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;
@@ -121,8 +120,10 @@ impl Architecture for Gemma3 {
             let cur = b.norm(cur, &lw.ffn_post_norm, NormKind::Rms)?;
             inp = b.g.add(cur, sa_out)?;
         }
-        // llama.cpp soft-caps logits only in the variant without sliding windows, which
-        // is refused above for now.
-        b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+        let out = b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)?;
+        if self.final_softcap == 0.0 || b.shape.embeddings {
+            return Ok(out);
+        }
+        b.softcap(out, self.final_softcap)
     }
 }

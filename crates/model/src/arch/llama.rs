@@ -1,14 +1,18 @@
 //! Llama 2/3, Mistral, SmolLM2 and other llama-shaped models, after llama.cpp's
 //! `llama_model_llama`: RMS norms, RoPE on Q and K (with llama 3's frequency factors when the
 //! file has them), attention over the KV cache, a SwiGLU feed-forward network, residual adds,
-//! tied or separate LM head. `mistral3` is this graph too, with an attention temperature.
+//! tied or separate LM head; with experts (Mixtral) a softmax-routed MoE FFN instead. `mistral3`
+//! is this graph too, with an attention temperature.
 
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::moe::{Gating, MoeAct, MoeParams};
 use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
 use crate::hparams::{MetaReader, RopeType};
-use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
+use crate::weights::{
+    AttnWeights, FfnWeights, Linear, MoeWeights, NormWeights, TensorLoader, WeightRef, blk,
+};
 use crate::{HParams, ModelError};
 
 #[derive(Debug)]
@@ -29,7 +33,14 @@ struct Layer {
     attn_norm: NormWeights,
     attn: AttnWeights,
     ffn_norm: NormWeights,
-    ffn: FfnWeights,
+    ffn: Ffn,
+}
+
+/// A dense FFN, or experts (Mixtral-style: softmax routing, normalised weights).
+#[derive(Debug)]
+enum Ffn {
+    Dense(FfnWeights),
+    Moe(MoeWeights),
 }
 
 pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
@@ -53,7 +64,13 @@ pub(super) fn load_as(r: &MetaReader<'_>, gguf: &Gguf) -> Result<Llama, ModelErr
                 attn_norm: t.norm(&blk(il, "attn_norm"), n_embd)?,
                 attn,
                 ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
-                ffn: t.ffn(&hp, il, hp.n_ff[il], true)?,
+                ffn: if hp.n_expert == 0 {
+                    Ffn::Dense(t.ffn(&hp, il, hp.n_ff[il], true)?)
+                } else {
+                    // Expert scales, no biases; the gate stack may be absent.
+                    let gated = t.has(&blk(il, "ffn_gate_exps.weight"));
+                    Ffn::Moe(t.moe(&hp, il, hp.n_ff[il], hp.n_expert, gated)?.no_bias())
+                },
             })
         })
         .collect::<Result<_, ModelError>>()?;
@@ -89,14 +106,28 @@ impl Architecture for Llama {
                 }
                 None => q,
             };
-            let mut cur = b.attention(il, q, k, v, AttnParams { kq_scale }, &lw.attn.wo)?;
+            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;
                 inp = b.select_outputs(inp)?;
             }
             let ffn_inp = b.g.add(cur, inp)?;
             let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
-            let cur = b.ffn(cur, &lw.ffn, FfnAct::Silu)?;
+            let cur = match &lw.ffn {
+                Ffn::Dense(f) => b.ffn(cur, f, FfnAct::Silu)?,
+                Ffn::Moe(m) => {
+                    let params = MoeParams {
+                        n_expert: self.hp.n_expert as usize,
+                        n_expert_used: self.hp.n_expert_used as usize,
+                        act: MoeAct::Silu,
+                        norm_weights: true,
+                        // llama.cpp's llama reads no expert weight scale.
+                        weights_scale: 0.0,
+                        gating: Gating::Softmax,
+                    };
+                    b.moe_ffn(cur, m, params)?
+                }
+            };
             inp = b.g.add(cur, ffn_inp)?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)

@@ -4,15 +4,20 @@
 //! the KV cache, feed-forward networks) the way llama.cpp's `llm_build_*` do. Graph inputs are
 //! objects ([`inputs`]) that the block needing one creates.
 
+mod gemma2;
 mod gemma3;
+mod gpt_oss;
 pub mod inputs;
 mod llama;
 mod mistral3;
+mod moe;
 mod olmo2;
 mod phi2;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 mod starcoder2;
 
 use std::collections::HashMap;
@@ -73,6 +78,22 @@ pub const ARCHITECTURES: &[ArchEntry] = &[
     ArchEntry {
         name: "starcoder2",
         load: starcoder2::load,
+    },
+    ArchEntry {
+        name: "gemma2",
+        load: gemma2::load,
+    },
+    ArchEntry {
+        name: "qwen2moe",
+        load: qwen2moe::load,
+    },
+    ArchEntry {
+        name: "qwen3moe",
+        load: qwen3moe::load,
+    },
+    ArchEntry {
+        name: "gpt-oss",
+        load: gpt_oss::load,
     },
 ];
 
@@ -198,6 +219,21 @@ pub enum FfnAct {
 pub struct AttnParams {
     /// Scale of `K·Q` inside the softmax.
     pub kq_scale: f32,
+    /// Soft-capping of the scores, `cap * tanh(kq / cap)` before the softmax (gemma2); 0: none.
+    pub softcap: f32,
+    /// Attention sinks, one logit per head (gpt-oss).
+    pub sinks: Option<WeightRef>,
+}
+
+impl AttnParams {
+    /// Plain attention with scale `kq_scale`.
+    pub fn scaled(kq_scale: f32) -> AttnParams {
+        AttnParams {
+            kq_scale,
+            softcap: 0.0,
+            sinks: None,
+        }
+    }
 }
 
 /// The inputs a graph has created so far, so each is created once.
@@ -698,7 +734,23 @@ impl<'a> Builder<'a> {
         let q = self.g.permute(q, [0, 2, 1, 3])?;
         let mask = self.inp_kq_mask(il)?;
         let kq_scale = params.kq_scale;
-        let merged = if n_tokens > 1 && matches!(kv.dtype(), DType::F16 | DType::F32) {
+        let plain = params.softcap == 0.0 && params.sinks.is_none();
+        let merged = if !plain {
+            // Soft-capping and sinks change the scores between K·Q and the softmax: the
+            // unfused path, every score computed (the cap must not see skipped ones).
+            let sinks = params.sinks.map(|w| self.weight(w)).transpose()?;
+            let mut kq = self.g.mul_mat(k_view, q)?;
+            if params.softcap != 0.0 {
+                kq = self.softcap(kq, params.softcap)?;
+            }
+            let kq = self.g.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+            if let Some(s) = sinks {
+                self.g.soft_max_add_sinks(kq, s)?;
+            }
+            let kqv = self.g.mul_mat(v_view, kq)?;
+            let merged = self.g.permute(kqv, [0, 2, 1, 3])?;
+            self.g.cont(merged)?
+        } else if n_tokens > 1 && matches!(kv.dtype(), DType::F16 | DType::F32) {
             // Fused: the same arithmetic without the `[n_kv, n_tokens, n_head]` score tensor,
             // the largest activation of a prompt micro-batch (9.4 MB for SmolLM2 at 512
             // tokens, and growing with the context).
@@ -712,6 +764,13 @@ impl<'a> Builder<'a> {
             self.g.cont(merged)?
         };
         Ok(self.g.reshape(merged, &[head_v * n_head, n_tokens])?)
+    }
+
+    /// `cap * tanh(x / cap)` (llama.cpp's soft-capping of scores and logits).
+    pub fn softcap(&mut self, x: TensorId, cap: f32) -> Result<TensorId, ModelError> {
+        let x = self.g.scale(x, 1.0 / cap)?;
+        let x = self.g.tanh(x)?;
+        Ok(self.g.scale(x, cap)?)
     }
 
     /// At the last layer, keeps only the rows whose logits are wanted (llama.cpp's `inp_out_ids`).

@@ -56,7 +56,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
         })
         .collect::<Result<_, ModelError>>()?;
     // The LM head is required (never tied).
-    let lm_head = t.linear("output", n_embd, hp.n_vocab as u64)?.no_bias();
+    let lm_head = t.linear("output", n_embd, hp.n_vocab as u64)?.plain();
     Ok(Box::new(Olmo2 {
         tok_embd,
         output_norm: t.norm("output_norm", n_embd)?,
@@ -90,7 +90,7 @@ impl Architecture for Olmo2 {
             };
             let q = b.rope_with(q, None, base, scale)?;
             let k = b.rope_with(k, None, base, scale)?;
-            let mut cur = b.attention(il, q, k, v, AttnParams { kq_scale }, &lw.attn.wo)?;
+            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;
                 inp = b.select_outputs(inp)?;

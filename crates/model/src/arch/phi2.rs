@@ -39,7 +39,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let t = TensorLoader::new(gguf);
     let (n_embd, n_vocab) = (hp.n_embd as u64, hp.n_vocab as u64);
     let tok_embd = t.token_embd(&hp)?;
-    let mut lm_head = t.linear("output", n_embd, n_vocab)?;
+    let mut lm_head = t.linear("output", n_embd, n_vocab)?.plain();
     lm_head.b = Some(t.get("output.bias", &[n_vocab])?);
     let layers = (0..hp.n_layer as usize)
         .map(|il| {
@@ -82,7 +82,7 @@ impl Architecture for Phi2 {
             let q = b.rope(q, il, None)?;
             let k = b.rope(k, il, None)?;
             let q = b.g.scale(q, q_scale)?;
-            let params = AttnParams { kq_scale: 1.0 };
+            let params = AttnParams::scaled(1.0);
             let mut cur = b.attention(il, q, k, v, params, &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;

@@ -95,7 +95,7 @@ impl Architecture for Phi3 {
             let q = b.rope(q, il, factors)?;
             let k = b.rope(k, il, factors)?;
             let q = b.g.scale(q, q_scale)?;
-            let params = AttnParams { kq_scale: 1.0 };
+            let params = AttnParams::scaled(1.0);
             let mut cur = b.attention(il, q, k, v, params, &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;

@@ -74,7 +74,7 @@ impl Architecture for StarCoder2 {
             let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
             let q = b.rope(q, il, None)?;
             let k = b.rope(k, il, None)?;
-            let mut cur = b.attention(il, q, k, v, AttnParams { kq_scale }, &lw.attn.wo)?;
+            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;
                 inp = b.select_outputs(inp)?;
