@@ -161,18 +161,7 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         Op::RmsNorm { eps } => {
             map_rows(node, a, ctx, work, |x, y| kernels::rms_norm_row(x, eps, y))
         }
-        Op::Norm { eps } => map_rows(node, a, ctx, work, |x, y| {
-            let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
-            let mut sum2 = 0f64;
-            for (o, v) in y.iter_mut().zip(x) {
-                *o = v - mean;
-                sum2 += f64::from(*o) * f64::from(*o);
-            }
-            let s = 1.0 / ((sum2 / x.len() as f64) as f32 + eps).sqrt();
-            for o in y.iter_mut() {
-                *o *= s;
-            }
-        }),
+        Op::Norm { eps } => map_rows(node, a, ctx, work, |x, y| kernels::norm_row(x, eps, y)),
         Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, kernels::silu_row),
         Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, kernels::gelu_row),
         Op::Unary(op) => {

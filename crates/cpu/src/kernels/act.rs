@@ -455,6 +455,44 @@ pub fn rms_norm_row(x: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
+/// `ggml_compute_forward_norm_f32` for one row, with the arithmetic of ggml's x86 AVX2 build:
+/// the mean is `(float)Σ(double)x / n` in f32; `ggml_vec_cvar_f32` sums the squared deviations
+/// in f32 eight at a time (its `_mm256` horizontal sum: halves, then pairs, then the last two),
+/// each group's sum added in double, the tail element by element; then
+/// `y = (x - mean) * (1/sqrtf(var + eps))`.
+pub fn norm_row(x: &[f32], eps: f32, y: &mut [f32]) {
+    let n = x.len();
+    let mut sum = 0f64;
+    for &v in x {
+        sum += f64::from(v);
+    }
+    let mean = sum as f32 / n as f32;
+    let mut var = 0f64;
+    let groups = n / 8 * 8;
+    for (xs, ys) in x[..groups]
+        .chunks_exact(8)
+        .zip(y[..groups].chunks_exact_mut(8))
+    {
+        let mut sq = [0f32; 8];
+        for i in 0..8 {
+            ys[i] = xs[i] - mean;
+            sq[i] = ys[i] * ys[i];
+        }
+        let h = [sq[0] + sq[4], sq[1] + sq[5], sq[2] + sq[6], sq[3] + sq[7]];
+        let p = [h[0] + h[2], h[1] + h[3]];
+        var += f64::from(p[0] + p[1]);
+    }
+    for (o, &v) in y[groups..].iter_mut().zip(&x[groups..]) {
+        *o = v - mean;
+        var += f64::from(*o * *o);
+    }
+    let var = (var / n as f64) as f32;
+    let scale = 1.0 / (var + eps).sqrt();
+    for o in y.iter_mut() {
+        *o *= scale;
+    }
+}
+
 /// Parameters of [`rope_cache`] (ggml's rope op parameters).
 #[derive(Clone, Copy, Debug)]
 pub struct RopeCacheParams {

@@ -26,7 +26,7 @@ mod tile;
 use std::sync::OnceLock;
 
 pub use act::{
-    geglu_row, gelu_row, rms_norm_row, rope_cache, rope_rotate, silu_row, softmax_row,
+    geglu_row, gelu_row, norm_row, rms_norm_row, rope_cache, rope_rotate, silu_row, softmax_row,
     softmax_row_sink, swiglu_row,
 };
 pub use dot::{vec_dot, vec_dot_scalar};
