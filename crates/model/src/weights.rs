@@ -125,8 +125,11 @@ impl Experts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeWeights {
     pub router: Linear,
+    /// The up stack, or with `merged_gate_up` the gate and up stacks side by side
+    /// (`ffn_gate_up_exps`, `[n_embd, 2 * n_ff, n_expert]`: gate first).
     pub up: Experts,
     pub gate: Option<Experts>,
+    pub merged_gate_up: bool,
     pub down: Experts,
     /// Expert-selection bias (DeepSeek V3's `exp_probs_b`), added for choosing only.
     pub selection_bias: Option<WeightRef>,
@@ -304,17 +307,18 @@ impl<'a> TensorLoader<'a> {
         })
     }
 
-    /// Layer `il`'s experts (`ffn_{up,gate,down}_exps`, width `n_ff_exp`) and router
-    /// (`ffn_gate_inp` with its optional bias), everything optional included (an architecture
-    /// whose graph ignores some takes [`MoeWeights::plain`] or sets them to `None`).
+    /// Layer `il`'s experts (`ffn_{up,gate,down}_exps`, width `n_ff_exp`; with `may_merge`, a
+    /// merged `ffn_gate_up_exps` if the file has one) and router (`ffn_gate_inp` with its
+    /// optional bias), everything optional included (an architecture whose graph ignores some
+    /// takes [`MoeWeights::plain`] or sets them to `None`).
     pub fn moe(
         &self,
         hp: &HParams,
         il: usize,
         n_ff_exp: u32,
-        n_expert: u32,
-        gated: bool,
+        (gated, may_merge): (bool, bool),
     ) -> Result<MoeWeights, ModelError> {
+        let n_expert = hp.n_expert;
         let (n_embd, n_ff, n_expert) = (hp.n_embd as u64, n_ff_exp as u64, n_expert as u64);
         if n_ff == 0 {
             return Err(ModelError::BadHParam {
@@ -323,17 +327,29 @@ impl<'a> TensorLoader<'a> {
             });
         }
         let router = self.linear(&blk(il, "ffn_gate_inp"), n_embd, n_expert)?;
-        Ok(MoeWeights {
-            router: Linear {
-                scale: None,
-                ..router
-            },
-            up: self.experts(&blk(il, "ffn_up_exps"), n_embd, n_ff, n_expert)?,
-            gate: if gated {
+        let router = Linear {
+            scale: None,
+            ..router
+        };
+        // llama.cpp's `create_tensor_gate_up_exps`: a merged gate-up stack if the file has one.
+        let merged = gated && may_merge && self.has(&blk(il, "ffn_gate_up_exps.weight"));
+        let (up, gate) = if merged {
+            let up = self.experts(&blk(il, "ffn_gate_up_exps"), n_embd, 2 * n_ff, n_expert)?;
+            (up, None)
+        } else {
+            let up = self.experts(&blk(il, "ffn_up_exps"), n_embd, n_ff, n_expert)?;
+            let gate = if gated {
                 Some(self.experts(&blk(il, "ffn_gate_exps"), n_embd, n_ff, n_expert)?)
             } else {
                 None
-            },
+            };
+            (up, gate)
+        };
+        Ok(MoeWeights {
+            router,
+            up,
+            gate,
+            merged_gate_up: merged,
             down: self.experts(&blk(il, "ffn_down_exps"), n_ff, n_embd, n_expert)?,
             selection_bias: self.optional(&blk(il, "exp_probs_b.bias"), &[n_expert])?,
         })

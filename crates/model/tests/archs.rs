@@ -35,6 +35,7 @@ const FIXTURES: &[(&str, &str, Match)] = &[
     ("shared", "gemma3-dense.gguf", Match::Exact),
     ("shared", "qwen2moe-moe.gguf", Match::Exact),
     ("shared", "gpt-oss-moe.gguf", Match::Exact),
+    ("shared", "deepseek2-moe.gguf", Match::Exact),
     ("local", "qwen3moe-moe.gguf", Match::Exact),
     ("local", "llama-moe.gguf", Match::Exact),
     ("local", "mistral3-dense.gguf", Match::Exact),

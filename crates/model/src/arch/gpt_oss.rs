@@ -59,7 +59,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
             let mut attn = t.attention(&hp, il)?;
             attn.wo.b = Some(t.get(&blk(il, "attn_output.bias"), &[n_embd])?);
             let n_ff = n_ff_exp[il];
-            let mut moe = t.moe(&hp, il, n_ff, hp.n_expert, true)?;
+            let mut moe = t.moe(&hp, il, n_ff, (true, false))?;
             // Router and expert biases are required; the graph applies no expert scales.
             let bias = |name: &str, shape: &[u64]| t.get(&blk(il, name), shape);
             moe.router.b = Some(bias("ffn_gate_inp.bias", &[n_expert])?);

@@ -69,7 +69,7 @@ pub(super) fn load_as(r: &MetaReader<'_>, gguf: &Gguf) -> Result<Llama, ModelErr
                 } else {
                     // Expert scales, no biases; the gate stack may be absent.
                     let gated = t.has(&blk(il, "ffn_gate_exps.weight"));
-                    Ffn::Moe(t.moe(&hp, il, hp.n_ff[il], hp.n_expert, gated)?.no_bias())
+                    Ffn::Moe(t.moe(&hp, il, hp.n_ff[il], (gated, false))?.no_bias())
                 },
             })
         })

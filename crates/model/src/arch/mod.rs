@@ -4,6 +4,7 @@
 //! the KV cache, feed-forward networks) the way llama.cpp's `llm_build_*` do. Graph inputs are
 //! objects ([`inputs`]) that the block needing one creates.
 
+mod deepseek2;
 mod gemma2;
 mod gemma3;
 mod gpt_oss;
@@ -94,6 +95,10 @@ pub const ARCHITECTURES: &[ArchEntry] = &[
     ArchEntry {
         name: "gpt-oss",
         load: gpt_oss::load,
+    },
+    ArchEntry {
+        name: "deepseek2",
+        load: deepseek2::load,
     },
 ];
 

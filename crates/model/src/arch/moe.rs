@@ -139,10 +139,26 @@ impl Builder<'_> {
         }
 
         let cur = self.g.reshape(x, &[n_embd, 1, n_tokens])?;
-        let up = self.experts_mm(&mw.up, cur, selected)?; // [n_ff, n_used, n_tokens]
-        let gate = match &mw.gate {
-            Some(g) => Some(self.experts_mm(g, cur, selected)?),
-            None => None,
+        let (up, gate) = if mw.merged_gate_up {
+            // One product, split into the gate (first half) and up views.
+            let gate_up = self.experts_mm(&mw.up, cur, selected)?; // [2 n_ff, n_used, n_tokens]
+            let t = self.g.tensor(gate_up);
+            let (ne, nb) = (t.ne(), t.nb());
+            let n_ff = ne[0] / 2;
+            let gate = self
+                .g
+                .view_3d(gate_up, n_ff, ne[1], ne[2], nb[1], nb[2], 0)?;
+            let up = self
+                .g
+                .view_3d(gate_up, n_ff, ne[1], ne[2], nb[1], nb[2], n_ff * nb[0])?;
+            (up, Some(gate))
+        } else {
+            let up = self.experts_mm(&mw.up, cur, selected)?; // [n_ff, n_used, n_tokens]
+            let gate = match &mw.gate {
+                Some(g) => Some(self.experts_mm(g, cur, selected)?),
+                None => None,
+            };
+            (up, gate)
         };
         let h = match (p.act, gate) {
             (MoeAct::Silu, Some(g)) => self.g.swiglu_split(g, up)?,

@@ -62,7 +62,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
                 attn: t.attention(&hp, il)?,
                 ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
                 // No expert biases or scales in llama.cpp's qwen2moe graph.
-                moe: t.moe(&hp, il, n_ff, hp.n_expert, true)?.plain(),
+                moe: t.moe(&hp, il, n_ff, (true, false))?.plain(),
                 shexp_gate_inp: t.get(&blk(il, "ffn_gate_inp_shexp.weight"), &[n_embd])?,
                 shexp: shexp.plain(),
             })

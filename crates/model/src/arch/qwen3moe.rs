@@ -67,7 +67,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
                 attn_q_norm: t.norm(&blk(il, "attn_q_norm"), head_k)?,
                 attn_k_norm: t.norm(&blk(il, "attn_k_norm"), head_k)?,
                 ffn_norm: t.norm(&blk(il, "ffn_norm"), n_embd)?,
-                moe: t.moe(&hp, il, n_ff, hp.n_expert, true)?.no_bias(),
+                moe: t.moe(&hp, il, n_ff, (true, false))?.no_bias(),
             })
         })
         .collect::<Result<_, ModelError>>()?;
