@@ -48,6 +48,7 @@ enum QProj {
 }
 
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer, made once at load
 enum Ffn {
     Dense(FfnWeights),
     Moe {
