@@ -4,8 +4,9 @@
 //! reference build was), written by `data/ops_harness.c` via `data/gen_ops_vectors.sh`:
 //! mul_mat_id over 14 weight types (with the weights in ggml's `CPU_REPACK` buffer where
 //! llama.cpp puts them), argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
-//! build_moe_ffn's routing chain (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
-//! clamp, div, broadcast mul, add_id), div / sum_rows / repeat / fill. Each graph runs through
+//! build_moe_ffn's routing chains (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
+//! clamp, div, broadcast mul, add_id; DeepSeek-V3's grouped selection with fill + set_rows),
+//! RoPE of the trailing dims, div / sum_rows / repeat / fill. Each graph runs through
 //! the graph allocator on one device and on each of 3 virtual devices, and every output must
 //! have llama.cpp's bits (NaNs: any NaN).
 
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use common::run_graph;
 use lamina_backend::Device;
 use lamina_core::DType;
-use lamina_core::graph::{GluOp, Graph, SortOrder, TensorId, UnaryOp};
+use lamina_core::graph::{GluOp, Graph, RopeMode, RopeParams, SortOrder, TensorId, UnaryOp};
 use lamina_cpu::{CpuBackendReg, CpuConfig};
 
 const VECTORS: &[u8] = include_bytes!("data/ops_vectors.bin");
@@ -264,6 +265,82 @@ fn moe_routing_matches_llama_cpp() {
         n += 1;
     }
     assert_eq!(n, 3);
+}
+
+/// DeepSeek-V3's grouped routing as build_moe_ffn builds it: sigmoid gating, selection bias,
+/// the best `n_group_used` groups by the sum of their two best experts, the others masked
+/// with fill + set_rows, then the top experts and their weights.
+#[test]
+fn moe_group_routing_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("moe_groups:"))
+    {
+        let d = dims(r.name);
+        let (n_expert, n_groups, n_group_used, n_used, n_tok) = (d[0], d[1], d[2], d[3], d[4]);
+        let epg = n_expert / n_groups;
+        let mut c = Case::new();
+        let logits = c.input(DType::F32, &[n_expert, n_tok], r.arrays[0]);
+        let bias = c.input(DType::F32, &[n_expert], r.arrays[1]);
+        let g = &mut c.g;
+        let probs = g.sigmoid(logits).unwrap();
+        let sel = g.add(probs, bias).unwrap();
+        let groups = g.reshape(sel, &[epg, n_groups, n_tok]).unwrap();
+        let gs = g.argsort_top_k(groups, 2).unwrap();
+        let g4 = g.reshape(groups, &[1, epg, n_groups, n_tok]).unwrap();
+        let gs = g.get_rows(g4, gs).unwrap();
+        let gs = g.reshape(gs, &[2, n_groups, n_tok]).unwrap();
+        let gs = g.sum_rows(gs).unwrap();
+        let gs = g.reshape(gs, &[n_groups, n_tok]).unwrap();
+        let eg = g.argsort_top_k(gs, n_group_used).unwrap();
+        let sp = g.get_rows(groups, eg).unwrap();
+        let masked = g.fill(groups, f32::NEG_INFINITY).unwrap();
+        let sp = g.set_rows(masked, sp, eg).unwrap();
+        let sp = g.reshape(sp, &[n_expert, n_tok]).unwrap();
+        let selected = g.argsort_top_k(sp, n_used).unwrap();
+        let p3 = g.reshape(probs, &[1, n_expert, n_tok]).unwrap();
+        let weights = g.get_rows(p3, selected).unwrap();
+        let spc = g.cont(sp).unwrap();
+        let selc = g.cont(selected).unwrap();
+        c.output(spc, r.arrays[2], format!("{} masked", r.name));
+        c.output(selc, r.arrays[3], format!("{} selected", r.name));
+        c.output(weights, r.arrays[4], format!("{} weights", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 3);
+}
+
+/// RoPE of the trailing dims (ggml_rope_set_offset, DeepSeek-2's MHA path).
+#[test]
+fn rope_offset_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("rope_offs:"))
+    {
+        let d = dims(r.name);
+        let (mode, head, n_dims, n_offs, n_head, n_tok) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+        let mode = if mode == 2 {
+            RopeMode::Neox
+        } else {
+            RopeMode::Normal
+        };
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[head, n_head, n_tok], r.arrays[0]);
+        let pos = c.input(DType::I32, &[n_tok], r.arrays[1]);
+        let mut p = RopeParams::new(n_dims, mode, 10000.0);
+        p.n_ctx_orig = 4096;
+        let out = c.g.rope_ext(a, pos, None, p).unwrap();
+        c.g.rope_set_offset(out, n_offs).unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 4);
 }
 
 #[test]

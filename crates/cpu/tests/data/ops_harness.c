@@ -174,6 +174,54 @@ static void moe_route_case(int n_expert, int n_used, int n_tok, int n_embd) {
     ggml_free(ctx);
 }
 
+// moe_groups:<n_expert>:<n_groups>:<n_group_used>:<n_used>:<n_tok>   logits, exp_probs_b, then
+// masked selection probabilities, selected experts (cont) and weights: DeepSeek-V3 routing
+// (sigmoid gating, selection bias, top groups by the sum of their best two, the other groups
+// masked with fill + set_rows), as build_moe_ffn builds it
+static void moe_groups_case(int n_expert, int n_groups, int n_group_used, int n_used, int n_tok) {
+    struct ggml_context *ctx = new_ctx();
+    const int epg = n_expert / n_groups;
+    struct ggml_tensor *logits = rand_t(ctx, n_expert, n_tok, 1, 3.0f);
+    struct ggml_tensor *bias = rand_t(ctx, n_expert, 1, 1, 0.1f);
+    struct ggml_tensor *probs = ggml_sigmoid(ctx, logits);
+    struct ggml_tensor *sel = ggml_add(ctx, probs, bias);
+    struct ggml_tensor *groups = ggml_reshape_3d(ctx, sel, epg, n_groups, n_tok);
+    struct ggml_tensor *gs = ggml_argsort_top_k(ctx, groups, 2);
+    gs = ggml_get_rows(ctx, ggml_reshape_4d(ctx, groups, 1, groups->ne[0], groups->ne[1], groups->ne[2]), gs);
+    gs = ggml_sum_rows(ctx, ggml_reshape_3d(ctx, gs, gs->ne[1], gs->ne[2], gs->ne[3]));
+    gs = ggml_reshape_2d(ctx, gs, gs->ne[1], gs->ne[2]);
+    struct ggml_tensor *eg = ggml_argsort_top_k(ctx, gs, n_group_used);
+    struct ggml_tensor *sp = ggml_get_rows(ctx, groups, eg);
+    sp = ggml_set_rows(ctx, ggml_fill(ctx, groups, -INFINITY), sp, eg);
+    sp = ggml_reshape_2d(ctx, sp, n_expert, n_tok);
+    struct ggml_tensor *selected = ggml_argsort_top_k(ctx, sp, n_used);
+    struct ggml_tensor *weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
+    struct ggml_tensor *spc = ggml_cont(ctx, sp);
+    struct ggml_tensor *selc = ggml_cont(ctx, selected);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, spc);
+    ggml_build_forward_expand(gf, selc);
+    ggml_build_forward_expand(gf, weights);
+    ggml_graph_compute_with_ctx(ctx, gf, 2);
+    char name[64]; snprintf(name, sizeof name, "moe_groups:%d:%d:%d:%d:%d", n_expert, n_groups, n_group_used, n_used, n_tok);
+    rec_begin(name, 5); tarr(logits); tarr(bias); tarr(spc); tarr(selc); tarr(weights);
+    ggml_free(ctx);
+}
+
+// rope_offs:<mode>:<head>:<n_dims>:<n_offs>   a, pos, out (ggml_rope_set_offset)
+static void rope_offs_case(int mode, int head, int n_dims, int n_offs, int n_head, int n_tok) {
+    struct ggml_context *ctx = new_ctx();
+    struct ggml_tensor *a = rand_t(ctx, head, n_head, n_tok, 3.0f);
+    struct ggml_tensor *pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_tok);
+    for (int i = 0; i < n_tok; i++) ((int32_t *)pos->data)[i] = i * 7 + (i > 2 ? 100 : 0);
+    struct ggml_tensor *r = ggml_rope_ext(ctx, a, pos, NULL, n_dims, mode, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+    ggml_rope_set_offset(r, n_offs);
+    run(ctx, r);
+    char name[64]; snprintf(name, sizeof name, "rope_offs:%d:%d:%d:%d:%d:%d", mode, head, n_dims, n_offs, n_head, n_tok);
+    rec_begin(name, 3); tarr(a); tarr(pos); tarr(r);
+    ggml_free(ctx);
+}
+
 // misc: div with views, sum_rows, repeat_4d, fill
 static void misc_cases(void) {
     struct ggml_context *ctx = new_ctx();
@@ -270,6 +318,9 @@ int main(int argc, char **argv) {
     argsort_case(128, 2, 1, 128);
     moe_route_case(8, 2, 5, 16); moe_route_case(60, 4, 7, 8); moe_route_case(32, 8, 3, 4);
     misc_cases();
+    moe_groups_case(16, 4, 2, 4, 5); moe_groups_case(64, 8, 4, 8, 3); moe_groups_case(12, 3, 1, 2, 2);
+    rope_offs_case(0, 24, 8, 16, 2, 5); rope_offs_case(2, 24, 8, 16, 2, 5); rope_offs_case(2, 32, 16, 6, 3, 4);
+    rope_offs_case(0, 20, 10, 4, 1, 3);
     enum ggml_type ts[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
                             GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
                             GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4 };
