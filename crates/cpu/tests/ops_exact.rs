@@ -414,3 +414,59 @@ fn mul_mat_id_matches_llama_cpp() {
     }
     assert_eq!(n, 52);
 }
+
+/// A whole build_moe_ffn (softmax gating, norm_w, SwiGLU experts, the weighted expert outputs
+/// summed through strided views) as llama.cpp computes it, with the expert weights in ggml's
+/// `CPU_REPACK` buffer where llama.cpp puts them.
+#[test]
+fn moe_ffn_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("moe_ffn:")) {
+        let mut parts = r.name.split(':').skip(1);
+        let gt = dtype_named(parts.next().unwrap());
+        let et = dtype_named(parts.next().unwrap());
+        let d = dims(r.name);
+        let (n_embd, n_ff, n_expert, n_used, n_tok) = (d[0], d[1], d[2], d[3], d[4]);
+        let mut c = Case::new();
+        let x = c.input(DType::F32, &[n_embd, n_tok], r.arrays[0]);
+        let gate_inp = c.input(gt, &[n_embd, n_expert], r.arrays[1]);
+        let up_e = c.input(et, &[n_embd, n_ff, n_expert], r.arrays[2]);
+        let gate_e = c.input(et, &[n_embd, n_ff, n_expert], r.arrays[3]);
+        let down_e = c.input(et, &[n_ff, n_embd, n_expert], r.arrays[4]);
+        let g = &mut c.g;
+        let logits = g.mul_mat(gate_inp, x).unwrap();
+        let probs = g.soft_max(logits).unwrap();
+        let selected = g.argsort_top_k(probs, n_used).unwrap();
+        let p3 = g.reshape(probs, &[1, n_expert, n_tok]).unwrap();
+        let weights = g.get_rows(p3, selected).unwrap();
+        let w2 = g.reshape(weights, &[n_used, n_tok]).unwrap();
+        let wsum = g.sum_rows(w2).unwrap();
+        let wsum = g.clamp(wsum, 6.103_515_6e-5, f32::INFINITY).unwrap();
+        let w2 = g.div(w2, wsum).unwrap();
+        let weights = g.reshape(w2, &[1, n_used, n_tok]).unwrap();
+        let cur = g.reshape(x, &[n_embd, 1, n_tok]).unwrap();
+        let up = g.mul_mat_id(up_e, cur, selected).unwrap();
+        let gate = g.mul_mat_id(gate_e, cur, selected).unwrap();
+        let act = g.swiglu_split(gate, up).unwrap();
+        let experts = g.mul_mat_id(down_e, act, selected).unwrap();
+        let experts = g.mul(experts, weights).unwrap();
+        let nb = g.layout(experts).nb;
+        let mut moe_out = g.view_2d(experts, n_embd, n_tok, nb[2], 0).unwrap();
+        for i in 1..n_used {
+            let v = g.view_2d(experts, n_embd, n_tok, nb[2], i * nb[1]).unwrap();
+            moe_out = g.add(moe_out, v).unwrap();
+        }
+        if n_used == 1 {
+            moe_out = g.cont(moe_out).unwrap();
+        }
+        let selc = g.cont(selected).unwrap();
+        c.output(logits, r.arrays[5], format!("{} logits", r.name));
+        c.output(selc, r.arrays[6], format!("{} selected", r.name));
+        c.output(experts, r.arrays[7], format!("{} experts", r.name));
+        c.output(moe_out, r.arrays[8], format!("{} out", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}
