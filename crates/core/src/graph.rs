@@ -145,6 +145,9 @@ pub struct RopeParams {
     pub attn_factor: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
+    /// First rotated dimension (ggml_rope_set_offset; DeepSeek-2 ropes the trailing dims):
+    /// dims `n_offs..n_offs + n_dims` rotate, the others are copied. 0 by default.
+    pub n_offs: usize,
 }
 
 impl RopeParams {
@@ -160,6 +163,7 @@ impl RopeParams {
             attn_factor: 1.0,
             beta_fast: 32.0,
             beta_slow: 1.0,
+            n_offs: 0,
         }
     }
 }
@@ -1222,10 +1226,17 @@ impl Graph {
                 format!("positions {:?} for input {:?}", lp.ne, la.ne),
             ));
         }
-        if params.n_dims == 0 || !params.n_dims.is_multiple_of(2) || params.n_dims > la.ne[0] {
+        if params.n_dims == 0
+            || !params.n_dims.is_multiple_of(2)
+            || !params.n_offs.is_multiple_of(2)
+            || params.n_offs.saturating_add(params.n_dims) > la.ne[0]
+        {
             return Err(shape_err(
                 "ROPE",
-                format!("n_dims {} for rows of {}", params.n_dims, la.ne[0]),
+                format!(
+                    "n_dims {} at offset {} for rows of {}",
+                    params.n_dims, params.n_offs, la.ne[0]
+                ),
             ));
         }
         if !la.rows_packed() {
@@ -1243,6 +1254,30 @@ impl Graph {
             Op::Rope(params),
             [Some(a), Some(pos), freq_factors, None],
         )
+    }
+
+    /// ggml_rope_set_offset: makes rope node `rope` rotate dims `n_offs..n_offs + n_dims`
+    /// (even `n_offs`, within the rows) and copy the others.
+    pub fn rope_set_offset(&mut self, rope: TensorId, n_offs: usize) -> Result<(), GraphError> {
+        let t = self.check(rope)?;
+        let Op::Rope(mut p) = t.op else {
+            return Err(shape_err(
+                "ROPE",
+                format!("{rope} is a {} node", t.op.name()),
+            ));
+        };
+        if !n_offs.is_multiple_of(2) || n_offs.saturating_add(p.n_dims) > t.layout.ne[0] {
+            return Err(shape_err(
+                "ROPE",
+                format!(
+                    "offset {n_offs} for {} dims of rows of {}",
+                    p.n_dims, t.layout.ne[0]
+                ),
+            ));
+        }
+        p.n_offs = n_offs;
+        self.tensors[rope.index()].op = Op::Rope(p);
+        Ok(())
     }
 
     /// `softmax(a * scale + slope * mask)` over rows; `mask` (f32 or f16, `[ne0, >= ne1, ..]`)
@@ -1805,6 +1840,26 @@ mod tests {
             g.mul_mat_id(wi, x, ids),
             Err(GraphError::Type { .. })
         ));
+    }
+
+    #[test]
+    fn rope_offset_checks() {
+        let mut g = Graph::new();
+        let q = g.new_input(DType::F32, &[24, 2, 3]).unwrap();
+        let pos = g.new_input(DType::I32, &[3]).unwrap();
+        let p = RopeParams::new(8, RopeMode::Neox, 10000.0);
+        let r = g.rope_ext(q, pos, None, p).unwrap();
+        g.rope_set_offset(r, 16).unwrap();
+        assert!(matches!(
+            g.tensor(r).op,
+            Op::Rope(RopeParams { n_offs: 16, .. })
+        ));
+        assert!(g.rope_set_offset(r, 17).is_err(), "odd offset");
+        assert!(g.rope_set_offset(r, 18).is_err(), "past the row");
+        assert!(g.rope_set_offset(q, 0).is_err(), "not a rope node");
+        let mut far = p;
+        far.n_offs = 20;
+        assert!(g.rope_ext(q, pos, None, far).is_err());
     }
 
     #[test]

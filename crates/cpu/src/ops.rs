@@ -1213,8 +1213,12 @@ fn rope(
             }
             let x = a.row_f32(i1, i2, i3);
             let y = d.row_f32_mut(i1, i2, i3);
-            kernels::rope_rotate(neox, n_dims, cache, x, y);
-            y[n_dims..].copy_from_slice(&x[n_dims..]);
+            // Dims n_offs..n_offs + n_dims rotate (with the cache's first n_dims entries, as
+            // ggml does), the others are copied.
+            let off = p.n_offs;
+            kernels::rope_rotate(neox, n_dims, cache, &x[off..], &mut y[off..]);
+            y[..off].copy_from_slice(&x[..off]);
+            y[off + n_dims..].copy_from_slice(&x[off + n_dims..]);
         }
     }
     if !p.freq_base.is_finite() || p.freq_base <= 0.0 {

@@ -4,8 +4,9 @@
 //! reference build was), written by `data/ops_harness.c` via `data/gen_ops_vectors.sh`:
 //! mul_mat_id over 14 weight types (with the weights in ggml's `CPU_REPACK` buffer where
 //! llama.cpp puts them), argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
-//! build_moe_ffn's routing chain (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
-//! clamp, div, broadcast mul, add_id), div / sum_rows / repeat / fill. Each graph runs through
+//! build_moe_ffn's routing chains (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
+//! clamp, div, broadcast mul, add_id; DeepSeek-V3's grouped selection with fill + set_rows),
+//! RoPE of the trailing dims, div / sum_rows / repeat / fill. Each graph runs through
 //! the graph allocator on one device and on each of 3 virtual devices, and every output must
 //! have llama.cpp's bits (NaNs: any NaN).
 
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use common::run_graph;
 use lamina_backend::Device;
 use lamina_core::DType;
-use lamina_core::graph::{GluOp, Graph, SortOrder, TensorId, UnaryOp};
+use lamina_core::graph::{GluOp, Graph, RopeMode, RopeParams, SortOrder, TensorId, UnaryOp};
 use lamina_cpu::{CpuBackendReg, CpuConfig};
 
 const VECTORS: &[u8] = include_bytes!("data/ops_vectors.bin");
@@ -266,6 +267,82 @@ fn moe_routing_matches_llama_cpp() {
     assert_eq!(n, 3);
 }
 
+/// DeepSeek-V3's grouped routing as build_moe_ffn builds it: sigmoid gating, selection bias,
+/// the best `n_group_used` groups by the sum of their two best experts, the others masked
+/// with fill + set_rows, then the top experts and their weights.
+#[test]
+fn moe_group_routing_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("moe_groups:"))
+    {
+        let d = dims(r.name);
+        let (n_expert, n_groups, n_group_used, n_used, n_tok) = (d[0], d[1], d[2], d[3], d[4]);
+        let epg = n_expert / n_groups;
+        let mut c = Case::new();
+        let logits = c.input(DType::F32, &[n_expert, n_tok], r.arrays[0]);
+        let bias = c.input(DType::F32, &[n_expert], r.arrays[1]);
+        let g = &mut c.g;
+        let probs = g.sigmoid(logits).unwrap();
+        let sel = g.add(probs, bias).unwrap();
+        let groups = g.reshape(sel, &[epg, n_groups, n_tok]).unwrap();
+        let gs = g.argsort_top_k(groups, 2).unwrap();
+        let g4 = g.reshape(groups, &[1, epg, n_groups, n_tok]).unwrap();
+        let gs = g.get_rows(g4, gs).unwrap();
+        let gs = g.reshape(gs, &[2, n_groups, n_tok]).unwrap();
+        let gs = g.sum_rows(gs).unwrap();
+        let gs = g.reshape(gs, &[n_groups, n_tok]).unwrap();
+        let eg = g.argsort_top_k(gs, n_group_used).unwrap();
+        let sp = g.get_rows(groups, eg).unwrap();
+        let masked = g.fill(groups, f32::NEG_INFINITY).unwrap();
+        let sp = g.set_rows(masked, sp, eg).unwrap();
+        let sp = g.reshape(sp, &[n_expert, n_tok]).unwrap();
+        let selected = g.argsort_top_k(sp, n_used).unwrap();
+        let p3 = g.reshape(probs, &[1, n_expert, n_tok]).unwrap();
+        let weights = g.get_rows(p3, selected).unwrap();
+        let spc = g.cont(sp).unwrap();
+        let selc = g.cont(selected).unwrap();
+        c.output(spc, r.arrays[2], format!("{} masked", r.name));
+        c.output(selc, r.arrays[3], format!("{} selected", r.name));
+        c.output(weights, r.arrays[4], format!("{} weights", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 3);
+}
+
+/// RoPE of the trailing dims (ggml_rope_set_offset, DeepSeek-2's MHA path).
+#[test]
+fn rope_offset_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("rope_offs:"))
+    {
+        let d = dims(r.name);
+        let (mode, head, n_dims, n_offs, n_head, n_tok) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+        let mode = if mode == 2 {
+            RopeMode::Neox
+        } else {
+            RopeMode::Normal
+        };
+        let mut c = Case::new();
+        let a = c.input(DType::F32, &[head, n_head, n_tok], r.arrays[0]);
+        let pos = c.input(DType::I32, &[n_tok], r.arrays[1]);
+        let mut p = RopeParams::new(n_dims, mode, 10000.0);
+        p.n_ctx_orig = 4096;
+        let out = c.g.rope_ext(a, pos, None, p).unwrap();
+        c.g.rope_set_offset(out, n_offs).unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}
+
 #[test]
 fn div_sum_rows_repeat_fill_match_llama_cpp() {
     let devs = devices();
@@ -336,4 +413,60 @@ fn mul_mat_id_matches_llama_cpp() {
         n += 1;
     }
     assert_eq!(n, 52);
+}
+
+/// A whole build_moe_ffn (softmax gating, norm_w, SwiGLU experts, the weighted expert outputs
+/// summed through strided views) as llama.cpp computes it, with the expert weights in ggml's
+/// `CPU_REPACK` buffer where llama.cpp puts them.
+#[test]
+fn moe_ffn_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("moe_ffn:")) {
+        let mut parts = r.name.split(':').skip(1);
+        let gt = dtype_named(parts.next().unwrap());
+        let et = dtype_named(parts.next().unwrap());
+        let d = dims(r.name);
+        let (n_embd, n_ff, n_expert, n_used, n_tok) = (d[0], d[1], d[2], d[3], d[4]);
+        let mut c = Case::new();
+        let x = c.input(DType::F32, &[n_embd, n_tok], r.arrays[0]);
+        let gate_inp = c.input(gt, &[n_embd, n_expert], r.arrays[1]);
+        let up_e = c.input(et, &[n_embd, n_ff, n_expert], r.arrays[2]);
+        let gate_e = c.input(et, &[n_embd, n_ff, n_expert], r.arrays[3]);
+        let down_e = c.input(et, &[n_ff, n_embd, n_expert], r.arrays[4]);
+        let g = &mut c.g;
+        let logits = g.mul_mat(gate_inp, x).unwrap();
+        let probs = g.soft_max(logits).unwrap();
+        let selected = g.argsort_top_k(probs, n_used).unwrap();
+        let p3 = g.reshape(probs, &[1, n_expert, n_tok]).unwrap();
+        let weights = g.get_rows(p3, selected).unwrap();
+        let w2 = g.reshape(weights, &[n_used, n_tok]).unwrap();
+        let wsum = g.sum_rows(w2).unwrap();
+        let wsum = g.clamp(wsum, 6.103_515_6e-5, f32::INFINITY).unwrap();
+        let w2 = g.div(w2, wsum).unwrap();
+        let weights = g.reshape(w2, &[1, n_used, n_tok]).unwrap();
+        let cur = g.reshape(x, &[n_embd, 1, n_tok]).unwrap();
+        let up = g.mul_mat_id(up_e, cur, selected).unwrap();
+        let gate = g.mul_mat_id(gate_e, cur, selected).unwrap();
+        let act = g.swiglu_split(gate, up).unwrap();
+        let experts = g.mul_mat_id(down_e, act, selected).unwrap();
+        let experts = g.mul(experts, weights).unwrap();
+        let nb = g.layout(experts).nb;
+        let mut moe_out = g.view_2d(experts, n_embd, n_tok, nb[2], 0).unwrap();
+        for i in 1..n_used {
+            let v = g.view_2d(experts, n_embd, n_tok, nb[2], i * nb[1]).unwrap();
+            moe_out = g.add(moe_out, v).unwrap();
+        }
+        if n_used == 1 {
+            moe_out = g.cont(moe_out).unwrap();
+        }
+        let selc = g.cont(selected).unwrap();
+        c.output(logits, r.arrays[5], format!("{} logits", r.name));
+        c.output(selc, r.arrays[6], format!("{} selected", r.name));
+        c.output(experts, r.arrays[7], format!("{} experts", r.name));
+        c.output(moe_out, r.arrays[8], format!("{} out", r.name));
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 4);
 }

@@ -174,6 +174,54 @@ static void moe_route_case(int n_expert, int n_used, int n_tok, int n_embd) {
     ggml_free(ctx);
 }
 
+// moe_groups:<n_expert>:<n_groups>:<n_group_used>:<n_used>:<n_tok>   logits, exp_probs_b, then
+// masked selection probabilities, selected experts (cont) and weights: DeepSeek-V3 routing
+// (sigmoid gating, selection bias, top groups by the sum of their best two, the other groups
+// masked with fill + set_rows), as build_moe_ffn builds it
+static void moe_groups_case(int n_expert, int n_groups, int n_group_used, int n_used, int n_tok) {
+    struct ggml_context *ctx = new_ctx();
+    const int epg = n_expert / n_groups;
+    struct ggml_tensor *logits = rand_t(ctx, n_expert, n_tok, 1, 3.0f);
+    struct ggml_tensor *bias = rand_t(ctx, n_expert, 1, 1, 0.1f);
+    struct ggml_tensor *probs = ggml_sigmoid(ctx, logits);
+    struct ggml_tensor *sel = ggml_add(ctx, probs, bias);
+    struct ggml_tensor *groups = ggml_reshape_3d(ctx, sel, epg, n_groups, n_tok);
+    struct ggml_tensor *gs = ggml_argsort_top_k(ctx, groups, 2);
+    gs = ggml_get_rows(ctx, ggml_reshape_4d(ctx, groups, 1, groups->ne[0], groups->ne[1], groups->ne[2]), gs);
+    gs = ggml_sum_rows(ctx, ggml_reshape_3d(ctx, gs, gs->ne[1], gs->ne[2], gs->ne[3]));
+    gs = ggml_reshape_2d(ctx, gs, gs->ne[1], gs->ne[2]);
+    struct ggml_tensor *eg = ggml_argsort_top_k(ctx, gs, n_group_used);
+    struct ggml_tensor *sp = ggml_get_rows(ctx, groups, eg);
+    sp = ggml_set_rows(ctx, ggml_fill(ctx, groups, -INFINITY), sp, eg);
+    sp = ggml_reshape_2d(ctx, sp, n_expert, n_tok);
+    struct ggml_tensor *selected = ggml_argsort_top_k(ctx, sp, n_used);
+    struct ggml_tensor *weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
+    struct ggml_tensor *spc = ggml_cont(ctx, sp);
+    struct ggml_tensor *selc = ggml_cont(ctx, selected);
+    struct ggml_cgraph *gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, spc);
+    ggml_build_forward_expand(gf, selc);
+    ggml_build_forward_expand(gf, weights);
+    ggml_graph_compute_with_ctx(ctx, gf, 2);
+    char name[64]; snprintf(name, sizeof name, "moe_groups:%d:%d:%d:%d:%d", n_expert, n_groups, n_group_used, n_used, n_tok);
+    rec_begin(name, 5); tarr(logits); tarr(bias); tarr(spc); tarr(selc); tarr(weights);
+    ggml_free(ctx);
+}
+
+// rope_offs:<mode>:<head>:<n_dims>:<n_offs>   a, pos, out (ggml_rope_set_offset)
+static void rope_offs_case(int mode, int head, int n_dims, int n_offs, int n_head, int n_tok) {
+    struct ggml_context *ctx = new_ctx();
+    struct ggml_tensor *a = rand_t(ctx, head, n_head, n_tok, 3.0f);
+    struct ggml_tensor *pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_tok);
+    for (int i = 0; i < n_tok; i++) ((int32_t *)pos->data)[i] = i * 7 + (i > 2 ? 100 : 0);
+    struct ggml_tensor *r = ggml_rope_ext(ctx, a, pos, NULL, n_dims, mode, 4096, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+    ggml_rope_set_offset(r, n_offs);
+    run(ctx, r);
+    char name[64]; snprintf(name, sizeof name, "rope_offs:%d:%d:%d:%d:%d:%d", mode, head, n_dims, n_offs, n_head, n_tok);
+    rec_begin(name, 3); tarr(a); tarr(pos); tarr(r);
+    ggml_free(ctx);
+}
+
 // misc: div with views, sum_rows, repeat_4d, fill
 static void misc_cases(void) {
     struct ggml_context *ctx = new_ctx();
@@ -256,6 +304,81 @@ static void mmid_case(enum ggml_type t, int k, int m, int n_expert, int n_used, 
     ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx); ggml_free(cw); ggml_free(cx); ggml_backend_free(be);
 }
 
+// moe_ffn:<gate type>:<expert type>:<n_embd>:<n_ff>:<n_expert>:<n_used>:<n_tok>   x, gate_inp,
+// up_exps, gate_exps, down_exps, then logits, selected (cont), experts (down, weighted) and the
+// output: build_moe_ffn with softmax gating, norm_w, SwiGLU, the weighted expert outputs summed
+// through strided views. Expert weights sit in the CPU_REPACK buffer when llama.cpp puts them
+// there.
+static void moe_ffn_case(enum ggml_type gt, enum ggml_type et, int n_embd, int n_ff, int n_expert, int n_used, int n_tok) {
+    ggml_backend_t be = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(be, 2);
+    struct ggml_init_params p = { 64 * ggml_tensor_overhead() + ggml_graph_overhead(), NULL, true };
+    struct ggml_context *cg = ggml_init(p), *ce = ggml_init(p), *cx = ggml_init(p);
+    struct ggml_tensor *gate_inp = ggml_new_tensor_2d(cg, gt, n_embd, n_expert);
+    struct ggml_tensor *up_e = ggml_new_tensor_3d(ce, et, n_embd, n_ff, n_expert);
+    struct ggml_tensor *gate_e = ggml_new_tensor_3d(ce, et, n_embd, n_ff, n_expert);
+    struct ggml_tensor *down_e = ggml_new_tensor_3d(ce, et, n_ff, n_embd, n_expert);
+    struct ggml_tensor *x = ggml_new_tensor_2d(cx, GGML_TYPE_F32, n_embd, n_tok);
+    struct ggml_tensor *logits = ggml_mul_mat(cx, gate_inp, x);
+    struct ggml_tensor *probs = ggml_soft_max(cx, logits);
+    struct ggml_tensor *selected = ggml_argsort_top_k(cx, probs, n_used);
+    struct ggml_tensor *weights = ggml_get_rows(cx, ggml_reshape_3d(cx, probs, 1, n_expert, n_tok), selected);
+    struct ggml_tensor *w2 = ggml_reshape_2d(cx, weights, n_used, n_tok);
+    struct ggml_tensor *wsum = ggml_clamp(cx, ggml_sum_rows(cx, w2), 6.103515625e-5f, INFINITY);
+    w2 = ggml_div(cx, w2, wsum);
+    weights = ggml_reshape_3d(cx, w2, 1, n_used, n_tok);
+    struct ggml_tensor *cur = ggml_reshape_3d(cx, x, n_embd, 1, n_tok);
+    struct ggml_tensor *up = ggml_mul_mat_id(cx, up_e, cur, selected);
+    struct ggml_tensor *gate = ggml_mul_mat_id(cx, gate_e, cur, selected);
+    struct ggml_tensor *act = ggml_swiglu_split(cx, gate, up);
+    struct ggml_tensor *experts = ggml_mul_mat_id(cx, down_e, act, selected);
+    experts = ggml_mul(cx, experts, weights);
+    struct ggml_tensor *moe_out = ggml_view_2d(cx, experts, n_embd, n_tok, experts->nb[2], 0);
+    for (int i = 1; i < n_used; i++)
+        moe_out = ggml_add(cx, moe_out, ggml_view_2d(cx, experts, n_embd, n_tok, experts->nb[2], i * experts->nb[1]));
+    if (n_used == 1) moe_out = ggml_cont(cx, moe_out);
+    struct ggml_tensor *selc = ggml_cont(cx, selected);
+    const int repack = (et == GGML_TYPE_Q4_0 || et == GGML_TYPE_IQ4_NL || et == GGML_TYPE_Q4_K) &&
+                       n_ff % 8 == 0 && n_embd % 8 == 0;
+    ggml_backend_buffer_t bg = ggml_backend_alloc_ctx_tensors(cg, be);
+    ggml_backend_buffer_t bw = repack ? ggml_backend_alloc_ctx_tensors_from_buft(ce, repack_buft(be))
+                                      : ggml_backend_alloc_ctx_tensors(ce, be);
+    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, be);
+    struct ggml_tensor *ws[4] = { gate_inp, up_e, gate_e, down_e };
+    void *wq[4]; size_t wsz[4];
+    for (int i = 0; i < 4; i++) {
+        size_t rows = (size_t)ggml_nrows(ws[i]);
+        int k = (int)ws[i]->ne[0];
+        float *wf = malloc((size_t)k * rows * 4); fill(wf, (int)(k * rows), i == 0 ? 1.0f : 0.2f);
+        wsz[i] = ggml_row_size(ws[i]->type, k) * rows; wq[i] = malloc(wsz[i]);
+        ggml_quantize_chunk(ws[i]->type, wf, wq[i], 0, rows, k, NULL);
+        ggml_backend_tensor_set(ws[i], wq[i], 0, wsz[i]);
+        free(wf);
+    }
+    size_t xn = (size_t)n_embd * n_tok;
+    float *xf = malloc(xn * 4); fill(xf, (int)xn, 1.0f);
+    ggml_backend_tensor_set(x, xf, 0, xn * 4);
+    struct ggml_cgraph *gf = ggml_new_graph(cx);
+    ggml_build_forward_expand(gf, selc);
+    ggml_build_forward_expand(gf, moe_out);
+    ggml_backend_graph_compute(be, gf);
+    char name[96];
+    snprintf(name, sizeof name, "moe_ffn:%s:%s:%d:%d:%d:%d:%d", ggml_type_name(gt), ggml_type_name(et), n_embd, n_ff, n_expert, n_used, n_tok);
+    rec_begin(name, 9);
+    arr(xf, xn * 4);
+    for (int i = 0; i < 4; i++) arr(wq[i], wsz[i]);
+    struct ggml_tensor *outs[4] = { logits, selc, experts, moe_out };
+    for (int i = 0; i < 4; i++) {
+        size_t n = ggml_nbytes(outs[i]); void *buf = malloc(n);
+        ggml_backend_tensor_get(outs[i], buf, 0, n);
+        arr(buf, n); free(buf);
+    }
+    for (int i = 0; i < 4; i++) free(wq[i]);
+    free(xf);
+    ggml_backend_buffer_free(bg); ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx);
+    ggml_free(cg); ggml_free(ce); ggml_free(cx); ggml_backend_free(be);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     out = fopen(argv[1], "wb");
@@ -270,6 +393,9 @@ int main(int argc, char **argv) {
     argsort_case(128, 2, 1, 128);
     moe_route_case(8, 2, 5, 16); moe_route_case(60, 4, 7, 8); moe_route_case(32, 8, 3, 4);
     misc_cases();
+    moe_groups_case(16, 4, 2, 4, 5); moe_groups_case(64, 8, 4, 8, 3); moe_groups_case(12, 3, 1, 2, 2);
+    rope_offs_case(0, 24, 8, 16, 2, 5); rope_offs_case(2, 24, 8, 16, 2, 5); rope_offs_case(2, 32, 16, 6, 3, 4);
+    rope_offs_case(0, 20, 10, 4, 1, 3);
     enum ggml_type ts[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
                             GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
                             GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4 };
@@ -280,6 +406,10 @@ int main(int argc, char **argv) {
         mmid_case(ts[i], k, 12, 3, 2, 2, 13, 1);  // expert 0 gets >= 8 rows; m % 8 != 0
         mmid_case(ts[i], k == 256 ? 256 : 128, 16, 5, 4, 1, 9, 1);
     }
+    moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_Q4_K, 256, 256, 2, 1, 11);
+    moe_ffn_case(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 64, 32, 8, 2, 12);
+    moe_ffn_case(GGML_TYPE_F16, GGML_TYPE_Q8_0, 64, 64, 4, 3, 4);
+    moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_Q5_0, 32, 64, 4, 2, 1);
     fclose(out);
     return 0;
 }
