@@ -14,6 +14,18 @@ pub enum RopeType {
     Neox,
 }
 
+/// How RoPE frequencies are scaled for contexts past the training one (llama.cpp's
+/// `llama_rope_scaling_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeScaling {
+    None,
+    Linear,
+    Yarn,
+    /// Phi-3's: linear frequency scaling, with the long or short factor tensors chosen by
+    /// the context size.
+    LongRope,
+}
+
 /// Most layers a model may declare (llama.cpp's `LLAMA_MAX_LAYERS`); bounds what is allocated
 /// per layer from a count read off the file.
 pub const MAX_LAYERS: u32 = 512;
@@ -47,6 +59,16 @@ pub struct HParams {
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
     pub n_ctx_orig: u32,
+    pub rope_scaling: RopeScaling,
+    /// `rope.scaling.attn_factor` (1 unless the file says).
+    pub rope_attn_factor: f32,
+    /// YaRN's log multiplier of the attention scale (`mscale_all_dims`; deepseek2, mistral3);
+    /// 0: none.
+    pub yarn_log_mul: f32,
+    /// With a log multiplier, use it for `mscale` too (llama.cpp's DeepSeek V2 special case).
+    pub yarn_mscale_is_log_mul: bool,
+    pub yarn_beta_fast: f32,
+    pub yarn_beta_slow: f32,
     /// RMS norm epsilon (0 where the architecture uses layer norm).
     pub norm_rms_eps: f32,
     /// Layer norm epsilon (0 where the architecture uses RMS norm).
@@ -166,18 +188,34 @@ impl HParams {
         }
 
         let rope_freq_base = r.f32("rope.freq_base")?.unwrap_or(10000.0);
-        let scaling_type = r.str("rope.scaling.type")?.unwrap_or("linear");
-        if !matches!(scaling_type, "none" | "linear") {
-            return Err(r.bad(
-                "rope.scaling.type",
-                format!("rope scaling {scaling_type:?} is not supported yet"),
-            ));
-        }
+        let rope_scaling = match r.str("rope.scaling.type")?.unwrap_or("linear") {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear,
+            "yarn" => RopeScaling::Yarn,
+            "longrope" => RopeScaling::LongRope,
+            other => {
+                return Err(r.bad(
+                    "rope.scaling.type",
+                    format!("unknown rope scaling {other:?} (none, linear, yarn, longrope)"),
+                ));
+            }
+        };
         let factor = match r.f32("rope.scaling.factor")? {
             Some(f) => f,
             None => r.f32("rope.scale_linear")?.unwrap_or(0.0),
         };
-        let rope_freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+        if !factor.is_finite() || factor < 0.0 {
+            return Err(r.bad(
+                "rope.scaling.factor",
+                format!("{factor} is not a scaling factor"),
+            ));
+        }
+        // llama.cpp never scales with scaling type none.
+        let rope_freq_scale = if factor == 0.0 || rope_scaling == RopeScaling::None {
+            1.0
+        } else {
+            1.0 / factor
+        };
         let n_ctx_orig = r
             .u32("rope.scaling.original_context_length")?
             .unwrap_or(n_ctx_train);
@@ -211,6 +249,12 @@ impl HParams {
             rope_freq_base_swa: rope_freq_base,
             rope_freq_scale_swa: rope_freq_scale,
             n_ctx_orig,
+            rope_scaling,
+            rope_attn_factor: r.f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+            yarn_log_mul: 0.0,
+            yarn_mscale_is_log_mul: false,
+            yarn_beta_fast: 32.0,
+            yarn_beta_slow: 1.0,
             norm_rms_eps: r.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(0.0),
             norm_eps: r.f32("attention.layer_norm_epsilon")?.unwrap_or(0.0),
             n_swa: 0,
@@ -286,6 +330,41 @@ impl HParams {
     /// The width of one token's V in layer `il`.
     pub fn n_embd_v_gqa(&self, il: usize) -> u32 {
         self.n_head_kv[il] * self.n_embd_head_v
+    }
+
+    /// YaRN's `(ext_factor, attn_factor)` for RoPE, as llama.cpp's context derives them
+    /// (`llama_context` constructor): extrapolation on only with YaRN scaling, and the attention
+    /// factor corrected for the magnitude scaling ggml's RoPE applies itself.
+    pub fn yarn_factors(&self) -> (f32, f32) {
+        let mut attn_factor = 1.0f32;
+        let ext_factor = if self.rope_scaling == RopeScaling::Yarn {
+            1.0
+        } else {
+            0.0
+        };
+        if ext_factor != 0.0 {
+            let get_mscale = |scale: f32, mscale: f32| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * mscale * scale.ln() + 1.0
+                }
+            };
+            let factor = 1.0 / self.rope_freq_scale;
+            attn_factor = if self.yarn_log_mul != 0.0 {
+                let all_dims = self.yarn_log_mul;
+                let mscale = if self.yarn_mscale_is_log_mul && all_dims != 1.0 {
+                    all_dims
+                } else {
+                    1.0
+                };
+                get_mscale(factor, mscale) / get_mscale(factor, all_dims)
+            } else {
+                get_mscale(factor, 1.0)
+            };
+            attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+        }
+        (ext_factor, attn_factor * self.rope_attn_factor)
     }
 
     /// RoPE base and scale of layer `il`.

@@ -14,6 +14,6 @@ pub mod weights;
 
 pub use context::{Batch, BatchToken, Context, ContextParams};
 pub use error::ModelError;
-pub use hparams::{HParams, RopeType};
+pub use hparams::{HParams, RopeScaling, RopeType};
 pub use model::Model;
 pub use placement::{LayerPlan, Placement, SplitMode};

@@ -186,6 +186,68 @@ fn check(which: &str, file: &str, want: Match, reference: &Value) -> (f64, usize
     (nmse, same, total)
 }
 
+/// A fixture with the variant's metadata keys set, written to a temporary file.
+fn variant_file(v: &Value) -> PathBuf {
+    use lamina_gguf::{GgufFile, GgufWriter};
+    let (which, file) = v["base"].as_str().unwrap().split_once(':').unwrap();
+    let src = GgufFile::open(folder(which).join(file)).unwrap();
+    let mut w = GgufWriter::from_file(&src);
+    for (key, tv) in v["set"].as_object().unwrap() {
+        let (t, val) = (tv[0].as_str().unwrap(), tv[1].as_str().unwrap());
+        let value = match t {
+            "str" => lamina_gguf::Value::String(val.into()),
+            "f32" => lamina_gguf::Value::F32(val.parse().unwrap()),
+            "u32" => lamina_gguf::Value::U32(val.parse().unwrap()),
+            "bool" => lamina_gguf::Value::Bool(val == "true"),
+            _ => panic!("type {t}"),
+        };
+        w.metadata_mut().set(key, value);
+    }
+    let path = std::env::temp_dir().join(format!(
+        "lamina-variant-{}-{}.gguf",
+        std::process::id(),
+        v["name"].as_str().unwrap()
+    ));
+    let mut bytes = Vec::new();
+    w.write_to(&mut bytes).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// RoPE scaling as llama.cpp reads it (linear, YaRN with and without its log multiplier,
+/// phi3's long factors past the training context): each variant of a fixture
+/// (`tests/archs/variants.json`, made by `scripts/arch-fixtures/variants.sh`) gives llama.cpp's
+/// logits bit for bit.
+#[test]
+fn rope_scaling_variants_match_llama_cpp() {
+    let path = folder("local").join("variants.json");
+    let variants: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let tokens: Vec<u32> = variants["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    for v in variants["variants"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        let (which, _) = v["base"].as_str().unwrap().split_once(':').unwrap();
+        if reference(which).is_none() {
+            continue;
+        }
+        let file = variant_file(v);
+        let got = logits(load(&file, 1), &tokens);
+        std::fs::remove_file(&file).unwrap();
+        let expected = v["logits"].as_array().unwrap();
+        let mut differ = 0;
+        for (g, e) in got.iter().zip(expected) {
+            for (&a, b) in g.iter().zip(e.as_array().unwrap()) {
+                differ += usize::from(a != b.as_f64().unwrap() as f32);
+            }
+        }
+        assert_eq!(differ, 0, "{name}: {differ} logits differ from llama.cpp's");
+    }
+}
+
 #[test]
 fn every_architecture_matches_llama_cpp() {
     let mut report = Vec::new();

@@ -43,7 +43,7 @@ fn load_edited(src: &Path, edit: Edit, tag: &str) -> ModelError {
     let file = GgufFile::open(src).unwrap();
     let original = GgufWriter::from_file(&file);
     let mut metadata = original.metadata().clone();
-    let zeros = vec![0u8; 1 << 20];
+    let zeros = vec![0u8; 4 << 20];
     match &edit {
         Edit::SetKey(k, v) => metadata.set(k, v.clone()),
         Edit::DropKey(k) => {
@@ -207,4 +207,113 @@ fn broken_phi2_files_get_typed_errors() {
         matches!(&e, ModelError::BadHParam { key, .. } if key == "phi2.rope.dimension_count"),
         "{e}"
     );
+}
+
+#[test]
+fn broken_moe_files_get_typed_errors() {
+    let Some(src) = fixture("qwen2moe-moe.gguf") else {
+        return;
+    };
+    // More experts used than there are.
+    let e = load_edited(
+        &src,
+        Edit::SetKey("qwen2moe.expert_used_count", Value::U32(3)),
+        "used",
+    );
+    assert!(
+        matches!(&e, ModelError::BadHParam { key, .. } if key == "qwen2moe.expert_used_count"),
+        "{e}"
+    );
+    // No experts at all, for an architecture that needs them.
+    let e = load_edited(
+        &src,
+        Edit::SetKey("qwen2moe.expert_count", Value::U32(0)),
+        "no-experts",
+    );
+    assert!(
+        matches!(&e, ModelError::BadHParam { key, .. }
+            if key == "qwen2moe.expert_count" || key == "qwen2moe.expert_used_count"),
+        "{e}"
+    );
+    // Experts present but none used.
+    let e = load_edited(
+        &src,
+        Edit::SetKey("qwen2moe.expert_used_count", Value::U32(0)),
+        "none-used",
+    );
+    assert!(
+        matches!(&e, ModelError::BadHParam { key, .. } if key == "qwen2moe.expert_used_count"),
+        "{e}"
+    );
+    // An implausible expert count (bounds what is allocated per layer).
+    let e = load_edited(
+        &src,
+        Edit::SetKey("qwen2moe.expert_count", Value::U32(1 << 20)),
+        "many-experts",
+    );
+    assert!(
+        matches!(&e, ModelError::BadHParam { key, .. } if key == "qwen2moe.expert_count"),
+        "{e}"
+    );
+    // An expert stack of the wrong shape names the tensor.
+    let e = load_edited(
+        &src,
+        Edit::Retype("blk.1.ffn_down_exps.weight", DType::F32, &[384, 256, 3]),
+        "stack-shape",
+    );
+    assert!(
+        matches!(&e, ModelError::BadShape { name, .. } if name == "blk.1.ffn_down_exps.weight"),
+        "{e}"
+    );
+    let e = load_edited(
+        &src,
+        Edit::DropTensor("blk.0.ffn_gate_inp.weight"),
+        "router",
+    );
+    assert!(
+        matches!(&e, ModelError::MissingTensor(n) if n == "blk.0.ffn_gate_inp.weight"),
+        "{e}"
+    );
+}
+
+#[test]
+fn broken_deepseek2_and_gpt_oss_files_get_typed_errors() {
+    if let Some(src) = fixture("deepseek2-moe.gguf") {
+        let e = load_edited(
+            &src,
+            Edit::SetKey("deepseek2.attention.kv_lora_rank", Value::U32(500)),
+            "kv-lora",
+        );
+        assert!(e.to_string().contains("deepseek2."), "{e}");
+        let e = load_edited(
+            &src,
+            Edit::SetKey("deepseek2.expert_gating_func", Value::U32(9)),
+            "gating",
+        );
+        assert!(
+            matches!(&e, ModelError::BadHParam { key, .. } if key == "deepseek2.expert_gating_func"),
+            "{e}"
+        );
+        let e = load_edited(&src, Edit::DropTensor("blk.0.attn_k_b.weight"), "k-b");
+        assert!(
+            matches!(&e, ModelError::MissingTensor(n) if n == "blk.0.attn_k_b.weight"),
+            "{e}"
+        );
+    }
+    if let Some(src) = fixture("gpt-oss-moe.gguf") {
+        let e = load_edited(&src, Edit::DropTensor("blk.1.attn_sinks.weight"), "sinks");
+        assert!(
+            matches!(&e, ModelError::MissingTensor(n) if n == "blk.1.attn_sinks.weight"),
+            "{e}"
+        );
+        let e = load_edited(
+            &src,
+            Edit::DropKey("gpt-oss.attention.sliding_window"),
+            "no-window",
+        );
+        assert!(
+            e.to_string().contains("gpt-oss.attention.sliding_window"),
+            "{e}"
+        );
+    }
 }

@@ -199,13 +199,17 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
             })
         })
         .collect::<Result<_, ModelError>>()?;
-    // llama.cpp's YaRN attention scale (1 without rope scaling); the file's log multiplier is
-    // stored divided by 0.1.
-    let log_mul = r
-        .f32("rope.scaling.yarn_log_multiplier")?
-        .map_or(0.0, |m| m / 0.1);
+    // llama.cpp's YaRN attention scale (1 without rope scaling): the file's log multiplier is
+    // stored divided by 0.1, and DeepSeek V2 uses it for mscale too; the context's attention
+    // factor is undone, then Q·K is pre-scaled by mscale².
+    if let Some(m) = r.f32("rope.scaling.yarn_log_multiplier")? {
+        hp.yarn_log_mul = m / 0.1;
+    }
+    hp.yarn_mscale_is_log_mul = true;
     let ln_inv_scale = (1.0 / hp.rope_freq_scale).ln();
-    let mscale = (1.0 + 0.1 * ln_inv_scale) * (1.0 + 0.1 * log_mul * ln_inv_scale);
+    let attn_factor = hp.yarn_factors().1;
+    let mscale =
+        attn_factor * (1.0 + 0.1 * ln_inv_scale) * (1.0 + 0.1 * hp.yarn_log_mul * ln_inv_scale);
     let kq_scale = mscale * mscale / (head_k_mla as f32).sqrt();
     Ok(Box::new(DeepSeek2 {
         kv_lora_rank,

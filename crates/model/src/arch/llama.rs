@@ -47,6 +47,13 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     Ok(Box::new(load_as(&MetaReader::new(gguf, "llama"), gguf)?))
 }
 
+impl Llama {
+    /// For an architecture built on this one to adjust what it reads itself.
+    pub(super) fn hparams_mut(&mut self) -> &mut HParams {
+        &mut self.hp
+    }
+}
+
 /// Loads a llama-shaped model whose keys are under `r.arch`.
 pub(super) fn load_as(r: &MetaReader<'_>, gguf: &Gguf) -> Result<Llama, ModelError> {
     let mut hp = HParams::read_common(r, RopeType::Normal)?;

@@ -640,17 +640,19 @@ impl<'a> Builder<'a> {
         il: usize,
         factors: Option<WeightRef>,
     ) -> Result<TensorId, ModelError> {
-        let (freq_base, freq_scale) = self.hp().rope_freq(il);
-        self.rope_with(x, factors, freq_base, freq_scale)
+        let hp = self.hp();
+        let (freq_base, freq_scale) = hp.rope_freq(il);
+        self.rope_with(x, factors, freq_base, freq_scale, hp.yarn_factors())
     }
 
-    /// RoPE on `x` with the given base and scale.
+    /// RoPE on `x` with the given base and scale and YaRN `(ext_factor, attn_factor)`.
     pub fn rope_with(
         &mut self,
         x: TensorId,
         factors: Option<WeightRef>,
         freq_base: f32,
         freq_scale: f32,
+        (ext_factor, attn_factor): (f32, f32),
     ) -> Result<TensorId, ModelError> {
         let hp = self.hp();
         let mode = match hp.rope_type {
@@ -660,6 +662,10 @@ impl<'a> Builder<'a> {
         let mut params = RopeParams::new(hp.n_rot as usize, mode, freq_base);
         params.freq_scale = freq_scale;
         params.n_ctx_orig = hp.n_ctx_orig as usize;
+        params.ext_factor = ext_factor;
+        params.attn_factor = attn_factor;
+        params.beta_fast = hp.yarn_beta_fast;
+        params.beta_slow = hp.yarn_beta_slow;
         let pos = self.inp_pos()?;
         let factors = factors.map(|f| self.weight(f)).transpose()?;
         Ok(self.g.rope_ext(x, pos, factors, params)?)

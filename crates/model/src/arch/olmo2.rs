@@ -82,14 +82,15 @@ impl Architecture for Olmo2 {
             let q = b.norm(q, &lw.attn_q_norm, NormKind::Rms)?;
             let k = b.norm(k, &lw.attn_k_norm, NormKind::Rms)?;
             let (q, k, v) = (b.heads(q, head)?, b.heads(k, head)?, b.heads(v, head)?);
-            // Sliding-window layers: the global base, no scaling (as llama.cpp's graph does).
-            let (base, scale) = if hp.swa_layers[il] {
-                (hp.rope_freq_base, 1.0)
+            // Sliding-window layers: the global base, no scaling and no YaRN (as llama.cpp's
+            // graph does).
+            let (scale, yarn) = if hp.swa_layers[il] {
+                (1.0, (0.0, 1.0))
             } else {
-                (hp.rope_freq_base, hp.rope_freq_scale)
+                (hp.rope_freq_scale, hp.yarn_factors())
             };
-            let q = b.rope_with(q, None, base, scale)?;
-            let k = b.rope_with(k, None, base, scale)?;
+            let q = b.rope_with(q, None, hp.rope_freq_base, scale, yarn)?;
+            let k = b.rope_with(k, None, hp.rope_freq_base, scale, yarn)?;
             let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
             if b.is_last_layer(il) {
                 cur = b.select_outputs(cur)?;
