@@ -237,7 +237,8 @@ pub enum Op {
         dim: usize,
     },
     ArgMax,
-    /// Fused attention (see [`Graph::attention`]): `src` = q, k, v, mask.
+    /// Fused attention (see [`Graph::attention`]): `src` = q, k, v, mask, optional sinks
+    /// ([`Graph::attention_add_sinks`]).
     Attention {
         scale: f32,
     },
@@ -302,8 +303,8 @@ impl Op {
     }
 }
 
-/// Sources a node can have (fused attention has four: q, k, v, mask).
-pub const MAX_SRC: usize = 4;
+/// Sources a node can have (fused attention has five: q, k, v, mask and optional sinks).
+pub const MAX_SRC: usize = 5;
 
 /// A node of the graph.
 #[derive(Clone, Debug)]
@@ -540,7 +541,7 @@ impl Graph {
             return Err(shape_err("VIEW", "new root differs in layout"));
         }
         self.push(Tensor {
-            src: [Some(root), None, None, None],
+            src: [Some(root), None, None, None, None],
             view_src: Some(root),
             binding: None,
             ..t
@@ -662,7 +663,13 @@ impl Graph {
         let ts = l.dtype.type_size() as usize;
         let row = l.dtype.row_size(ne0 as u64).map_err(TensorError::from)? as usize;
         let layout = self.view_layout(a, [ne0, 1, 1, 1], [ts, row, row, row])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
+        self.view_node(
+            a,
+            layout,
+            Op::View,
+            [Some(a), None, None, None, None],
+            offset,
+        )
     }
 
     pub fn view_2d(
@@ -675,7 +682,13 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, [ne0, ne1, 1, 1], [ts, nb1, nb1 * ne1, nb1 * ne1])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
+        self.view_node(
+            a,
+            layout,
+            Op::View,
+            [Some(a), None, None, None, None],
+            offset,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -691,7 +704,13 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, [ne0, ne1, ne2, 1], [ts, nb1, nb2, nb2 * ne2])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
+        self.view_node(
+            a,
+            layout,
+            Op::View,
+            [Some(a), None, None, None, None],
+            offset,
+        )
     }
 
     pub fn view_4d(
@@ -705,7 +724,13 @@ impl Graph {
     ) -> Result<TensorId, GraphError> {
         let ts = self.check(a)?.layout.dtype.type_size() as usize;
         let layout = self.view_layout(a, ne, [ts, nb1, nb2, nb3])?;
-        self.view_node(a, layout, Op::View, [Some(a), None, None, None], offset)
+        self.view_node(
+            a,
+            layout,
+            Op::View,
+            [Some(a), None, None, None, None],
+            offset,
+        )
     }
 
     /// Reinterprets contiguous `a` with shape `ne`.
@@ -721,7 +746,7 @@ impl Graph {
                 format!("{} elements cannot become {ne:?}", src.nelements()),
             ));
         }
-        self.view_node(a, layout, Op::Reshape, [Some(a), None, None, None], 0)
+        self.view_node(a, layout, Op::Reshape, [Some(a), None, None, None, None], 0)
     }
 
     /// ggml's permute: source dimension `i` moves to position `axes[i]`.
@@ -758,7 +783,13 @@ impl Graph {
             ne,
             nb,
         };
-        self.view_node(a, layout, Op::Permute(axes), [Some(a), None, None, None], 0)
+        self.view_node(
+            a,
+            layout,
+            Op::Permute(axes),
+            [Some(a), None, None, None, None],
+            0,
+        )
     }
 
     /// Swaps dimensions 0 and 1.
@@ -772,7 +803,7 @@ impl Graph {
         }
         l.ne.swap(0, 1);
         l.nb.swap(0, 1);
-        self.view_node(a, l, Op::Transpose, [Some(a), None, None, None], 0)
+        self.view_node(a, l, Op::Transpose, [Some(a), None, None, None, None], 0)
     }
 
     // ----- compute ops -----
@@ -827,14 +858,14 @@ impl Graph {
             DType::F32
         };
         let layout = Layout::contiguous(dtype, &[la.ne[0], lb.ne[0], lb.ne[1], lb.ne[2]])?;
-        self.node(layout, Op::GetRows, [Some(a), Some(b), None, None])
+        self.node(layout, Op::GetRows, [Some(a), Some(b), None, None, None])
     }
 
     /// `a · bᵀ` per ggml: `a` is `[K, M, ..]` (weights, any type), `b` is `[K, N, ..]` f32;
     /// the result is `[M, N, b.ne2, b.ne3]`; `a` is broadcast over dims 2 and 3.
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
         let layout = self.mul_mat_layout(a, b)?;
-        self.node(layout, Op::MulMat, [Some(a), Some(b), None, None])
+        self.node(layout, Op::MulMat, [Some(a), Some(b), None, None, None])
     }
 
     /// ggml_mul_mat_id, the mixture-of-experts product: `as` is `[K, M, n_expert]` (weights of
@@ -884,7 +915,11 @@ impl Graph {
             return Err(shape_err("MUL_MAT_ID", "weight rows must be packed"));
         }
         let layout = Layout::contiguous(DType::F32, &[la.ne[1], li.ne[0], lb.ne[2]])?;
-        self.node(layout, Op::MulMatId, [Some(a), Some(b), Some(ids), None])
+        self.node(
+            layout,
+            Op::MulMatId,
+            [Some(a), Some(b), Some(ids), None, None],
+        )
     }
 
     /// The checked result layout of `mul_mat(a, b)`.
@@ -943,7 +978,7 @@ impl Graph {
                 format!("mask {:?} for output {:?}", lm.ne, lo.ne),
             ));
         }
-        self.node(lo, Op::MulMat, [Some(a), Some(b), Some(mask), None])
+        self.node(lo, Op::MulMat, [Some(a), Some(b), Some(mask), None, None])
     }
 
     /// Attention over a KV cache, fused so that no score matrix is materialised: for query
@@ -1011,8 +1046,45 @@ impl Graph {
         self.node(
             layout,
             Op::Attention { scale },
-            [Some(q), Some(k), Some(v), Some(mask)],
+            [Some(q), Some(k), Some(v), Some(mask), None],
         )
+    }
+
+    /// Attention sinks for fused attention node `attn` (gpt-oss): f32 `[n_head]`, packed,
+    /// created before `attn`. The node then equals the unfused graph with
+    /// [`Graph::soft_max_add_sinks`] on its softmax, bit for bit.
+    pub fn attention_add_sinks(
+        &mut self,
+        attn: TensorId,
+        sinks: TensorId,
+    ) -> Result<(), GraphError> {
+        let t = self.check(attn)?;
+        let (op, src) = (t.op, t.src);
+        if !matches!(op, Op::Attention { .. }) {
+            return Err(shape_err(
+                "ATTENTION",
+                format!("{attn} is a {} node", op.name()),
+            ));
+        }
+        let ls = self.want_f32("ATTENTION", sinks)?;
+        let n_head = src[0].map_or(0, |q| self.layout(q).ne[2]);
+        if src[4].is_some() {
+            return Err(shape_err("ATTENTION", "the node already has sinks"));
+        }
+        if sinks >= attn {
+            return Err(shape_err(
+                "ATTENTION",
+                "sinks must be created before the attention",
+            ));
+        }
+        if ls.ne[0] != n_head || ls.nelements() != ls.ne[0] || !ls.rows_packed() {
+            return Err(shape_err(
+                "ATTENTION",
+                format!("sinks {:?} for {n_head} heads", ls.ne),
+            ));
+        }
+        self.tensors[attn.index()].src[4] = Some(sinks);
+        Ok(())
     }
 
     fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
@@ -1025,7 +1097,7 @@ impl Graph {
             ));
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, op, [Some(a), Some(b), None, None])
+        self.node(layout, op, [Some(a), Some(b), None, None, None])
     }
 
     /// `a + b`, `b` broadcast to `a`'s shape.
@@ -1078,13 +1150,13 @@ impl Graph {
             ));
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, Op::AddId, [Some(a), Some(b), Some(ids), None])
+        self.node(layout, Op::AddId, [Some(a), Some(b), Some(ids), None, None])
     }
 
     fn unary_like(&mut self, op: Op, a: TensorId) -> Result<TensorId, GraphError> {
         let la = self.want_f32(op.name(), a)?;
         let layout = self.f32_like(&la)?;
-        self.node(layout, op, [Some(a), None, None, None])
+        self.node(layout, op, [Some(a), None, None, None, None])
     }
 
     pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId, GraphError> {
@@ -1171,7 +1243,7 @@ impl Graph {
     pub fn sum_rows(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
         let la = self.want_f32("SUM_ROWS", a)?;
         let layout = Layout::contiguous(DType::F32, &[1, la.ne[1], la.ne[2], la.ne[3]])?;
-        self.node(layout, Op::SumRows, [Some(a), None, None, None])
+        self.node(layout, Op::SumRows, [Some(a), None, None, None, None])
     }
 
     /// `a` tiled to `b`'s shape (ggml_repeat); every dim of `b` a multiple of `a`'s.
@@ -1200,7 +1272,7 @@ impl Graph {
                 format!("{:?} cannot be repeated to {ne:?}", la.ne),
             ));
         }
-        self.node(layout, Op::Repeat, [Some(a), None, None, None])
+        self.node(layout, Op::Repeat, [Some(a), None, None, None, None])
     }
 
     /// Rotary embedding of `a` (`[head_dim, n_head, n_tokens, 1]`) at i32 positions `pos`
@@ -1252,7 +1324,7 @@ impl Graph {
         self.node(
             layout,
             Op::Rope(params),
-            [Some(a), Some(pos), freq_factors, None],
+            [Some(a), Some(pos), freq_factors, None, None],
         )
     }
 
@@ -1314,7 +1386,7 @@ impl Graph {
         self.node(
             layout,
             Op::SoftMax { scale, max_bias },
-            [Some(a), mask, None, None],
+            [Some(a), mask, None, None, None],
         )
     }
 
@@ -1379,7 +1451,7 @@ impl Graph {
             return Err(shape_err(opv.name(), format!("{:?} vs {:?}", la.ne, lb.ne)));
         }
         let layout = self.f32_like(&la)?;
-        self.node(layout, opv, [Some(a), Some(b), None, None])
+        self.node(layout, opv, [Some(a), Some(b), None, None, None])
     }
 
     /// Split form `act(a) * b` of any GLU op without parameters (`a` and `b` f32, same
@@ -1451,7 +1523,7 @@ impl Graph {
         let mut ne = la.ne;
         ne[0] /= 2;
         let layout = Layout::contiguous(DType::F32, &ne)?;
-        self.node(layout, opv, [Some(a), None, None, None])
+        self.node(layout, opv, [Some(a), None, None, None, None])
     }
 
     /// Writes the f32 rows of `src` into `dst` at the i32/i64 row indices `idx`; returns a view of
@@ -1491,7 +1563,13 @@ impl Graph {
                 format!("dst {:?}, src {:?}, indices {:?}", ld.ne, ls.ne, li.ne),
             ));
         }
-        self.view_node(dst, ld, Op::SetRows, [Some(src), Some(idx), None, None], 0)
+        self.view_node(
+            dst,
+            ld,
+            Op::SetRows,
+            [Some(src), Some(idx), None, None, None],
+            0,
+        )
     }
 
     /// Copies `a` into `b` (same element count), converting types; returns a view of `b`.
@@ -1509,7 +1587,7 @@ impl Graph {
         if la.nelements() != lb.nelements() {
             return Err(shape_err("CPY", format!("{:?} into {:?}", la.ne, lb.ne)));
         }
-        self.view_node(b, lb, Op::Cpy, [Some(a), Some(b), None, None], 0)
+        self.view_node(b, lb, Op::Cpy, [Some(a), Some(b), None, None, None], 0)
     }
 
     /// A contiguous copy of `a`.
@@ -1522,7 +1600,7 @@ impl Graph {
             });
         }
         let layout = Layout::contiguous(la.dtype, &la.ne)?;
-        self.node(layout, Op::Cont, [Some(a), None, None, None])
+        self.node(layout, Op::Cont, [Some(a), None, None, None, None])
     }
 
     /// `a` and `b` joined along `dim`.
@@ -1538,7 +1616,11 @@ impl Graph {
         let mut ne = la.ne;
         ne[dim] += lb.ne[dim];
         let layout = Layout::contiguous(DType::F32, &ne)?;
-        self.node(layout, Op::Concat { dim }, [Some(a), Some(b), None, None])
+        self.node(
+            layout,
+            Op::Concat { dim },
+            [Some(a), Some(b), None, None, None],
+        )
     }
 
     /// Index of the maximum of each row of the f32 matrix `a`, as i32 `[a.ne1]`.
@@ -1548,7 +1630,7 @@ impl Graph {
             return Err(shape_err("ARGMAX", "input must be a matrix"));
         }
         let layout = Layout::contiguous(DType::I32, &[la.ne[1]])?;
-        self.node(layout, Op::ArgMax, [Some(a), None, None, None])
+        self.node(layout, Op::ArgMax, [Some(a), None, None, None, None])
     }
 
     /// ggml_argsort: per row of f32 `a` (any strides), the i32 indices that sort it in
@@ -1559,7 +1641,11 @@ impl Graph {
             return Err(shape_err("ARGSORT", "rows longer than i32::MAX"));
         }
         let layout = Layout::contiguous(DType::I32, &la.ne)?;
-        self.node(layout, Op::ArgSort(order), [Some(a), None, None, None])
+        self.node(
+            layout,
+            Op::ArgSort(order),
+            [Some(a), None, None, None, None],
+        )
     }
 
     /// ggml_argsort_top_k: [`Graph::argsort`] in descending order, then a view of the first
@@ -1590,7 +1676,7 @@ impl Graph {
             ));
         }
         let layout = Layout::contiguous(DType::I32, &[k, la.ne[1], la.ne[2], la.ne[3]])?;
-        self.node(layout, Op::TopK, [Some(a), None, None, None])
+        self.node(layout, Op::TopK, [Some(a), None, None, None, None])
     }
 }
 
@@ -1629,7 +1715,7 @@ mod tests {
         let mask = g.new_input(DType::F32, &[10, 4]).unwrap();
         let ym = g.mul_mat_masked(w, x, mask).unwrap();
         assert_eq!(g.layout(ym).ne, [10, 3, 1, 1]);
-        assert_eq!(g.tensor(ym).src, [Some(w), Some(x), Some(mask), None]);
+        assert_eq!(g.tensor(ym).src, [Some(w), Some(x), Some(mask), None, None]);
         let short = g.new_input(DType::F32, &[10, 2]).unwrap();
         assert!(matches!(
             g.mul_mat_masked(w, x, short),
@@ -1798,7 +1884,7 @@ mod tests {
         let ids = g.argsort_top_k(logits, 2).unwrap();
         let y = g.mul_mat_id(w, x, ids).unwrap();
         assert_eq!(g.layout(y).ne, [12, 2, 5, 1]);
-        assert_eq!(g.tensor(y).src, [Some(w), Some(x), Some(ids), None]);
+        assert_eq!(g.tensor(y).src, [Some(w), Some(x), Some(ids), None, None]);
         // ids must be i32
         let fids = g.new_input(DType::F32, &[2, 5]).unwrap();
         assert!(matches!(
@@ -1860,6 +1946,28 @@ mod tests {
         let mut far = p;
         far.n_offs = 20;
         assert!(g.rope_ext(q, pos, None, far).is_err());
+    }
+
+    #[test]
+    fn attention_sinks_checks() {
+        let mut g = Graph::new();
+        let q = g.new_input(DType::F32, &[64, 3, 4]).unwrap();
+        let k = g.new_input(DType::F16, &[64, 32, 2]).unwrap();
+        let v = g.new_input(DType::F16, &[32, 64, 2]).unwrap();
+        let mask = g.new_input(DType::F32, &[32, 3]).unwrap();
+        let sinks = g.new_input(DType::F32, &[4]).unwrap();
+        let short = g.new_input(DType::F32, &[2]).unwrap();
+        let attn = g.attention(q, k, v, mask, 0.125).unwrap();
+        assert!(g.attention_add_sinks(attn, short).is_err(), "one per head");
+        assert!(
+            g.attention_add_sinks(q, sinks).is_err(),
+            "not an attention node"
+        );
+        let late = g.new_input(DType::F32, &[4]).unwrap();
+        assert!(g.attention_add_sinks(attn, late).is_err(), "created after");
+        g.attention_add_sinks(attn, sinks).unwrap();
+        assert_eq!(g.tensor(attn).src[4], Some(sinks));
+        assert!(g.attention_add_sinks(attn, sinks).is_err(), "set twice");
     }
 
     #[test]

@@ -567,6 +567,7 @@ fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<
             t.src[1].and_then(view),
             t.src[2].and_then(view),
             t.src[3].and_then(view),
+            t.src[4].and_then(view),
         ];
         let node = NodePlan {
             id,

@@ -157,7 +157,7 @@ pub fn registry() -> Result<&'static Registry, ConfigError> {
 
 /// The weight types `mul_mat` multiplies with llama.cpp's exact arithmetic (float types, then
 /// the legacy and K/IQ quantizations), in the order the tests go through them.
-pub const MATMUL_WEIGHT_TYPES: [DType; 15] = [
+pub const MATMUL_WEIGHT_TYPES: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -167,6 +167,7 @@ pub const MATMUL_WEIGHT_TYPES: [DType; 15] = [
     DType::Q5_1,
     DType::Q8_0,
     DType::IQ4_NL,
+    DType::MXFP4,
     DType::Q2_K,
     DType::Q3_K,
     DType::Q4_K,

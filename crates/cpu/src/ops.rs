@@ -763,7 +763,7 @@ struct MulMatIdPlan {
 
 impl MulMatIdPlan {
     fn new(node: &NodePlan, nth: usize) -> Option<MulMatIdPlan> {
-        let [Some(a), Some(b), Some(ids), _] = node.src else {
+        let [Some(a), Some(b), Some(ids), ..] = node.src else {
             return None;
         };
         let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
@@ -967,7 +967,7 @@ struct AttentionPlan {
 
 impl AttentionPlan {
     fn new(node: &NodePlan) -> Option<AttentionPlan> {
-        let [Some(q), Some(k), Some(v), Some(mask)] = node.src else {
+        let [Some(q), Some(k), Some(v), Some(mask), _] = node.src else {
             return None;
         };
         let (head_k, n_tokens) = (q.l.ne[0], q.l.ne[1]);
@@ -1038,8 +1038,9 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
         let hkv = h / group;
         let j0 = b * rows;
         let rn = rows.min(n_tokens - j0);
-        // SAFETY (whole block): the scratch regions are this thread's; q, k, v and the mask
-        // are read-only during the node; dst rows (h, j0..j0 + rn) belong to task t only.
+        // SAFETY (whole block): the scratch regions are this thread's; q, k, v, the mask and
+        // the sinks (one per head, checked when the graph was built) are read-only during the
+        // node; dst rows (h, j0..j0 + rn) belong to task t only.
         unsafe {
             let mut qrows: [&[u8]; ATTN_ROWS] = [&[]; ATTN_ROWS];
             for (j, row) in qrows.iter_mut().enumerate().take(rn) {
@@ -1084,12 +1085,14 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
                 }
             }
             let slope = alibi_slope(0.0, h, n_head);
+            // Attention sinks (`Graph::attention_add_sinks`): one per head, read-only.
+            let sink = node.src[4].map(|s| s.get([h, 0, 0, 0]));
             let mut prows: [&[u8]; ATTN_ROWS] = [&[]; ATTN_ROWS];
             for (j, row) in prows.iter_mut().enumerate().take(rn) {
                 let x = &scores[j * n_kv..(j + 1) * n_kv];
                 let mrow = &mk.row_f32(j0 + j, 0, 0)[..n_kv];
                 let y = &mut spare[..n_kv];
-                kernels::softmax_row(x, scale, Some(mrow), slope, y);
+                kernels::softmax_row_sink(x, scale, Some(mrow), slope, sink, y);
                 let off = probs_off + j * p.p_row;
                 p.kqv.convert_act(j0 + j, y, work.bytes(off, p.p_row));
                 *row = work.bytes_ref(off, p.p_row);

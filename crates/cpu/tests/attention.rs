@@ -1,8 +1,9 @@
 //! `Graph::attention` (fused: no score tensor) gives exactly the bits of the unfused graph
 //! `cont(permute(mul_mat(v, soft_max_ext(mul_mat_masked(k, q, mask), mask, scale)), [0, 2, 1, 3]))`
 //! that it replaces, at batch sizes 1, 4, 8, 23 and 512, for a causal mask over two sequences and
-//! for a mask with holes (whole rows included), with f16 and f32 caches, query heads sharing KV
-//! heads, head sizes 64 and 256, on devices with 1, 2 and 3 threads.
+//! for a mask with holes (whole rows included), with and without attention sinks
+//! (`attention_add_sinks` / `soft_max_add_sinks`), with f16 and f32 caches, query heads sharing
+//! KV heads, head sizes 64 and 256, on devices with 1, 2 and 3 threads.
 
 mod common;
 
@@ -24,6 +25,7 @@ struct Case {
 }
 
 /// The attention output `[head, heads, n_tok]`, fused or not.
+#[allow(clippy::too_many_arguments)]
 fn run(
     dev: &dyn Device,
     fused: bool,
@@ -32,6 +34,7 @@ fn run(
     v: &[u8],
     q: &[f32],
     mask: &[f32],
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let mut g = Graph::new();
     let kt = g.new_input(c.dtype, &[c.head, c.n_kv, c.kv_heads]).unwrap();
@@ -40,12 +43,20 @@ fn run(
         .new_input(DType::F32, &[c.head, c.heads, c.n_tok])
         .unwrap();
     let mt = g.new_input(DType::F32, &[c.n_kv, c.n_tok]).unwrap();
+    let st = g.new_input(DType::F32, &[c.heads]).unwrap();
     let qp = g.permute(qt, [0, 2, 1, 3]).unwrap();
     let out = if fused {
-        g.attention(qp, kt, vt, mt, 0.125).unwrap()
+        let out = g.attention(qp, kt, vt, mt, 0.125).unwrap();
+        if sinks.is_some() {
+            g.attention_add_sinks(out, st).unwrap();
+        }
+        out
     } else {
         let kq = g.mul_mat_masked(kt, qp, mt).unwrap();
         let kq = g.soft_max_ext(kq, Some(mt), 0.125, 0.0).unwrap();
+        if sinks.is_some() {
+            g.soft_max_add_sinks(kq, st).unwrap();
+        }
         let kqv = g.mul_mat(vt, kq).unwrap();
         let merged = g.permute(kqv, [0, 2, 1, 3]).unwrap();
         g.cont(merged).unwrap()
@@ -56,6 +67,7 @@ fn run(
         (vt, v.to_vec()),
         (qt, bytes_f32(q)),
         (mt, bytes_f32(mask)),
+        (st, bytes_f32(sinks.unwrap_or(&vec![0.0; c.heads]))),
     ];
     run_graph(dev, g, inputs, &[out]).remove(0)
 }
@@ -138,13 +150,20 @@ fn fused_attention_matches_the_unfused_graph_bit_for_bit() {
             let k = encode(c.dtype, &rng.vec(c.head * c.n_kv * c.kv_heads, 1.0));
             let v = encode(c.dtype, &rng.vec(c.n_kv * c.head * c.kv_heads, 1.0));
             let q = rng.vec(c.head * c.heads * c.n_tok, 3.0);
-            for (name, mask) in [
-                ("causal", causal(c.n_kv, c.n_tok)),
-                ("holes", holes(c.n_kv, c.n_tok)),
+            let sink_vals = rng.vec(c.heads, 4.0);
+            for (name, mask, sinks) in [
+                ("causal", causal(c.n_kv, c.n_tok), None),
+                ("holes", holes(c.n_kv, c.n_tok), None),
+                (
+                    "causal+sinks",
+                    causal(c.n_kv, c.n_tok),
+                    Some(&sink_vals[..]),
+                ),
+                ("holes+sinks", holes(c.n_kv, c.n_tok), Some(&sink_vals[..])),
             ] {
-                let want = run(&*dev, false, c, &k, &v, &q, &mask);
-                let got = run(&*dev, true, c, &k, &v, &q, &mask);
-                if name == "causal" {
+                let want = run(&*dev, false, c, &k, &v, &q, &mask, sinks);
+                let got = run(&*dev, true, c, &k, &v, &q, &mask, sinks);
+                if name.starts_with("causal") {
                     assert!(
                         want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0),
                         "every causal row attends to something"

@@ -2,7 +2,7 @@
 //! `data/ops_vectors.bin` holds the inputs and outputs of ggml graphs computed by ggml-cpu
 //! (llama.cpp 0c1e570 as vendored in llama-cpp-python 0.3.36, built for AVX2/FMA/F16C as the
 //! reference build was), written by `data/ops_harness.c` via `data/gen_ops_vectors.sh`:
-//! mul_mat_id over 14 weight types (with the weights in ggml's `CPU_REPACK` buffer where
+//! mul_mat_id over 14 weight types (MXFP4 included) (with the weights in ggml's `CPU_REPACK` buffer where
 //! llama.cpp puts them), argsort / top_k with ties, the unary and GLU ops, softmax with sinks,
 //! build_moe_ffn's routing chains (softmax, biased argsort_top_k, 3-D get_rows, sum_rows,
 //! clamp, div, broadcast mul, add_id; DeepSeek-V3's grouped selection with fill + set_rows),
@@ -387,20 +387,12 @@ fn dtype_named(s: &str) -> DType {
     }
 }
 
-/// Weight types whose mul_mat_id is not replicated exactly (see `kernels::matmul`).
-fn inexact(dtype: DType) -> bool {
-    dtype == DType::MXFP4
-}
-
 #[test]
 fn mul_mat_id_matches_llama_cpp() {
     let devs = devices();
     let mut n = 0;
     for r in records().iter().filter(|r| r.name.starts_with("mmid:")) {
         let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
-        if inexact(dtype) {
-            continue;
-        }
         let d = dims(r.name);
         let (k, m, n_expert, n_used, n_b1, n_tok) = (d[0], d[1], d[2], d[3], d[4], d[5]);
         let mut c = Case::new();
@@ -412,7 +404,7 @@ fn mul_mat_id_matches_llama_cpp() {
         c.check(&devs);
         n += 1;
     }
-    assert_eq!(n, 52);
+    assert_eq!(n, 56);
 }
 
 /// A whole build_moe_ffn (softmax gating, norm_w, SwiGLU experts, the weighted expert outputs
@@ -468,5 +460,45 @@ fn moe_ffn_matches_llama_cpp() {
         c.check(&devs);
         n += 1;
     }
-    assert_eq!(n, 4);
+    assert_eq!(n, 5);
+}
+
+/// MXFP4 (gpt-oss's expert format): `quantize_row_mxfp4_ref` and `dequantize_row_mxfp4`
+/// give ggml's bytes and values, and 2-D products (repacked when llama.cpp repacks them:
+/// gemv and gemm agree per output; else `ggml_vec_dot_mxfp4_q8_0`) have its bits.
+#[test]
+fn mxfp4_matches_llama_cpp() {
+    let devs = devices();
+    let mut n = 0;
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("quant:mxfp4"))
+    {
+        let x: Vec<f32> = r.arrays[0]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut q = vec![0u8; r.arrays[1].len()];
+        lamina_cpu::quant::quantize_row(DType::MXFP4, &x, &mut q).unwrap();
+        assert_eq!(q, r.arrays[1], "{}", r.name);
+        let mut back = vec![0f32; x.len()];
+        lamina_cpu::quant::dequantize_row(DType::MXFP4, &q, &mut back).unwrap();
+        assert_bits(&back, r.arrays[2], r.name);
+        n += 1;
+    }
+    for r in records()
+        .iter()
+        .filter(|r| r.name.starts_with("mulmat:mxfp4"))
+    {
+        let d = dims(r.name);
+        let (m, nn, k) = (d[0], d[1], d[2]);
+        let mut c = Case::new();
+        let w = c.input(DType::MXFP4, &[k, m], r.arrays[0]);
+        let x = c.input(DType::F32, &[k, nn], r.arrays[1]);
+        let out = c.g.mul_mat(w, x).unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 9);
 }

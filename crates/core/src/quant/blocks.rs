@@ -20,6 +20,8 @@ pub const QK8_0: usize = 32;
 pub const QK8_1: usize = 32;
 /// Elements per IQ4_NL block.
 pub const QK4_NL: usize = 32;
+/// Elements per MXFP4 block.
+pub const QK_MXFP4: usize = 32;
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
 /// Bytes of packed 6-bit scales and mins in Q4_K / Q5_K (and of Q3_K's scales).
@@ -29,6 +31,9 @@ pub const K_SCALE_SIZE: usize = 12;
 pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+
+/// The 16 levels of MXFP4 (`kvalues_mxfp4`: the E2M1 values, doubled).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// A row-level view of a block type: how many elements one block holds.
 pub trait Block: Pod {
@@ -213,6 +218,17 @@ block!(
         d: f16,
         /// Nibbles, as in Q4_0.
         qs: [u8; QK4_NL / 2],
+    }
+);
+
+block!(
+    /// OCP MXFP4 (gpt-oss): value = KVALUES_MXFP4[q] * 2^(e - 128) (an E8M0 scale, halved
+    /// because the levels are doubled).
+    BlockMXFP4, QK_MXFP4, 17, {
+        /// E8M0 exponent.
+        e: u8,
+        /// Nibbles, as in Q4_0.
+        qs: [u8; QK_MXFP4 / 2],
     }
 );
 

@@ -147,6 +147,23 @@ pub fn vec_dot_iq4_nl_q8_0(x: &[BlockIQ4NL], y: &[BlockQ8_0]) -> f32 {
     sumf
 }
 
+/// `ggml_vec_dot_mxfp4_q8_0_generic`.
+pub fn vec_dot_mxfp4_q8_0(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y) {
+        let d = f16_to_f32(yb.d) * super::e8m0_to_fp32_half(xb.e);
+        let mut sumi1 = 0i32;
+        let mut sumi2 = 0i32;
+        for j in 0..QK_MXFP4 / 2 {
+            sumi1 += yb.qs[j] as i32 * KVALUES_MXFP4[(xb.qs[j] & 0xf) as usize] as i32;
+            sumi2 +=
+                yb.qs[j + QK_MXFP4 / 2] as i32 * KVALUES_MXFP4[(xb.qs[j] >> 4) as usize] as i32;
+        }
+        sumf += d * (sumi1 + sumi2) as f32;
+    }
+    sumf
+}
+
 /// `ggml_vec_dot_q2_K_q8_K_generic`.
 pub fn vec_dot_q2_k_q8_k(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;

@@ -20,6 +20,7 @@ mod float;
 mod iq4;
 mod kquants;
 mod legacy;
+mod mxfp4;
 
 use std::borrow::Cow;
 
@@ -40,6 +41,7 @@ pub use kquants::{
     quantize_row_q3_k, quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k,
 };
 pub use legacy::*;
+pub use mxfp4::{dequantize_row_mxfp4, e8m0_to_fp32_half, quantize_row_mxfp4};
 
 /// Errors from the row-level quantization routines.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -154,6 +156,7 @@ pub fn supports_dequantize(dtype: DType) -> bool {
             | Q8_K
             | IQ4_NL
             | IQ4_XS
+            | MXFP4
     )
 }
 
@@ -194,6 +197,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q8_K => run!(BlockQ8K, dequantize_row_q8_k),
         IQ4_NL => run!(BlockIQ4NL, dequantize_row_iq4_nl),
         IQ4_XS => run!(BlockIQ4XS, dequantize_row_iq4_xs),
+        MXFP4 => run!(BlockMXFP4, dequantize_row_mxfp4),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -234,6 +238,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q8_K => run!(BlockQ8K, quantize_row_q8_k),
         IQ4_NL => run!(BlockIQ4NL, quantize_row_iq4_nl),
         IQ4_XS => run!(BlockIQ4XS, quantize_row_iq4_xs),
+        MXFP4 => run!(BlockMXFP4, quantize_row_mxfp4),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -248,7 +253,7 @@ pub fn vec_dot_type(dtype: DType) -> Option<DType> {
         F32 => Some(F32),
         F16 => Some(F16),
         BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Some(Q8_0),
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
         Q4_1 | Q5_1 => Some(Q8_1),
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
         _ => None,
@@ -286,6 +291,7 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32, QuantE
         Q5_K => run!(BlockQ5K, BlockQ8K, vec_dot_q5_k_q8_k),
         Q6_K => run!(BlockQ6K, BlockQ8K, vec_dot_q6_k_q8_k),
         IQ4_XS => run!(BlockIQ4XS, BlockQ8K, vec_dot_iq4_xs_q8_k),
+        MXFP4 => run!(BlockMXFP4, BlockQ8_0, vec_dot_mxfp4_q8_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     })
 }

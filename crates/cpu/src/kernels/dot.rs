@@ -41,6 +41,7 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q5_1 => dot_q5_1,
         DType::Q8_0 => dot_q8_0,
         DType::IQ4_NL => dot_iq4_nl,
+        DType::MXFP4 => dot_mxfp4,
         DType::Q4_K => dot_q4_k,
         DType::Q6_K => dot_q6_k,
         DType::Q5_K => dot_q5_k,
@@ -189,6 +190,45 @@ pub fn dot_iq4_nl(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let xb = &x[ib * 18..ib * 18 + 18];
         let yb = &y[ib * 34..ib * 34 + 34];
         let d = f16_at(xb, 0) * f16_at(yb, 0);
+        let qx = vals(xb);
+        let mut sumi = 0i32;
+        for (i, q) in qx.iter().enumerate() {
+            sumi += i32::from(*q) * i32::from(yb[2 + i] as i8);
+        }
+        sumf = d.mul_add(sumi as f32, sumf);
+    }
+    sumf
+}
+
+const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `ggml_vec_dot_mxfp4_q8_0` (AVX2): the shape of `ggml_vec_dot_iq4_nl_q8_0` (two
+/// accumulators, an odd last block in scalar) with the MXFP4 levels, 17-byte blocks and
+/// `d = dy * e8m0_half(e)`.
+#[inline(always)]
+pub fn dot_mxfp4(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = n / 32;
+    let mut acc = [[0f32; 8]; 2];
+    let vals = |b: &[u8]| nibbles(&b[1..17]).map(|v| KVALUES_MXFP4[v as usize]);
+    let scale = |xb: &[u8], yb: &[u8]| f16_at(yb, 0) * lamina_core::quant::e8m0_to_fp32_half(xb[0]);
+    let mut ib = 0;
+    while ib + 1 < nb {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let xb = &x[(ib + k) * 17..(ib + k + 1) * 17];
+            let yb = &y[(ib + k) * 34..(ib + k + 1) * 34];
+            let d = scale(xb, yb);
+            let qx = vals(xb);
+            let qy = as_i8(&yb[2..34]);
+            fma8(a, d, |j| lane_ss(&qx, qy, j));
+        }
+        ib += 2;
+    }
+    let sum: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    let mut sumf = hsum8(&sum);
+    if ib < nb {
+        let xb = &x[ib * 17..ib * 17 + 17];
+        let yb = &y[ib * 34..ib * 34 + 34];
+        let d = scale(xb, yb);
         let qx = vals(xb);
         let mut sumi = 0i32;
         for (i, q) in qx.iter().enumerate() {
@@ -569,6 +609,7 @@ mod avx2 {
             DType::Q4_K => |n, x, y| check(n, x, y, 144, 292, 256, q4_k),
             DType::Q6_K => |n, x, y| check(n, x, y, 210, 292, 256, q6_k),
             DType::IQ4_NL => |n, x, y| check(n, x, y, 18, 34, 32, iq4_nl),
+            DType::MXFP4 => |n, x, y| check(n, x, y, 17, 34, 32, mxfp4),
             DType::Q5_K => |n, x, y| check(n, x, y, 176, 292, 256, q5_k),
             DType::Q2_K => |n, x, y| check(n, x, y, 84, 292, 256, q2_k),
             DType::IQ4_XS => |n, x, y| check(n, x, y, 136, 292, 256, iq4_xs),
@@ -604,6 +645,7 @@ mod avx2 {
     }
     fma_build! {
         iq4_nl => dot_iq4_nl, 18, 34, 32;
+        mxfp4 => dot_mxfp4, 17, 34, 32;
         q5_k => dot_q5_k, 176, 292, 256;
         q2_k => dot_q2_k, 84, 292, 256;
         iq4_xs => dot_iq4_xs, 136, 292, 256;

@@ -2,10 +2,11 @@
 //! tiled K-quant path) uses for a product, on an x86 AVX2 build with default settings, and the
 //! per-output arithmetic of that kernel:
 //!
-//! 1. Q4_K, Q4_0 and IQ4_NL weights with a multiple of 8 rows live in the `CPU_REPACK` buffer:
-//!    for Q4_K, rows of the activation plane in groups of 4 go to `ggml_gemm_q4_K_8x8_q8_K`
-//!    (activations quantized by `ggml_quantize_mat_q8_K_4x8`), the rest to the gemv kernel;
-//!    Q4_0/IQ4_NL use the 8x8 gemv/gemm pair, which agree per output ([`super::repack`]).
+//! 1. Q4_K, Q4_0, IQ4_NL and MXFP4 weights with a multiple of 8 rows live in the `CPU_REPACK`
+//!    buffer: for Q4_K, rows of the activation plane in groups of 4 go to
+//!    `ggml_gemm_q4_K_8x8_q8_K` (activations quantized by `ggml_quantize_mat_q8_K_4x8`), the
+//!    rest to the gemv kernel; Q4_0/IQ4_NL/MXFP4 use the 8x8 gemv/gemm pair, which agree per
+//!    output ([`super::repack`]).
 //! 2. Else K-quant weights (Q2_K…Q6_K, IQ4_XS) with at least 8 activation rows take the tiled
 //!    path.
 //! 3. Else llamafile's tinyBLAS when it accepts the product: f32 (activations contiguous) and,
@@ -14,9 +15,11 @@
 //!    same arithmetic as `ggml_vec_dot_*` except for IQ4_NL).
 //! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
 //!
-//! Not replicated exactly (a close approximation is used instead): MXFP4 weights repacked to
-//! 8x8. Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, MXFP4, BF16): `plan`
+//! Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, NVFP4, BF16): `plan`
 //! returns `None`.
+//!
+//! `ggml_compute_forward_mul_mat_id` picks differently (no tinyBLAS, gemv only for repacked
+//! experts): see [`MatMul::plan_id`].
 
 use lamina_core::DType;
 
@@ -49,6 +52,8 @@ enum DotKind {
     Q4KRepack,
     /// Q4_0 (`false`) or IQ4_NL (`true`) repacked to 8x8 (gemv/gemm agree per output).
     Q0Repack(bool),
+    /// MXFP4 repacked to 8x8 (gemv/gemm agree per output).
+    Mxfp4Repack,
     Q6KTiled,
     Q4KTiled,
     Q5KTiled,
@@ -128,6 +133,9 @@ impl MatMul {
             DType::Q4_0 | DType::IQ4_NL if weight_2d && repack::q0_repacked(weight, m) => {
                 simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
             }
+            DType::MXFP4 if weight_2d && repack::mxfp4_repacked(m) => {
+                simple(ActKind::Q8_0, DotKind::Mxfp4Repack)
+            }
             DType::IQ4_NL if n >= 2 => simple(ActKind::Q8_0, DotKind::TinyIq4Nl),
             _ => {
                 let act = match lamina_core::quant::vec_dot_type(weight)? {
@@ -137,10 +145,9 @@ impl MatMul {
                     _ => return None,
                 };
                 let f = dot::dot_fn(weight)?;
-                let repacked = weight_2d && m.is_multiple_of(8) && weight == DType::MXFP4;
                 let tiled = repack::tiled_applies(weight, false, n);
                 MatMul {
-                    exact: !repacked && !tiled,
+                    exact: !tiled,
                     ..simple(act, DotKind::Quant(f))
                 }
             }
@@ -188,6 +195,9 @@ impl MatMul {
                 };
                 simple(ActKind::Q8K, kind)
             }
+            DType::MXFP4 if repacked && repack::mxfp4_repacked(m) => {
+                simple(ActKind::Q8_0, DotKind::Mxfp4Repack)
+            }
             _ => {
                 let act = match lamina_core::quant::vec_dot_type(weight)? {
                     DType::Q8_0 => ActKind::Q8_0,
@@ -195,12 +205,7 @@ impl MatMul {
                     DType::Q8_K => ActKind::Q8K,
                     _ => return None,
                 };
-                let f = dot::dot_fn(weight)?;
-                let repacked_mxfp4 = repacked && m.is_multiple_of(8) && weight == DType::MXFP4;
-                MatMul {
-                    exact: !repacked_mxfp4,
-                    ..simple(act, DotKind::Quant(f))
-                }
+                simple(act, DotKind::Quant(dot::dot_fn(weight)?))
             }
         })
     }
@@ -275,6 +280,7 @@ impl MatMul {
                 }
             }
             DotKind::Q0Repack(iq4nl) => repack::dot_q0_repacked(iq4nl, k, w, act),
+            DotKind::Mxfp4Repack => repack::dot_mxfp4_repacked(k, w, act),
             DotKind::Q6KTiled => repack::dot_q6_k_tiled(k, w, act),
             DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
             DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
@@ -409,6 +415,7 @@ impl MatMul {
                 }
             }
             DotKind::Q0Repack(iq4nl) => repack::scalar::dot_q0_repacked(iq4nl, k, w, act),
+            DotKind::Mxfp4Repack => repack::scalar::dot_mxfp4_repacked(k, w, act),
             DotKind::Q6KTiled => repack::scalar::dot_q6_k_tiled(k, w, act),
             DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
             DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),

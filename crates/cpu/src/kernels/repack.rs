@@ -349,6 +349,47 @@ pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
     dot_q0_repacked_impl(iq4nl, n, x, y)
 }
 
+/// Whether llama.cpp repacks an MXFP4 weight with `rows` rows on AVX2 (`ne[1] % 8 == 0`).
+pub fn mxfp4_repacked(rows: usize) -> bool {
+    rows.is_multiple_of(8)
+}
+
+/// `gemv_q4_b32_8x8_q8_0_lut_avx<block_mxfp4x8>` / its gemm (they agree per output) for one
+/// repacked MXFP4 weight row against one Q8_0 activation row: per block
+/// `acc = fma((float)Σ q·q8, e8m0_half(e)*d_a, acc)`, one scalar chain.
+pub fn dot_mxfp4_repacked(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            dot_mxfp4_repacked_impl(n, x, y)
+        }
+        if simd_available() {
+            // SAFETY: AVX2/FMA/F16C present; same operations with FMA enabled.
+            return unsafe { fast(n, x, y) };
+        }
+    }
+    dot_mxfp4_repacked_impl(n, x, y)
+}
+
+const KVALUES_MXFP4: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+#[inline(always)]
+fn dot_mxfp4_repacked_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(17).zip(y.chunks_exact(34)).take(n / 32) {
+        let mut sumi = 0i32;
+        for i in 0..16 {
+            let (lo, hi) = (usize::from(xb[1 + i] & 15), usize::from(xb[1 + i] >> 4));
+            sumi += KVALUES_MXFP4[lo] * i32::from(yb[2 + i] as i8)
+                + KVALUES_MXFP4[hi] * i32::from(yb[18 + i] as i8);
+        }
+        let d = lamina_core::quant::e8m0_to_fp32_half(xb[0]) * f16_at(yb, 0);
+        acc = (sumi as f32).mul_add(d, acc);
+    }
+    acc
+}
+
 const KVALUES_IQ4NL: [i32; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
@@ -442,6 +483,11 @@ pub mod scalar {
     /// Scalar [`super::dot_q0_repacked`].
     pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
         super::dot_q0_repacked_impl(iq4nl, n, x, y)
+    }
+
+    /// Scalar [`super::dot_mxfp4_repacked`].
+    pub fn dot_mxfp4_repacked(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        super::dot_mxfp4_repacked_impl(n, x, y)
     }
 
     /// Scalar `dot::dot_iq4_nl_tinyblas`: per block `d = dx*dy`, 8 lanes of exact 4-product

@@ -338,7 +338,8 @@ static void moe_ffn_case(enum ggml_type gt, enum ggml_type et, int n_embd, int n
         moe_out = ggml_add(cx, moe_out, ggml_view_2d(cx, experts, n_embd, n_tok, experts->nb[2], i * experts->nb[1]));
     if (n_used == 1) moe_out = ggml_cont(cx, moe_out);
     struct ggml_tensor *selc = ggml_cont(cx, selected);
-    const int repack = (et == GGML_TYPE_Q4_0 || et == GGML_TYPE_IQ4_NL || et == GGML_TYPE_Q4_K) &&
+    const int repack = (et == GGML_TYPE_Q4_0 || et == GGML_TYPE_IQ4_NL || et == GGML_TYPE_Q4_K ||
+                        et == GGML_TYPE_MXFP4) &&
                        n_ff % 8 == 0 && n_embd % 8 == 0;
     ggml_backend_buffer_t bg = ggml_backend_alloc_ctx_tensors(cg, be);
     ggml_backend_buffer_t bw = repack ? ggml_backend_alloc_ctx_tensors_from_buft(ce, repack_buft(be))
@@ -379,6 +380,50 @@ static void moe_ffn_case(enum ggml_type gt, enum ggml_type et, int n_embd, int n
     ggml_free(cg); ggml_free(ce); ggml_free(cx); ggml_backend_free(be);
 }
 
+// quant:<type>:<n>   x, quantized (ggml_quantize_chunk), dequantized (to_float)
+static void quant_case(enum ggml_type t, int n, float scale) {
+    float *x = malloc((size_t)n * 4); fill(x, n, scale);
+    if (n >= 64) { for (int i = 32; i < 64; i++) x[i] = 0.0f; x[40] = 1e-30f; }
+    size_t rs = ggml_row_size(t, n); void *q = malloc(rs);
+    ggml_quantize_chunk(t, x, q, 0, 1, n, NULL);
+    float *back = malloc((size_t)n * 4);
+    ggml_get_type_traits(t)->to_float(q, back, n);
+    char name[64]; snprintf(name, sizeof name, "quant:%s:%d", ggml_type_name(t), n);
+    rec_begin(name, 3); arr(x, (size_t)n * 4); arr(q, rs); arr(back, (size_t)n * 4);
+    free(x); free(q); free(back);
+}
+
+// mulmat:<type>:<m>:<n>:<k>:<repack>   weights, x, out (2-D weights in the CPU_REPACK buffer when
+// llama.cpp puts them there)
+static void mulmat_case(enum ggml_type t, int m, int n, int k) {
+    const int repack = t == GGML_TYPE_MXFP4 && m % 8 == 0;
+    ggml_backend_t be = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(be, 2);
+    struct ggml_init_params p = { 16 * ggml_tensor_overhead() + ggml_graph_overhead(), NULL, true };
+    struct ggml_context *cw = ggml_init(p), *cx = ggml_init(p);
+    struct ggml_tensor *w = ggml_new_tensor_2d(cw, t, k, m);
+    struct ggml_tensor *x = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, n);
+    struct ggml_tensor *r = ggml_mul_mat(cx, w, x);
+    ggml_backend_buffer_t bw = repack ? ggml_backend_alloc_ctx_tensors_from_buft(cw, repack_buft(be))
+                                      : ggml_backend_alloc_ctx_tensors(cw, be);
+    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, be);
+    float *wf = malloc((size_t)k * m * 4); fill(wf, k * m, 0.1f);
+    size_t wsz = ggml_row_size(t, k) * m; void *wq = malloc(wsz);
+    ggml_quantize_chunk(t, wf, wq, 0, m, k, NULL);
+    ggml_backend_tensor_set(w, wq, 0, wsz);
+    float *xf = malloc((size_t)k * n * 4); fill(xf, k * n, 1.0f);
+    ggml_backend_tensor_set(x, xf, 0, (size_t)k * n * 4);
+    struct ggml_cgraph *gf = ggml_new_graph(cx);
+    ggml_build_forward_expand(gf, r);
+    ggml_backend_graph_compute(be, gf);
+    float *rf = malloc((size_t)m * n * 4);
+    ggml_backend_tensor_get(r, rf, 0, (size_t)m * n * 4);
+    char name[64]; snprintf(name, sizeof name, "mulmat:%s:%d:%d:%d:%d", ggml_type_name(t), m, n, k, repack);
+    rec_begin(name, 3); arr(wq, wsz); arr(xf, (size_t)k * n * 4); arr(rf, (size_t)m * n * 4);
+    free(wf); free(wq); free(xf); free(rf);
+    ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx); ggml_free(cw); ggml_free(cx); ggml_backend_free(be);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     out = fopen(argv[1], "wb");
@@ -406,10 +451,16 @@ int main(int argc, char **argv) {
         mmid_case(ts[i], k, 12, 3, 2, 2, 13, 1);  // expert 0 gets >= 8 rows; m % 8 != 0
         mmid_case(ts[i], k == 256 ? 256 : 128, 16, 5, 4, 1, 9, 1);
     }
+    quant_case(GGML_TYPE_MXFP4, 32 * 9, 0.01f); quant_case(GGML_TYPE_MXFP4, 32 * 9, 1.0f);
+    quant_case(GGML_TYPE_MXFP4, 32 * 9, 40.0f); quant_case(GGML_TYPE_MXFP4, 32, 3.0f);
+    mulmat_case(GGML_TYPE_MXFP4, 16, 1, 96); mulmat_case(GGML_TYPE_MXFP4, 16, 5, 96);
+    mulmat_case(GGML_TYPE_MXFP4, 8, 8, 64); mulmat_case(GGML_TYPE_MXFP4, 12, 3, 96);
+    mulmat_case(GGML_TYPE_MXFP4, 6, 1, 160);
     moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_Q4_K, 256, 256, 2, 1, 11);
     moe_ffn_case(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 64, 32, 8, 2, 12);
     moe_ffn_case(GGML_TYPE_F16, GGML_TYPE_Q8_0, 64, 64, 4, 3, 4);
     moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_Q5_0, 32, 64, 4, 2, 1);
+    moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_MXFP4, 64, 32, 8, 4, 6);
     fclose(out);
     return 0;
 }
