@@ -103,6 +103,25 @@ fn logits(model: Arc<Model>, tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Logits of every position when `tokens` are decoded one at a time (token generation: one-row
+/// kernels, reused graphs, the cache growing), on `n_devices` devices.
+fn logits_one_by_one(model: Arc<Model>, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let params = ContextParams {
+        n_ctx: 256,
+        ..Default::default()
+    };
+    let mut ctx = Context::new(model, params).unwrap();
+    let mut batch = Batch::default();
+    let mut rows = Vec::new();
+    for (i, &t) in tokens.iter().enumerate() {
+        batch.clear();
+        batch.push(t, i as i32, 0, true);
+        ctx.decode(&batch).unwrap();
+        rows.push(ctx.last_logits().unwrap().to_vec());
+    }
+    rows
+}
+
 fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
@@ -172,6 +191,28 @@ fn check(which: &str, file: &str, want: Match, reference: &Value) -> (f64, usize
             total - same
         );
     }
+
+    // Token by token (generation): other kernels, so not the same bits, but as close to
+    // llama.cpp's batch logits as llama.cpp's own generation is (checked the same way).
+    let stepwise = logits_one_by_one(load(&path, 1), &tokens);
+    let (mut err, mut norm) = (0f64, 0f64);
+    for (pos, (g, e)) in stepwise.iter().zip(&expected).enumerate() {
+        for (&a, &b) in g.iter().zip(e) {
+            err += (f64::from(a) - b).powi(2);
+            norm += b * b;
+        }
+        let e32: Vec<f32> = e.iter().map(|&v| v as f32).collect();
+        assert_eq!(
+            argmax(g),
+            argmax(&e32),
+            "{file}: step-by-step argmax at {pos}"
+        );
+    }
+    assert!(
+        err / norm <= NMSE_MAX,
+        "{file}: step-by-step NMSE {:e}",
+        err / norm
+    );
 
     // Three virtual devices, layers split between them: the same bits.
     let split = logits(load(&path, 3), &tokens);

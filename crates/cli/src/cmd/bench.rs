@@ -15,7 +15,7 @@ use lamina_gguf::pull as hub;
 use lamina_model::{Batch, Context, ContextParams};
 use serde::Serialize;
 
-use super::{emit, load_with};
+use super::{emit, load_model};
 
 /// llama-bench's flags. `-pg` and `-ub` are multi-letter short flags that clap cannot declare:
 /// `normalize_llama_flags` rewrites them to `--n-gen-prompt` and `--ubatch-size`.
@@ -266,15 +266,16 @@ pub fn measure(args: &BenchArgs) -> anyhow::Result<Vec<BenchResult>> {
             let params = ContextParams {
                 n_ctx,
                 n_ubatch: args.ubatch_size,
+                pipeline_parallel: !args.devices.no_pipeline,
                 ..Default::default()
             };
-            let loaded = load_with(model, Some(n_threads), params, &args.devices)?;
-            let mut ctx = loaded.context;
-            let first_token = loaded
-                .tokenizer
-                .add_bos()
-                .then(|| loaded.tokenizer.bos())
-                .flatten();
+            let (model, _) = load_model(model, Some(n_threads), &args.devices)?;
+            // The vocabulary only decides the first token (BOS); files without a usable one
+            // (llama.cpp's placeholder `test` vocabulary) are measured too, as llama-bench does.
+            let first_token = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
+                .ok()
+                .and_then(|t| t.add_bos().then(|| t.bos()).flatten());
+            let mut ctx = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
             let info = run_info(&ctx, args, n_threads, &cpu_info);
             for &test in &tests {
                 let test_time = rfc3339_now();

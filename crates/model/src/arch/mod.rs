@@ -745,15 +745,13 @@ impl<'a> Builder<'a> {
         let q = self.g.permute(q, [0, 2, 1, 3])?;
         let mask = self.inp_kq_mask(il)?;
         let kq_scale = params.kq_scale;
-        let plain = params.softcap == 0.0 && params.sinks.is_none();
-        let merged = if !plain {
-            // Soft-capping and sinks change the scores between K·Q and the softmax: the
-            // unfused path, every score computed (the cap must not see skipped ones).
-            let sinks = params.sinks.map(|w| self.weight(w)).transpose()?;
-            let mut kq = self.g.mul_mat(k_view, q)?;
-            if params.softcap != 0.0 {
-                kq = self.softcap(kq, params.softcap)?;
-            }
+        // Sinks are created before the node that uses them.
+        let sinks = params.sinks.map(|w| self.weight(w)).transpose()?;
+        let merged = if params.softcap != 0.0 {
+            // Soft-capping changes the scores between K·Q and the softmax: the unfused path,
+            // every score computed (the cap must not see skipped ones).
+            let kq = self.g.mul_mat(k_view, q)?;
+            let kq = self.softcap(kq, params.softcap)?;
             let kq = self.g.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
             if let Some(s) = sinks {
                 self.g.soft_max_add_sinks(kq, s)?;
@@ -765,11 +763,18 @@ impl<'a> Builder<'a> {
             // Fused: the same arithmetic without the `[n_kv, n_tokens, n_head]` score tensor,
             // the largest activation of a prompt micro-batch (9.4 MB for SmolLM2 at 512
             // tokens, and growing with the context).
-            self.g.attention(q, k_view, v_view, mask, kq_scale)?
+            let attn = self.g.attention(q, k_view, v_view, mask, kq_scale)?;
+            if let Some(s) = sinks {
+                self.g.attention_add_sinks(attn, s)?;
+            }
+            attn
         } else {
             // Scores the mask removes need not be computed (a causal mask: about half).
             let kq = self.g.mul_mat_masked(k_view, q, mask)?;
             let kq = self.g.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+            if let Some(s) = sinks {
+                self.g.soft_max_add_sinks(kq, s)?;
+            }
             let kqv = self.g.mul_mat(v_view, kq)?;
             let merged = self.g.permute(kqv, [0, 2, 1, 3])?;
             self.g.cont(merged)?
