@@ -7,6 +7,7 @@
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::layer::PreNormLayer;
 use super::moe::{Gating, MoeAct, MoeParams};
 use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
 use crate::hparams::{MetaReader, RopeType};
@@ -99,43 +100,28 @@ impl Architecture for Llama {
 
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
         let kq_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
+        // Mixtral-style experts; llama.cpp's llama reads no expert weight scale.
+        let moe = MoeParams {
+            norm_weights: true,
+            ..MoeParams::new(&self.hp, MoeAct::Silu, Gating::Softmax)
+        };
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
-            b.begin_layer(il);
-            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
-            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
-            let q = b.rope(q, il, self.rope_freqs)?;
-            let k = b.rope(k, il, self.rope_freqs)?;
-            let q = match self.attn_temperature {
-                Some((scale, floor_scale)) => {
-                    let temp = b.inp_attn_temperature(scale, floor_scale)?;
-                    b.g.mul(q, temp)?
-                }
-                None => q,
+            let layer = PreNormLayer {
+                norm: NormKind::Rms,
+                attn_norm: &lw.attn_norm,
+                attn: &lw.attn,
+                qk_norm: None,
+                rope_factors: self.rope_freqs,
+                q_scale: None,
+                attn_temperature: self.attn_temperature,
+                attn_params: AttnParams::scaled(kq_scale),
+                ffn_norm: &lw.ffn_norm,
             };
-            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
-            if b.is_last_layer(il) {
-                cur = b.select_outputs(cur)?;
-                inp = b.select_outputs(inp)?;
-            }
-            let ffn_inp = b.g.add(cur, inp)?;
-            let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
-            let cur = match &lw.ffn {
-                Ffn::Dense(f) => b.ffn(cur, f, FfnAct::Silu)?,
-                Ffn::Moe(m) => {
-                    let params = MoeParams {
-                        n_expert: self.hp.n_expert as usize,
-                        n_expert_used: self.hp.n_expert_used as usize,
-                        act: MoeAct::Silu,
-                        norm_weights: true,
-                        // llama.cpp's llama reads no expert weight scale.
-                        weights_scale: 0.0,
-                        gating: Gating::Softmax,
-                    };
-                    b.moe_ffn(cur, m, params)?
-                }
-            };
-            inp = b.g.add(cur, ffn_inp)?;
+            inp = b.prenorm_layer(il, inp, &layer, |b, x| match &lw.ffn {
+                Ffn::Dense(f) => b.ffn(x, f, FfnAct::Silu),
+                Ffn::Moe(m) => b.moe_ffn(x, m, moe),
+            })?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
     }

@@ -9,6 +9,7 @@ mod gemma2;
 mod gemma3;
 mod gpt_oss;
 pub mod inputs;
+mod layer;
 mod llama;
 mod mistral3;
 mod moe;

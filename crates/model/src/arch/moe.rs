@@ -58,6 +58,21 @@ pub struct MoeParams {
     pub gating: Gating,
 }
 
+impl MoeParams {
+    /// The model's expert counts with `act` and `gating`; weights neither normalised nor
+    /// scaled.
+    pub fn new(hp: &crate::HParams, act: MoeAct, gating: Gating) -> MoeParams {
+        MoeParams {
+            n_expert: hp.n_expert as usize,
+            n_expert_used: hp.n_expert_used as usize,
+            act,
+            norm_weights: false,
+            weights_scale: 0.0,
+            gating,
+        }
+    }
+}
+
 impl Builder<'_> {
     /// `mul_mat_id` of one expert stack, times its per-expert scales, plus its per-expert
     /// biases (llama.cpp's `build_lora_mm_id` and the `add_id` after it).

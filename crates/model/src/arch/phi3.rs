@@ -6,6 +6,7 @@
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::layer::PreNormLayer;
 use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
 use crate::hparams::{MetaReader, RopeType};
 use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
@@ -80,7 +81,6 @@ impl Architecture for Phi3 {
     }
 
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
-        let q_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
         // llama.cpp's `get_rope_factors`: long factors for contexts past the training one.
         let factors = if b.ctx.kv.size() > self.hp.n_ctx_orig as usize {
             self.rope_long
@@ -89,22 +89,20 @@ impl Architecture for Phi3 {
         };
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
-            b.begin_layer(il);
-            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
-            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
-            let q = b.rope(q, il, factors)?;
-            let k = b.rope(k, il, factors)?;
-            let q = b.g.scale(q, q_scale)?;
-            let params = AttnParams::scaled(1.0);
-            let mut cur = b.attention(il, q, k, v, params, &lw.attn.wo)?;
-            if b.is_last_layer(il) {
-                cur = b.select_outputs(cur)?;
-                inp = b.select_outputs(inp)?;
-            }
-            let residual = b.g.add(cur, inp)?;
-            let cur = b.norm(residual, &lw.ffn_norm, NormKind::Rms)?;
-            let cur = b.ffn(cur, &lw.ffn, FfnAct::SwiGluFused)?;
-            inp = b.g.add(residual, cur)?;
+            let layer = PreNormLayer {
+                norm: NormKind::Rms,
+                attn_norm: &lw.attn_norm,
+                attn: &lw.attn,
+                qk_norm: None,
+                rope_factors: factors,
+                q_scale: Some(1.0 / (self.hp.n_embd_head_k as f32).sqrt()),
+                attn_temperature: None,
+                attn_params: AttnParams::scaled(1.0),
+                ffn_norm: &lw.ffn_norm,
+            };
+            inp = b.prenorm_layer(il, inp, &layer, |b, x| {
+                b.ffn(x, &lw.ffn, FfnAct::SwiGluFused)
+            })?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
     }

@@ -4,6 +4,7 @@
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::layer::PreNormLayer;
 use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
 use crate::hparams::{MetaReader, RopeType};
 use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
@@ -64,20 +65,18 @@ impl Architecture for Qwen2 {
         let kq_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
-            b.begin_layer(il);
-            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
-            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
-            let q = b.rope(q, il, None)?;
-            let k = b.rope(k, il, None)?;
-            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
-            if b.is_last_layer(il) {
-                cur = b.select_outputs(cur)?;
-                inp = b.select_outputs(inp)?;
-            }
-            let ffn_inp = b.g.add(cur, inp)?;
-            let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
-            let cur = b.ffn(cur, &lw.ffn, FfnAct::Silu)?;
-            inp = b.g.add(cur, ffn_inp)?;
+            let layer = PreNormLayer {
+                norm: NormKind::Rms,
+                attn_norm: &lw.attn_norm,
+                attn: &lw.attn,
+                qk_norm: None,
+                rope_factors: None,
+                q_scale: None,
+                attn_temperature: None,
+                attn_params: AttnParams::scaled(kq_scale),
+                ffn_norm: &lw.ffn_norm,
+            };
+            inp = b.prenorm_layer(il, inp, &layer, |b, x| b.ffn(x, &lw.ffn, FfnAct::Silu))?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
     }

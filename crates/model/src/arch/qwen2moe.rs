@@ -5,6 +5,7 @@
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::layer::PreNormLayer;
 use super::moe::{Gating, MoeAct, MoeParams};
 use super::qwen3moe::{n_ff_exp, require_experts};
 use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
@@ -86,38 +87,32 @@ impl Architecture for Qwen2Moe {
 
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
         let kq_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
-        let params = MoeParams {
-            n_expert: self.hp.n_expert as usize,
-            n_expert_used: self.hp.n_expert_used as usize,
-            act: MoeAct::Silu,
-            norm_weights: false,
-            weights_scale: 0.0,
-            gating: Gating::Softmax,
-        };
+        let params = MoeParams::new(&self.hp, MoeAct::Silu, Gating::Softmax);
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
-            b.begin_layer(il);
-            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
-            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
-            let q = b.rope(q, il, None)?;
-            let k = b.rope(k, il, None)?;
-            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
-            if b.is_last_layer(il) {
-                cur = b.select_outputs(cur)?;
-                inp = b.select_outputs(inp)?;
-            }
-            let ffn_inp = b.g.add(cur, inp)?;
-            let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
-            let moe_out = b.moe_ffn(cur, &lw.moe, params)?;
-            // The shared expert, gated by sigmoid(logit), computed as silu(x) / x like llama.cpp.
-            let gate_w = b.weight(lw.shexp_gate_inp)?;
-            let gate_logit = b.g.mul_mat(gate_w, cur)?; // [1, n_tokens]
-            let silu = b.g.silu(gate_logit)?;
-            let gate = b.g.div(silu, gate_logit)?;
-            let shexp = b.ffn(cur, &lw.shexp, FfnAct::Silu)?;
-            let shexp = b.g.mul(shexp, gate)?;
-            let cur = b.g.add(moe_out, shexp)?;
-            inp = b.g.add(cur, ffn_inp)?;
+            let layer = PreNormLayer {
+                norm: NormKind::Rms,
+                attn_norm: &lw.attn_norm,
+                attn: &lw.attn,
+                qk_norm: None,
+                rope_factors: None,
+                q_scale: None,
+                attn_temperature: None,
+                attn_params: AttnParams::scaled(kq_scale),
+                ffn_norm: &lw.ffn_norm,
+            };
+            inp = b.prenorm_layer(il, inp, &layer, |b, x| {
+                let moe_out = b.moe_ffn(x, &lw.moe, params)?;
+                // The shared expert, gated by sigmoid(logit), computed as silu(l) / l like
+                // llama.cpp.
+                let gate_w = b.weight(lw.shexp_gate_inp)?;
+                let gate_logit = b.g.mul_mat(gate_w, x)?; // [1, n_tokens]
+                let silu = b.g.silu(gate_logit)?;
+                let gate = b.g.div(silu, gate_logit)?;
+                let shexp = b.ffn(x, &lw.shexp, FfnAct::Silu)?;
+                let shexp = b.g.mul(shexp, gate)?;
+                Ok(b.g.add(moe_out, shexp)?)
+            })?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
     }

@@ -5,6 +5,7 @@
 use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
+use super::layer::PreNormLayer;
 use super::moe::{Gating, MoeAct, MoeParams};
 use super::{Architecture, AttnParams, Builder, NormKind};
 use crate::hparams::{MetaReader, RopeType};
@@ -88,31 +89,23 @@ impl Architecture for Qwen3Moe {
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
         let kq_scale = 1.0 / (self.hp.n_embd_head_k as f32).sqrt();
         let params = MoeParams {
-            n_expert: self.hp.n_expert as usize,
-            n_expert_used: self.hp.n_expert_used as usize,
-            act: MoeAct::Silu,
             norm_weights: true,
-            weights_scale: 0.0,
-            gating: Gating::Softmax,
+            ..MoeParams::new(&self.hp, MoeAct::Silu, Gating::Softmax)
         };
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
-            b.begin_layer(il);
-            let cur = b.norm(inp, &lw.attn_norm, NormKind::Rms)?;
-            let (q, k, v) = b.qkv(il, cur, &lw.attn)?;
-            let q = b.norm(q, &lw.attn_q_norm, NormKind::Rms)?;
-            let q = b.rope(q, il, None)?;
-            let k = b.norm(k, &lw.attn_k_norm, NormKind::Rms)?;
-            let k = b.rope(k, il, None)?;
-            let mut cur = b.attention(il, q, k, v, AttnParams::scaled(kq_scale), &lw.attn.wo)?;
-            if b.is_last_layer(il) {
-                cur = b.select_outputs(cur)?;
-                inp = b.select_outputs(inp)?;
-            }
-            let ffn_inp = b.g.add(cur, inp)?;
-            let cur = b.norm(ffn_inp, &lw.ffn_norm, NormKind::Rms)?;
-            let cur = b.moe_ffn(cur, &lw.moe, params)?;
-            inp = b.g.add(cur, ffn_inp)?;
+            let layer = PreNormLayer {
+                norm: NormKind::Rms,
+                attn_norm: &lw.attn_norm,
+                attn: &lw.attn,
+                qk_norm: Some((&lw.attn_q_norm, &lw.attn_k_norm)),
+                rope_factors: None,
+                q_scale: None,
+                attn_temperature: None,
+                attn_params: AttnParams::scaled(kq_scale),
+                ffn_norm: &lw.ffn_norm,
+            };
+            inp = b.prenorm_layer(il, inp, &layer, |b, x| b.moe_ffn(x, &lw.moe, params))?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
     }
