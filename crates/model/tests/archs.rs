@@ -42,6 +42,7 @@ const FIXTURES: &[(&str, &str, Match)] = &[
     ("local", "gemma2-dense.gguf", Match::Exact),
     ("local", "olmo2-dense.gguf", Match::Exact),
     ("local", "starcoder2-dense.gguf", Match::Exact),
+    ("local", "deepseek2-legacy.gguf", Match::Exact),
 ];
 
 const NMSE_MAX: f64 = 1e-4;

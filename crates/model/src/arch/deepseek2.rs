@@ -47,6 +47,17 @@ enum QProj {
     Plain(WeightRef),
 }
 
+/// How the latent becomes heads.
+#[derive(Debug)]
+enum KvB {
+    /// Absorbed MLA: `attn_k_b` `[nope, kv_lora_rank, n_head]` and `attn_v_b`
+    /// `[kv_lora_rank, head_v, n_head]`.
+    Absorbed { k_b: WeightRef, v_b: WeightRef },
+    /// Files converted before absorbed MLA: one `attn_kv_b`
+    /// `[kv_lora_rank, n_head * (nope + head_v)]`, and a cache of whole heads.
+    Decompressed(WeightRef),
+}
+
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per layer, made once at load
 enum Ffn {
@@ -63,10 +74,7 @@ struct Layer {
     q: QProj,
     kv_a_mqa: WeightRef,
     kv_a_norm: NormWeights,
-    /// `[nope, kv_lora_rank, n_head]`.
-    k_b: WeightRef,
-    /// `[kv_lora_rank, head_v_mla, n_head]`.
-    v_b: WeightRef,
+    kv_b: KvB,
     wo: Linear,
     ffn_norm: NormWeights,
     ffn: Ffn,
@@ -89,20 +97,23 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let head_k_mla = r.u32("attention.key_length_mla")?.unwrap_or(0) as usize;
     let head_v_mla = r.u32("attention.value_length_mla")?.unwrap_or(0) as usize;
     let n_rot = hp.n_rot as usize;
-    if head_k_mla == 0 || head_v_mla == 0 {
-        return Err(r.bad(
-            "attention.key_length_mla",
-            "files without MLA head sizes (converted before llama.cpp's absorbed MLA) are not \
-             supported; convert the model again"
-                .into(),
-        ));
-    }
-    // The cache holds the latent and the rotary part as K (one head), the latent as V.
-    if hp.n_embd_head_k as usize != kv_lora_rank + n_rot
-        || hp.n_embd_head_v as usize != kv_lora_rank
-        || hp.n_head_kv.iter().any(|&h| h != 1)
-        || head_k_mla <= n_rot
-    {
+    // llama.cpp's `is_mla`: both MLA head sizes set; else the heads are whole in the cache.
+    let absorbed = head_k_mla != 0 && head_v_mla != 0;
+    let (head_k_mla, head_v_mla) = if absorbed {
+        (head_k_mla, head_v_mla)
+    } else {
+        (hp.n_embd_head_k as usize, hp.n_embd_head_v as usize)
+    };
+    // Absorbed: the cache holds the latent and the rotary part as K (one head), the latent as
+    // V. Decompressed: whole heads, one KV head per query head.
+    let layout_ok = if absorbed {
+        hp.n_embd_head_k as usize == kv_lora_rank + n_rot
+            && hp.n_embd_head_v as usize == kv_lora_rank
+            && hp.n_head_kv.iter().all(|&h| h == 1)
+    } else {
+        hp.n_head_kv == hp.n_head
+    };
+    if !layout_ok || head_k_mla <= n_rot {
         return Err(r.bad(
             "attention.key_length",
             format!(
@@ -186,11 +197,18 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
                     &[n_embd, kv_lora + n_rot as u64],
                 )?,
                 kv_a_norm: t.norm(&blk(il, "attn_kv_a_norm"), kv_lora)?,
-                k_b: t.get(&blk(il, "attn_k_b.weight"), &[nope, kv_lora, n_head])?,
-                v_b: t.get(
-                    &blk(il, "attn_v_b.weight"),
-                    &[kv_lora, head_v_mla as u64, n_head],
-                )?,
+                kv_b: if absorbed {
+                    KvB::Absorbed {
+                        k_b: t.get(&blk(il, "attn_k_b.weight"), &[nope, kv_lora, n_head])?,
+                        v_b: t.get(
+                            &blk(il, "attn_v_b.weight"),
+                            &[kv_lora, head_v_mla as u64, n_head],
+                        )?,
+                    }
+                } else {
+                    let n_out = n_head * (nope + head_v_mla as u64);
+                    KvB::Decompressed(t.get(&blk(il, "attn_kv_b.weight"), &[kv_lora, n_out])?)
+                },
                 wo: t
                     .linear(&blk(il, "attn_output"), n_head * head_v_mla as u64, n_embd)?
                     .no_bias(),
@@ -272,13 +290,37 @@ impl DeepSeek2 {
         let k_pe = b.rope(k_pe, il, None)?;
         let kv_cmpr = b.norm(kv_cmpr, &lw.kv_a_norm, NormKind::Rms)?;
 
+        let (k_b, v_b) = match lw.kv_b {
+            KvB::Absorbed { k_b, v_b } => (k_b, v_b),
+            KvB::Decompressed(kv_b) => {
+                // Whole heads: K = [k_nope, k_pe repeated per head], V from the same product,
+                // Q roped on its trailing rotary dims.
+                let head_v = self.head_v_mla;
+                let kv_b = b.weight(kv_b)?;
+                let kv = b.g.mul_mat(kv_b, kv_cmpr)?; // [n_head * (nope + head_v), n_tokens]
+                let row = 4 * (nope + head_v);
+                let k_nope =
+                    b.g.view_3d(kv, nope, n_head, n_tokens, row, row * n_head, 0)?;
+                let v =
+                    b.g.view_3d(kv, head_v, n_head, n_tokens, row, row * n_head, 4 * nope)?;
+                let v = b.g.cont(v)?;
+                let mut q = b.rope_offset(q, il, nope)?;
+                let k_pe = b.g.repeat_4d(k_pe, [n_rot, n_head, n_tokens, 1])?;
+                let k = b.g.concat(k_nope, k_pe, 0)?;
+                if let Some((scale, floor)) = self.attn_temperature {
+                    let temp = b.inp_attn_temperature(scale, floor)?;
+                    q = b.g.mul(q, temp)?;
+                }
+                return b.attention(il, q, k, v, AttnParams::scaled(self.kq_scale), &lw.wo);
+            }
+        };
         let nb = b.g.tensor(q).nb();
         let q_nope = b.g.view_3d(q, nope, n_head, n_tokens, nb[1], nb[2], 0)?;
         let q_pe =
             b.g.view_3d(q, n_rot, n_head, n_tokens, nb[1], nb[2], 4 * nope)?;
         let q_pe = b.rope(q_pe, il, None)?;
         let q_nope = b.g.permute(q_nope, [0, 2, 1, 3])?; // [nope, n_tokens, n_head]
-        let k_b = b.weight(lw.k_b)?;
+        let k_b = b.weight(k_b)?;
         let q_abs = b.g.mul_mat(k_b, q_nope)?; // [kv_lora, n_tokens, n_head]
         let q_abs = b.g.permute(q_abs, [0, 2, 1, 3])?; // [kv_lora, n_head, n_tokens]
         let mut q = b.g.concat(q_abs, q_pe, 0)?; // [kv_lora + n_rot, n_head, n_tokens]
@@ -294,7 +336,7 @@ impl DeepSeek2 {
         let kqv = b.g.reshape(merged, &[kv_lora, n_head, n_tokens])?;
         let kqv = b.g.permute(kqv, [0, 2, 1, 3])?;
         let kqv = b.g.cont(kqv)?; // [kv_lora, n_tokens, n_head], as llama.cpp's kqv
-        let v_b = b.weight(lw.v_b)?;
+        let v_b = b.weight(v_b)?;
         let out = b.g.mul_mat(v_b, kqv)?; // [head_v_mla, n_tokens, n_head]
         let out = b.g.permute(out, [0, 2, 1, 3])?;
         let out = b.g.cont(out)?;

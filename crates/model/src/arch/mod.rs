@@ -646,6 +646,19 @@ impl<'a> Builder<'a> {
         self.rope_with(x, factors, freq_base, freq_scale, hp.yarn_factors())
     }
 
+    /// [`Builder::rope`] of dims `n_offs..n_offs + n_rot` only (the others pass through:
+    /// DeepSeek's Q, whose rotary part comes last).
+    pub fn rope_offset(
+        &mut self,
+        x: TensorId,
+        il: usize,
+        n_offs: usize,
+    ) -> Result<TensorId, ModelError> {
+        let y = self.rope(x, il, None)?;
+        self.g.rope_set_offset(y, n_offs)?;
+        Ok(y)
+    }
+
     /// RoPE on `x` with the given base and scale and YaRN `(ext_factor, attn_factor)`.
     pub fn rope_with(
         &mut self,
