@@ -30,6 +30,11 @@ pub enum RopeScaling {
 /// per layer from a count read off the file.
 pub const MAX_LAYERS: u32 = 512;
 
+/// Bounds on sizes read off a file, far above any real model, so that products of them (head
+/// count × head size, widths × context) cannot overflow before the shape checks run.
+const MAX_WIDTH: u32 = 1 << 20;
+const MAX_HEADS: u32 = 1 << 14;
+
 /// What every architecture's graph, cache and masks need to know about the model's shape.
 /// Architecture-specific values (attention scales, soft-capping, expert routing) live in the
 /// architecture's own module.
@@ -99,8 +104,11 @@ impl HParams {
         let n_ctx_train = r.require_u32("context_length")?;
         let n_embd = r.require_u32("embedding_length")?;
         let n_layer = r.require_u32("block_count")?;
-        if n_embd == 0 {
-            return Err(r.bad("embedding_length", "must be positive".into()));
+        if n_embd == 0 || n_embd > MAX_WIDTH {
+            return Err(r.bad(
+                "embedding_length",
+                format!("{n_embd} (1 to {MAX_WIDTH} supported)"),
+            ));
         }
         // Checked before anything allocates `n_layer` entries.
         if n_layer == 0 || n_layer > MAX_LAYERS {
@@ -159,8 +167,17 @@ impl HParams {
         let n_head_kv = r
             .per_layer("attention.head_count_kv", n_layer)?
             .unwrap_or_else(|| n_head.clone());
-        if let Some(il) = n_head.iter().position(|&h| h == 0) {
-            return Err(r.bad("attention.head_count", format!("layer {il} has no heads")));
+        if let Some(il) = n_head.iter().position(|&h| h == 0 || h > MAX_HEADS) {
+            return Err(r.bad(
+                "attention.head_count",
+                format!("layer {il}: {} heads (1 to {MAX_HEADS})", n_head[il]),
+            ));
+        }
+        if let Some(il) = n_ff.iter().position(|&f| f > 16 * MAX_WIDTH) {
+            return Err(r.bad(
+                "feed_forward_length",
+                format!("layer {il}: {} is not plausible", n_ff[il]),
+            ));
         }
         for (il, (&h, &hkv)) in n_head.iter().zip(&n_head_kv).enumerate() {
             if hkv == 0 || h % hkv != 0 {
@@ -173,10 +190,10 @@ impl HParams {
         let head_default = n_embd / n_head[0];
         let n_embd_head_k = r.u32("attention.key_length")?.unwrap_or(head_default);
         let n_embd_head_v = r.u32("attention.value_length")?.unwrap_or(head_default);
-        if n_embd_head_k == 0 || n_embd_head_v == 0 {
+        if n_embd_head_k == 0 || n_embd_head_v == 0 || n_embd_head_k.max(n_embd_head_v) > 1 << 16 {
             return Err(r.bad(
                 "attention.key_length",
-                format!("head sizes {n_embd_head_k} (K) and {n_embd_head_v} (V) must be positive"),
+                format!("head sizes {n_embd_head_k} (K) and {n_embd_head_v} (V): 1 to 65536"),
             ));
         }
         let n_rot = r.u32("rope.dimension_count")?.unwrap_or(n_embd_head_k);
@@ -227,8 +244,11 @@ impl HParams {
                     .map_or(0, |a| a.len() as u32)
             }
         };
-        if n_vocab == 0 {
-            return Err(r.bad("vocab_size", "the model has no vocabulary size".into()));
+        if n_vocab == 0 || n_vocab > 1 << 24 {
+            return Err(r.bad(
+                "vocab_size",
+                format!("{n_vocab} tokens (1 to {} supported)", 1 << 24),
+            ));
         }
 
         Ok(HParams {

@@ -171,6 +171,21 @@ fn broken_qwen3_files_get_typed_errors_naming_the_tensor_or_key() {
         "{e}"
     );
 
+    // Sizes whose products would overflow before any shape check.
+    for (key, value, tag) in [
+        ("qwen3.attention.head_count", u32::MAX, "huge-heads"),
+        ("qwen3.attention.key_length", u32::MAX, "huge-head"),
+        ("qwen3.embedding_length", u32::MAX, "huge-embd"),
+        ("qwen3.vocab_size", u32::MAX, "huge-vocab"),
+        ("qwen3.feed_forward_length", u32::MAX, "huge-ff"),
+    ] {
+        let e = load_edited(&src, Edit::SetKey(key, Value::U32(value)), tag);
+        assert!(
+            matches!(&e, ModelError::BadHParam { key: k, .. } if k == key),
+            "{key}: {e}"
+        );
+    }
+
     // A per-layer array of the wrong length.
     let e = load_edited(
         &src,

@@ -175,7 +175,7 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
                 Ffn::Dense(t.ffn(&hp, il, hp.n_ff[il], true)?.plain())
             } else {
                 let n_ff = n_ff_exp[il];
-                let n_sh = (n_ff * n_shared) as u64;
+                let n_sh = u64::from(n_ff) * u64::from(n_shared);
                 let shared = FfnWeights {
                     up: t.linear(&blk(il, "ffn_up_shexp"), n_embd, n_sh)?,
                     gate: Some(t.linear(&blk(il, "ffn_gate_shexp"), n_embd, n_sh)?),
