@@ -20,6 +20,7 @@ VARIANTS=(
   "gpt-oss-yarn|shared:gpt-oss-moe.gguf|gpt-oss.rope.scaling.type=str:yarn gpt-oss.rope.scaling.factor=f32:8.0 gpt-oss.rope.scaling.original_context_length=u32:32"
   "phi3-long|shared:phi3-dense.gguf|phi3.rope.scaling.original_context_length=u32:64"
   "llama-linear|shared:llama-dense.gguf|llama.rope.scaling.factor=f32:2.0"
+  "gemma3-global|shared:gemma3-dense.gguf|gemma3.attention.sliding_window=u32:0 gemma3.final_logit_softcapping=f32:30.0"
   "mistral3-yarn|local:mistral3-dense.gguf|mistral3.rope.scaling.type=str:yarn mistral3.rope.scaling.factor=f32:4.0 mistral3.rope.scaling.original_context_length=u32:64 mistral3.rope.scaling.yarn_beta_fast=f32:16.0 mistral3.rope.scaling.yarn_log_multiplier=f32:1.0"
 )
 
