@@ -1,5 +1,6 @@
 //! `lamina logits -m MODEL (--tokens 1,2,3 | -p TEXT) [--all] [--json]`: evaluates the tokens
-//! in one batch (positions 0.., sequence 0) and prints the logits of the last position, or of
+//! in one batch (one decode, micro-batches of 512 as llama.cpp's default; positions 0..,
+//! sequence 0) and prints the logits of the last position, or of
 //! every position with `--all`: as text, one line of `n_vocab` values per position, or with
 //! `--json` as `{"n_vocab": V, "logits": [[…], …]}`. Values print in the shortest form that
 //! reads back as the same f32. With `--tokens` the model's vocabulary is not needed (files with
@@ -76,8 +77,9 @@ pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
     );
     let params = ContextParams {
         n_ctx,
-        // One batch, as the reference runs it.
-        n_ubatch: tokens.len(),
+        // One batch (one decode call), in micro-batches of llama.cpp's default size: a long
+        // input needs no compute buffer sized for all of it at once.
+        n_ubatch: tokens.len().min(512),
         kv_type,
         n_seq_max: 1,
         pipeline_parallel: !args.devices.no_pipeline,

@@ -182,9 +182,7 @@ impl Builder<'_> {
             (MoeAct::Gelu, None) => self.g.gelu(up)?,
             (MoeAct::SwiGluOai, Some(g)) => self.g.swiglu_oai(g, up, 1.702, 7.0)?,
             (MoeAct::SwiGluOai, None) => {
-                return Err(ModelError::Placement(
-                    "gpt-oss experts need gate matrices".into(),
-                ));
+                return Err(ModelError::MissingTensor("ffn_gate_exps.weight".into()));
             }
         };
         let experts = self.experts_mm(&mw.down, h, selected)?; // [n_embd, n_used, n_tokens]
