@@ -380,7 +380,11 @@ fn logits_prints_every_position_as_json_and_text() {
     assert!(!o.status.success());
     let o = lamina(&["logits", "-m", fixture, "--tokens", "1,2,3", "-c", "2"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("do not fit in a context of 2"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("do not fit in a context of 2"),
+        "{}",
+        stderr(&o)
+    );
     // A placeholder vocabulary cannot tokenize text: a clear error, not a panic.
     let o = lamina(&["logits", "-m", fixture, "-p", "hello"]);
     assert!(!o.status.success());
