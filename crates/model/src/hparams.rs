@@ -90,6 +90,9 @@ pub struct HParams {
     /// a token may use.
     pub n_expert_groups: u32,
     pub n_group_used: u32,
+    /// The cache stores no V: a layer's V is the first `n_embd_v_gqa` values of each K row
+    /// (llama.cpp's K-only cache of absorbed MLA, where V is the latent K starts with).
+    pub v_in_k: bool,
 }
 
 impl HParams {
@@ -283,6 +286,7 @@ impl HParams {
             n_expert_used,
             n_expert_groups,
             n_group_used,
+            v_in_k: false,
         })
     }
 

@@ -2,7 +2,7 @@
 //! transposed as `[size, n_embd_v_gqa]` (one row per dimension), as llama.cpp's standard
 //! attention path keeps them, so that `K·Q` and `V·softmax` are plain matrix products. Cells
 //! remember the position and the sequences of the token they hold; the attention mask is built
-//! from them.
+//! from them. A layer whose V is the start of its K rows (absorbed MLA) stores no V.
 
 use std::sync::Arc;
 
@@ -40,6 +40,8 @@ pub struct LayerCache {
     pub v_offset: usize,
     pub n_embd_k: usize,
     pub n_embd_v: usize,
+    /// V is not stored: it is the first `n_embd_v` values of each K row.
+    pub v_in_k: bool,
 }
 
 #[derive(Debug)]
@@ -86,6 +88,12 @@ impl KvCache {
         for (il, &device) in layer_device.iter().enumerate() {
             let n_embd_k = hp.n_embd_k_gqa(il) as usize;
             let n_embd_v = hp.n_embd_v_gqa(il) as usize;
+            if hp.v_in_k && n_embd_v > n_embd_k {
+                return Err(ModelError::BadBatch(format!(
+                    "layer {il}: V ({n_embd_v}) cannot be a view of a narrower K ({n_embd_k})"
+                )));
+            }
+            let stored_v = if hp.v_in_k { 0 } else { n_embd_v };
             let bytes = |n: usize| {
                 n.checked_mul(size)
                     .and_then(|x| x.checked_mul(ts))
@@ -93,13 +101,14 @@ impl KvCache {
             };
             let k_offset = ends[device];
             let v_offset = align(k_offset + bytes(n_embd_k)?);
-            ends[device] = align(v_offset + bytes(n_embd_v)?);
+            ends[device] = align(v_offset + bytes(stored_v)?);
             layers.push(LayerCache {
                 device,
                 k_offset,
                 v_offset,
                 n_embd_k,
                 n_embd_v,
+                v_in_k: hp.v_in_k,
             });
         }
         let mut buffers = Vec::with_capacity(devices.len());

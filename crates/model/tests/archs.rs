@@ -308,3 +308,30 @@ fn every_architecture_matches_llama_cpp() {
     }
     eprintln!("{}", report.join("\n"));
 }
+
+/// Absorbed MLA keeps only K in the cache (V is the latent K starts with), as llama.cpp does:
+/// the cache holds K's bytes and nothing more, and the logits above are unchanged by it.
+#[test]
+fn absorbed_mla_keeps_a_k_only_cache() {
+    let path = folder("shared").join("deepseek2-moe.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} is absent", path.display());
+        return;
+    }
+    let model = load(&path, 1);
+    let hp = model.hparams.clone();
+    assert!(hp.v_in_k);
+    let n_ctx = 256;
+    let ctx = Context::new(
+        model,
+        ContextParams {
+            n_ctx,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let k_bytes: usize = (0..hp.n_layer as usize)
+        .map(|il| (hp.n_embd_k_gqa(il) as usize * n_ctx * 2).next_multiple_of(64))
+        .sum();
+    assert_eq!(ctx.kv_cache().buffer(0).unwrap().size(), k_bytes);
+}

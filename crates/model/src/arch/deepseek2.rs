@@ -99,6 +99,8 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let n_rot = hp.n_rot as usize;
     // llama.cpp's `is_mla`: both MLA head sizes set; else the heads are whole in the cache.
     let absorbed = head_k_mla != 0 && head_v_mla != 0;
+    // Absorbed MLA's V is the latent K starts with: a K-only cache, as llama.cpp keeps.
+    hp.v_in_k = absorbed;
     let (head_k_mla, head_v_mla) = if absorbed {
         (head_k_mla, head_v_mla)
     } else {

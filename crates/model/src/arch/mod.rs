@@ -729,32 +729,45 @@ impl<'a> Builder<'a> {
             .ok_or_else(|| ModelError::Placement(format!("layer {il} has no cache")))?;
         let k_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_k, size])?;
         self.g.bind(k_cache, kv_memory.clone(), lc.k_offset)?;
-        let v_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_v * size])?;
-        self.g.bind(v_cache, kv_memory, lc.v_offset)?;
-
         // Store: K rows go to their cells; V, stored transposed, element by element.
         let k_idxs = self.inp_k_idxs()?;
-        let v_idxs = self.inp_v_idxs(lc.n_embd_v)?;
         let k_rows = self.g.reshape(k, &[lc.n_embd_k, n_tokens])?;
         let k_stored = self.g.set_rows(k_cache, k_rows, k_idxs)?;
-        let v_elems = self.g.reshape(v, &[1, lc.n_embd_v * n_tokens])?;
-        let v_as_rows = self.g.reshape(v_cache, &[1, lc.n_embd_v * size])?;
-        let v_stored = self.g.set_rows(v_as_rows, v_elems, v_idxs)?;
+        let row_k = lc.n_embd_k * ts;
 
         // Read back the first n_kv cells, per KV head (views of the stores, so they run first).
-        let row_k = lc.n_embd_k * ts;
         let k_view = self
             .g
             .view_3d(k_stored, head_k, n_kv, n_head_kv, row_k, head_k * ts, 0)?;
-        let v_view = self.g.view_3d(
-            v_stored,
-            n_kv,
-            head_v,
-            n_head_kv,
-            size * ts,
-            size * ts * head_v,
-            0,
-        )?;
+        let v_view = if lc.v_in_k {
+            // K-only cache (absorbed MLA, one KV head): V is the start of each K row, read
+            // transposed into a contiguous copy as llama.cpp's non-flash path does.
+            if n_head_kv != 1 {
+                return Err(ModelError::Placement(format!(
+                    "layer {il}: V inside K needs one KV head"
+                )));
+            }
+            let v_rows = self.g.view_2d(k_stored, head_v, n_kv, row_k, 0)?;
+            let v_t = self.g.transpose(v_rows)?;
+            let v_t = self.g.cont(v_t)?;
+            self.g.reshape(v_t, &[n_kv, head_v, 1])?
+        } else {
+            let v_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_v * size])?;
+            self.g.bind(v_cache, kv_memory, lc.v_offset)?;
+            let v_idxs = self.inp_v_idxs(lc.n_embd_v)?;
+            let v_elems = self.g.reshape(v, &[1, lc.n_embd_v * n_tokens])?;
+            let v_as_rows = self.g.reshape(v_cache, &[1, lc.n_embd_v * size])?;
+            let v_stored = self.g.set_rows(v_as_rows, v_elems, v_idxs)?;
+            self.g.view_3d(
+                v_stored,
+                n_kv,
+                head_v,
+                n_head_kv,
+                size * ts,
+                size * ts * head_v,
+                0,
+            )?
+        };
 
         let q = self.g.permute(q, [0, 2, 1, 3])?;
         let mask = self.inp_kq_mask(il)?;
