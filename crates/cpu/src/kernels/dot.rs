@@ -599,6 +599,29 @@ mod avx2 {
         }
     }
 
+    /// [`f16_at`] for a scale that at least 2 more bytes of the block follow: one unconditional
+    /// 32-bit load, zero-extending into a fresh vector (`vmovd`).
+    ///
+    /// # Safety
+    /// `off + 4 <= b.len()`; F16C is enabled in the caller.
+    #[inline(always)]
+    unsafe fn f16_in_block(b: &[u8], off: usize) -> f32 {
+        debug_assert!(off + 4 <= b.len());
+        // SAFETY: in bounds by the caller's contract; F16C enabled by the caller.
+        unsafe {
+            let v: __m128i;
+            // `vmovd` from memory zero-extends into a fresh register; written as asm because
+            // LLVM narrows any 32-bit load feeding one f16 to a `vpinsrw` into a live register.
+            core::arch::asm!(
+                "vmovd {v}, dword ptr [{p}]",
+                p = in(reg) b.as_ptr().add(off),
+                v = lateout(xmm_reg) v,
+                options(pure, readonly, nostack, preserves_flags)
+            );
+            _mm_cvtss_f32(_mm_cvtph_ps(v))
+        }
+    }
+
     pub fn dot_fn(dtype: DType) -> Option<DotFn> {
         Some(match dtype {
             DType::Q4_0 => |n, x, y| check(n, x, y, 18, 34, 32, q4_0),
@@ -660,7 +683,7 @@ mod avx2 {
             for ib in 0..nb {
                 let xb = x.as_ptr().add(ib * 18);
                 let yb = y.as_ptr().add(ib * 34);
-                let d = _mm256_set1_ps(f16_at(x, ib * 18) * f16_at(y, ib * 34));
+                let d = _mm256_set1_ps(f16_in_block(x, ib * 18) * f16_in_block(y, ib * 34));
                 let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8));
                 let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
                 acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
@@ -677,7 +700,7 @@ mod avx2 {
             for ib in 0..nb {
                 let xb = x.as_ptr().add(ib * 22);
                 let yb = y.as_ptr().add(ib * 34);
-                let d = _mm256_set1_ps(f16_at(x, ib * 22) * f16_at(y, ib * 34));
+                let d = _mm256_set1_ps(f16_in_block(x, ib * 22) * f16_in_block(y, ib * 34));
                 let mut qx = bytes_from_nibbles_32(xb.add(6));
                 let qh = u32::from_le_bytes([*xb.add(2), *xb.add(3), *xb.add(4), *xb.add(5)]);
                 let bxhi =
@@ -698,7 +721,7 @@ mod avx2 {
             for ib in 0..nb {
                 let xb = x.as_ptr().add(ib * 34);
                 let yb = y.as_ptr().add(ib * 34);
-                let d = _mm256_set1_ps(f16_at(x, ib * 34) * f16_at(y, ib * 34));
+                let d = _mm256_set1_ps(f16_in_block(x, ib * 34) * f16_in_block(y, ib * 34));
                 let qx = _mm256_loadu_si256(xb.add(2) as *const __m256i);
                 let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
                 acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
@@ -716,10 +739,10 @@ mod avx2 {
             for ib in 0..nb {
                 let xb = x.as_ptr().add(ib * 20);
                 let yb = y.as_ptr().add(ib * 36);
-                summs = f16_at(x, ib * 20 + 2).mul_add(f16_at(y, ib * 36 + 2), summs);
+                summs = f16_in_block(x, ib * 20 + 2).mul_add(f16_in_block(y, ib * 36 + 2), summs);
                 let d0d1 = _mm256_mul_ps(
-                    _mm256_set1_ps(f16_at(x, ib * 20)),
-                    _mm256_set1_ps(f16_at(y, ib * 36)),
+                    _mm256_set1_ps(f16_in_block(x, ib * 20)),
+                    _mm256_set1_ps(f16_in_block(y, ib * 36)),
                 );
                 let qx = bytes_from_nibbles_32(xb.add(4));
                 let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
@@ -738,13 +761,13 @@ mod avx2 {
             for ib in 0..nb {
                 let xb = x.as_ptr().add(ib * 24);
                 let yb = y.as_ptr().add(ib * 36);
-                let dx = _mm256_set1_ps(f16_at(x, ib * 24));
-                summs = f16_at(x, ib * 24 + 2).mul_add(f16_at(y, ib * 36 + 2), summs);
+                let dx = _mm256_set1_ps(f16_in_block(x, ib * 24));
+                summs = f16_in_block(x, ib * 24 + 2).mul_add(f16_in_block(y, ib * 36 + 2), summs);
                 let mut qx = bytes_from_nibbles_32(xb.add(8));
                 let qh = u32::from_le_bytes([*xb.add(4), *xb.add(5), *xb.add(6), *xb.add(7)]);
                 let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
                 qx = _mm256_or_si256(qx, bxhi);
-                let dy = _mm256_set1_ps(f16_at(y, ib * 36));
+                let dy = _mm256_set1_ps(f16_in_block(y, ib * 36));
                 let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
                 let q = mul_sum_us8_pairs_float(qx, qy);
                 acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
@@ -778,8 +801,8 @@ mod avx2 {
                 let xb = x.as_ptr().add(i * 144);
                 let yb = y.as_ptr().add(i * 292);
                 let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
-                let d = yd * f16_at(x, i * 144);
-                let dmin = -yd * f16_at(x, i * 144 + 2);
+                let d = yd * f16_in_block(x, i * 144);
+                let dmin = -yd * f16_in_block(x, i * 144 + 2);
                 let (sc, mn) = super::q4k_scales_mins(std::slice::from_raw_parts(xb.add(4), 12));
                 let mut sm = [0u8; 16];
                 sm[..8].copy_from_slice(&sc);
