@@ -7,36 +7,14 @@
 use lamina_core::DType;
 use lamina_cpu::kernels::{self, act, dot, quantize};
 
+mod common;
+
+use common::Record;
+
 const VECTORS: &[u8] = include_bytes!("data/exact_vectors.bin");
 
-struct Record<'a> {
-    name: &'a str,
-    arrays: Vec<&'a [u8]>,
-}
-
 fn records() -> Vec<Record<'static>> {
-    assert_eq!(&VECTORS[..4], b"LXV1");
-    let mut p = 4;
-    let u32_at = |p: &mut usize| {
-        let v = u32::from_le_bytes(VECTORS[*p..*p + 4].try_into().unwrap()) as usize;
-        *p += 4;
-        v
-    };
-    let mut out = Vec::new();
-    while p < VECTORS.len() {
-        let l = u32_at(&mut p);
-        let name = std::str::from_utf8(&VECTORS[p..p + l]).unwrap();
-        p += l;
-        let n = u32_at(&mut p);
-        let mut arrays = Vec::new();
-        for _ in 0..n {
-            let l = u32_at(&mut p);
-            arrays.push(&VECTORS[p..p + l]);
-            p += l;
-        }
-        out.push(Record { name, arrays });
-    }
-    out
+    common::records(VECTORS)
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {

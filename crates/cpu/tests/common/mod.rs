@@ -63,3 +63,36 @@ pub fn run_graph(
     stream.synchronize().unwrap();
     reads.iter().map(|r| r.wait_f32().unwrap()).collect()
 }
+
+/// One record of a vector file the C harnesses write (`LXV1`: per record a name and arrays,
+/// each length-prefixed with a little-endian u32).
+pub struct Record<'a> {
+    pub name: &'a str,
+    pub arrays: Vec<&'a [u8]>,
+}
+
+/// The records of a vector file.
+pub fn records(bytes: &[u8]) -> Vec<Record<'_>> {
+    assert_eq!(&bytes[..4], b"LXV1");
+    let mut p = 4;
+    let u32_at = |p: &mut usize| {
+        let v = u32::from_le_bytes(bytes[*p..*p + 4].try_into().unwrap()) as usize;
+        *p += 4;
+        v
+    };
+    let mut out = Vec::new();
+    while p < bytes.len() {
+        let l = u32_at(&mut p);
+        let name = std::str::from_utf8(&bytes[p..p + l]).unwrap();
+        p += l;
+        let n = u32_at(&mut p);
+        let mut arrays = Vec::new();
+        for _ in 0..n {
+            let l = u32_at(&mut p);
+            arrays.push(&bytes[p..p + l]);
+            p += l;
+        }
+        out.push(Record { name, arrays });
+    }
+    out
+}

@@ -335,64 +335,81 @@ impl<'a> Builder<'a> {
         Ok(id)
     }
 
-    /// `[n_tokens]` i32 token ids.
-    pub fn inp_tokens(&mut self) -> Result<TensorId, ModelError> {
-        if let Some(id) = self.input_ids.tokens {
+    /// The input in `slot` of the created ones, created by `fill` on first use.
+    fn input_once(
+        &mut self,
+        slot: fn(&mut InputIds) -> &mut Option<TensorId>,
+        dtype: DType,
+        ne: &[usize],
+        name: &str,
+        fill: impl FnOnce() -> Box<dyn InputFill>,
+    ) -> Result<TensorId, ModelError> {
+        if let Some(id) = *slot(&mut self.input_ids) {
             return Ok(id);
         }
-        let n = self.shape.n_tokens;
-        let id = self.add_input(DType::I32, &[n], "inp_tokens", Box::new(inputs::Tokens))?;
-        self.input_ids.tokens = Some(id);
+        let id = self.add_input(dtype, ne, name, fill())?;
+        *slot(&mut self.input_ids) = Some(id);
         Ok(id)
+    }
+
+    /// `[n_tokens]` i32 token ids.
+    pub fn inp_tokens(&mut self) -> Result<TensorId, ModelError> {
+        let ne = [self.shape.n_tokens];
+        self.input_once(
+            |i| &mut i.tokens,
+            DType::I32,
+            &ne,
+            "inp_tokens",
+            || Box::new(inputs::Tokens),
+        )
     }
 
     /// `[n_tokens]` i32 positions.
     pub fn inp_pos(&mut self) -> Result<TensorId, ModelError> {
-        if let Some(id) = self.input_ids.pos {
-            return Ok(id);
-        }
-        let n = self.shape.n_tokens;
-        let id = self.add_input(DType::I32, &[n], "inp_pos", Box::new(inputs::Positions))?;
-        self.input_ids.pos = Some(id);
-        Ok(id)
+        let ne = [self.shape.n_tokens];
+        self.input_once(
+            |i| &mut i.pos,
+            DType::I32,
+            &ne,
+            "inp_pos",
+            || Box::new(inputs::Positions),
+        )
     }
 
     /// The causal mask layer `il` attends with: over the sliding window on SWA layers.
     pub fn inp_kq_mask(&mut self, il: usize) -> Result<TensorId, ModelError> {
         let hp = self.hp();
-        let swa = hp.swa_layers[il];
-        let slot = if swa {
-            self.input_ids.kq_mask_swa
-        } else {
-            self.input_ids.kq_mask
-        };
-        if let Some(id) = slot {
-            return Ok(id);
-        }
-        let (name, window) = if swa {
-            ("kq_mask_swa", Some(hp.n_swa))
-        } else {
-            ("kq_mask", None)
-        };
         let ne = [self.shape.n_kv, self.shape.n_tokens];
-        let id = self.add_input(DType::F32, &ne, name, Box::new(inputs::KqMask { window }))?;
-        if swa {
-            self.input_ids.kq_mask_swa = Some(id);
+        if hp.swa_layers[il] {
+            let window = Some(hp.n_swa);
+            self.input_once(
+                |i| &mut i.kq_mask_swa,
+                DType::F32,
+                &ne,
+                "kq_mask_swa",
+                || Box::new(inputs::KqMask { window }),
+            )
         } else {
-            self.input_ids.kq_mask = Some(id);
+            self.input_once(
+                |i| &mut i.kq_mask,
+                DType::F32,
+                &ne,
+                "kq_mask",
+                || Box::new(inputs::KqMask { window: None }),
+            )
         }
-        Ok(id)
     }
 
     /// `[n_tokens]` i32 cells the K rows go to.
     pub fn inp_k_idxs(&mut self) -> Result<TensorId, ModelError> {
-        if let Some(id) = self.input_ids.k_idxs {
-            return Ok(id);
-        }
-        let n = self.shape.n_tokens;
-        let id = self.add_input(DType::I32, &[n], "k_idxs", Box::new(inputs::KIdxs))?;
-        self.input_ids.k_idxs = Some(id);
-        Ok(id)
+        let ne = [self.shape.n_tokens];
+        self.input_once(
+            |i| &mut i.k_idxs,
+            DType::I32,
+            &ne,
+            "k_idxs",
+            || Box::new(inputs::KIdxs),
+        )
     }
 
     /// Element indices of the transposed V writes for V rows `n_embd_v` wide.
@@ -401,25 +418,22 @@ impl<'a> Builder<'a> {
             return Ok(id);
         }
         let ne = [n_embd_v * self.shape.n_tokens];
-        let id = self.add_input(
-            DType::I32,
-            &ne,
-            "v_idxs",
-            Box::new(inputs::VIdxs { n_embd_v }),
-        )?;
+        let fill = Box::new(inputs::VIdxs { n_embd_v });
+        let id = self.add_input(DType::I32, &ne, "v_idxs", fill)?;
         self.input_ids.v_idxs.push((n_embd_v, id));
         Ok(id)
     }
 
     /// `[n_outputs]` i32 rows whose logits are wanted.
     pub fn inp_out_ids(&mut self) -> Result<TensorId, ModelError> {
-        if let Some(id) = self.input_ids.out_ids {
-            return Ok(id);
-        }
-        let n = self.shape.n_outputs;
-        let id = self.add_input(DType::I32, &[n], "out_ids", Box::new(inputs::OutIds))?;
-        self.input_ids.out_ids = Some(id);
-        Ok(id)
+        let ne = [self.shape.n_outputs];
+        self.input_once(
+            |i| &mut i.out_ids,
+            DType::I32,
+            &ne,
+            "out_ids",
+            || Box::new(inputs::OutIds),
+        )
     }
 
     /// `[1, 1, n_tokens]` f32 per-token attention temperature (see
@@ -429,18 +443,19 @@ impl<'a> Builder<'a> {
         scale: f32,
         floor_scale: u32,
     ) -> Result<TensorId, ModelError> {
-        if let Some(id) = self.input_ids.attn_temperature {
-            return Ok(id);
-        }
         let ne = [1, 1, self.shape.n_tokens];
         let fill = inputs::AttnTemperature {
             scale,
             floor_scale,
             offset: 0.0,
         };
-        let id = self.add_input(DType::F32, &ne, "inp_attn_scale", Box::new(fill))?;
-        self.input_ids.attn_temperature = Some(id);
-        Ok(id)
+        self.input_once(
+            |i| &mut i.attn_temperature,
+            DType::F32,
+            &ne,
+            "inp_attn_scale",
+            || Box::new(fill),
+        )
     }
 
     // ---- blocks ----
@@ -491,30 +506,32 @@ impl<'a> Builder<'a> {
     /// `w · x`, times its scale, plus its bias: llama.cpp's `build_lora_mm(w, x, w_s)` and the
     /// bias add after it (projections, attention output, LM head).
     pub fn linear(&mut self, x: TensorId, l: &Linear) -> Result<TensorId, ModelError> {
-        let w = self.weight(l.w)?;
-        let mut y = self.g.mul_mat(w, x)?;
-        if let Some(s) = l.scale {
-            let s = self.weight(s)?;
-            y = self.g.mul(y, s)?;
-        }
-        if let Some(b) = l.b {
-            let b = self.weight(b)?;
-            y = self.g.add(y, b)?;
-        }
-        Ok(y)
+        self.linear_in_order(x, l, false)
     }
 
     /// `w · x`, plus its bias, times its scale: the order of llama.cpp's `build_ffn`.
     pub fn linear_ffn(&mut self, x: TensorId, l: &Linear) -> Result<TensorId, ModelError> {
+        self.linear_in_order(x, l, true)
+    }
+
+    fn linear_in_order(
+        &mut self,
+        x: TensorId,
+        l: &Linear,
+        bias_first: bool,
+    ) -> Result<TensorId, ModelError> {
         let w = self.weight(l.w)?;
         let mut y = self.g.mul_mat(w, x)?;
-        if let Some(b) = l.b {
-            let b = self.weight(b)?;
+        let scale = l.scale.map(|s| self.weight(s)).transpose()?;
+        let bias = l.b.map(|b| self.weight(b)).transpose()?;
+        if bias_first && let Some(b) = bias {
             y = self.g.add(y, b)?;
         }
-        if let Some(s) = l.scale {
-            let s = self.weight(s)?;
+        if let Some(s) = scale {
             y = self.g.mul(y, s)?;
+        }
+        if !bias_first && let Some(b) = bias {
+            y = self.g.add(y, b)?;
         }
         Ok(y)
     }
