@@ -53,6 +53,8 @@ enum Command {
         #[command(flatten)]
         devices: cmd::DeviceArgs,
         #[command(flatten)]
+        cache: cmd::CacheArgs,
+        #[command(flatten)]
         args: cmd::serve::ServeArgs,
     },
     /// Tokenize text with a model's vocabulary (vocab-only files work too).
@@ -88,8 +90,9 @@ fn main() -> ExitCode {
             model,
             threads,
             devices,
+            cache,
             args,
-        } => serve(&model, threads, &devices, &args),
+        } => serve(&model, threads, &devices, &cache, &args),
         Command::Tokenize { model, args } => {
             cmd::resolve_model(&model).and_then(|path| cmd::tokenize::run(&args, &path))
         }
@@ -110,14 +113,16 @@ fn serve(
     model: &str,
     threads: Option<usize>,
     devices: &cmd::DeviceArgs,
+    cache: &cmd::CacheArgs,
     args: &cmd::serve::ServeArgs,
 ) -> anyhow::Result<()> {
-    let params = lamina_model::ContextParams {
+    let mut params = lamina_model::ContextParams {
         n_ctx: args.ctx_size as usize,
         n_ubatch: args.batch_size.max(1) as usize,
         n_seq_max: args.parallel.max(1) as usize,
         ..Default::default()
     };
+    cache.apply(&mut params)?;
     let loaded = cmd::load_with(model, threads, params, devices)?;
     let engine = cmd::model_engine::ModelEngine::new(loaded.context, loaded.tokenizer)?;
     cmd::serve::run(args, Box::new(engine))

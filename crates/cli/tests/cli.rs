@@ -390,3 +390,54 @@ fn logits_prints_every_position_as_json_and_text() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("vocabulary"), "{}", stderr(&o));
 }
+
+#[test]
+fn flash_attention_and_cache_type_flags() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../model/tests/archs/mistral3-dense.gguf"
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "logits",
+            "-m",
+            fixture,
+            "--tokens",
+            "11,99,83,56",
+            "-t",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        lamina(&args)
+    };
+    let on = run(&["-fa", "on"]);
+    assert!(on.status.success(), "{}", stderr(&on));
+    let auto = run(&[]);
+    assert_eq!(stdout(&auto), stdout(&on), "auto is on");
+    let off = run(&["-fa", "off"]);
+    assert!(off.status.success(), "{}", stderr(&off));
+    assert_ne!(stdout(&off), stdout(&on), "the two paths round differently");
+    for extra in [
+        &["-ctk", "q8_0", "-ctv", "q8_0"][..],
+        &["-ctk", "q4_0", "-fa", "off"],
+        &["--cache-type-k", "bf16", "--cache-type-v", "iq4_nl"],
+    ] {
+        let o = run(extra);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+    }
+    for (extra, message) in [
+        (
+            &["-ctv", "q4_0", "-fa", "off"][..],
+            "requires flash attention",
+        ),
+        (
+            &["-ctk", "q4_k"],
+            "--cache-type-k \"q4_k\": use f32, f16, bf16",
+        ),
+        (&["-fa", "maybe"], "use on, off or auto"),
+    ] {
+        let o = run(extra);
+        assert!(!o.status.success(), "{extra:?}");
+        assert!(stderr(&o).contains(message), "{extra:?}: {}", stderr(&o));
+    }
+}

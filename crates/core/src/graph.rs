@@ -242,6 +242,21 @@ pub enum Op {
     Attention {
         scale: f32,
     },
+    /// Walsh-Hadamard transform of every run of `n` values (see [`Graph::hadamard`]).
+    Hadamard {
+        n: usize,
+    },
+    /// ggml's `flash_attn_ext` (see [`Graph::flash_attn_ext`]): `src` = q, k, v, mask,
+    /// optional sinks.
+    FlashAttnExt {
+        scale: f32,
+        max_bias: f32,
+        softcap: f32,
+        /// The thread count llama.cpp would run the node with (`n_threads`): a one-token
+        /// step over at least 512 f16/f32 cells splits the cells into that many chunks, and
+        /// the split changes the rounding.
+        kv_chunks: u32,
+    },
 }
 
 impl Op {
@@ -271,6 +286,8 @@ impl Op {
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
             Op::Attention { .. } => "ATTENTION",
+            Op::FlashAttnExt { .. } => "FLASH_ATTN_EXT",
+            Op::Hadamard { .. } => "HADAMARD",
             Op::Unary(u) => u.name(),
             Op::Glu { op, .. } => op.name(),
             Op::SetRows => "SET_ROWS",
@@ -1050,6 +1067,82 @@ impl Graph {
         )
     }
 
+    /// ggml's `flash_attn_ext`: for query row `i` of head `h` (KV head
+    /// `h / (n_head / n_head_kv)`), `out[:, h, i] = v · softmax(cap(k · q[:, i, h] * scale) +
+    /// slope_h * mask[:, i])`, computed with an online softmax as ggml's CPU backend does
+    /// (its rounding, not the standard path's). `cap` is `softcap * tanh(x / softcap)` when
+    /// `softcap` is not 0; `slope_h` is ALiBi's for `max_bias > 0`, else 1. `q` is f32
+    /// `[head_k, n_tokens, n_head]` with packed rows (any strides otherwise); `k` is
+    /// `[head_k, n_kv, n_head_kv]` and `v` `[head_v, n_kv, n_head_kv]` (f16, bf16, f32 or a
+    /// quantized type with a CPU dot, packed rows); `mask` f32 `[n_kv, >= n_tokens]`, packed
+    /// rows. The result is f32 `[head_v, n_head, n_tokens]`. `kv_chunks`: see
+    /// [`Op::FlashAttnExt`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_ext(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: TensorId,
+        scale: f32,
+        max_bias: f32,
+        softcap: f32,
+        kv_chunks: u32,
+    ) -> Result<TensorId, GraphError> {
+        const OP: &str = "FLASH_ATTN_EXT";
+        let lq = self.want_f32(OP, q)?;
+        let lk = self.check(k)?.layout;
+        let lv = self.check(v)?.layout;
+        let lm = self.want_f32(OP, mask)?;
+        for l in [lk, lv] {
+            if matches!(l.dtype, DType::I32 | DType::I64 | DType::I8 | DType::I16) {
+                return Err(GraphError::Type {
+                    op: OP,
+                    dtype: l.dtype,
+                });
+            }
+        }
+        let (head_k, n_tokens, n_head) = (lq.ne[0], lq.ne[1], lq.ne[2]);
+        let (n_kv, n_head_kv) = (lk.ne[1], lk.ne[2]);
+        if lk.ne[0] != head_k
+            || lv.ne[1] != n_kv
+            || lv.ne[2] != n_head_kv
+            || n_head_kv == 0
+            || n_head % n_head_kv != 0
+            || lq.ne[3] != 1
+            || lk.ne[3] != 1
+            || lv.ne[3] != 1
+            || lm.ne[0] != n_kv
+            || lm.ne[1] < n_tokens
+            || lm.ne[2] != 1
+            || lm.ne[3] != 1
+            || !lq.rows_packed()
+            || !lk.rows_packed()
+            || !lv.rows_packed()
+            || !lm.rows_packed()
+            || kv_chunks == 0
+        {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "q {:?}, k {:?}, v {:?}, mask {:?}, {kv_chunks} chunks",
+                    lq.ne, lk.ne, lv.ne, lm.ne
+                ),
+            ));
+        }
+        let layout = Layout::contiguous(DType::F32, &[lv.ne[0], n_head, n_tokens])?;
+        self.node(
+            layout,
+            Op::FlashAttnExt {
+                scale,
+                max_bias,
+                softcap,
+                kv_chunks,
+            },
+            [Some(q), Some(k), Some(v), Some(mask), None],
+        )
+    }
+
     /// Attention sinks for fused attention node `attn` (gpt-oss): f32 `[n_head]`, packed,
     /// created before `attn`. The node then equals the unfused graph with
     /// [`Graph::soft_max_add_sinks`] on its softmax, bit for bit.
@@ -1060,7 +1153,7 @@ impl Graph {
     ) -> Result<(), GraphError> {
         let t = self.check(attn)?;
         let (op, src) = (t.op, t.src);
-        if !matches!(op, Op::Attention { .. }) {
+        if !matches!(op, Op::Attention { .. } | Op::FlashAttnExt { .. }) {
             return Err(shape_err(
                 "ATTENTION",
                 format!("{attn} is a {} node", op.name()),
@@ -1603,6 +1696,45 @@ impl Graph {
         self.node(layout, Op::Cont, [Some(a), None, None, None, None])
     }
 
+    /// `a` (f32, contiguous) times the orthonormal `n × n` Walsh-Hadamard matrix, for each run
+    /// of `n` values (`n` a power of two dividing the element count): llama.cpp's
+    /// `llama_mul_mat_hadamard`, which ggml-cpu computes as a fast transform (`x / sqrt(n)`,
+    /// then butterflies `u + v`, `u - v`). It rotates Q, K and V around a quantized cache.
+    pub fn hadamard(&mut self, a: TensorId, n: usize) -> Result<TensorId, GraphError> {
+        let la = self.want_f32("HADAMARD", a)?;
+        if !n.is_power_of_two() || !la.nelements().is_multiple_of(n) || !la.is_contiguous() {
+            return Err(shape_err(
+                "HADAMARD",
+                format!(
+                    "runs of {n} over {:?} (contiguous: {})",
+                    la.ne,
+                    la.is_contiguous()
+                ),
+            ));
+        }
+        let layout = Layout::contiguous(DType::F32, &la.ne)?;
+        self.node(
+            layout,
+            Op::Hadamard { n },
+            [Some(a), None, None, None, None],
+        )
+    }
+
+    /// A contiguous copy of `a` converted to `dtype` (f32, f16 or bf16; ggml's `cast`).
+    pub fn cast(&mut self, a: TensorId, dtype: DType) -> Result<TensorId, GraphError> {
+        let la = self.check(a)?.layout;
+        for t in [la.dtype, dtype] {
+            if !matches!(t, DType::F32 | DType::F16 | DType::BF16) {
+                return Err(GraphError::Type {
+                    op: "CAST",
+                    dtype: t,
+                });
+            }
+        }
+        let layout = Layout::contiguous(dtype, &la.ne)?;
+        self.node(layout, Op::Cont, [Some(a), None, None, None, None])
+    }
+
     /// `a` and `b` joined along `dim`.
     pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId, GraphError> {
         let la = self.want_f32("CONCAT", a)?;
@@ -1968,6 +2100,44 @@ mod tests {
         g.attention_add_sinks(attn, sinks).unwrap();
         assert_eq!(g.tensor(attn).src[4], Some(sinks));
         assert!(g.attention_add_sinks(attn, sinks).is_err(), "set twice");
+    }
+
+    #[test]
+    fn flash_attn_and_hadamard_checks() {
+        let mut g = Graph::new();
+        let q = g.new_input(DType::F32, &[64, 5, 8]).unwrap();
+        let k = g.new_tensor(DType::Q8_0, &[64, 32, 2]).unwrap();
+        let v = g.new_tensor(DType::F16, &[48, 32, 2]).unwrap();
+        let mask = g.new_input(DType::F32, &[32, 5]).unwrap();
+        let out = g.flash_attn_ext(q, k, v, mask, 0.125, 0.0, 0.0, 2).unwrap();
+        assert_eq!(g.layout(out).ne, [48, 8, 5, 1]);
+        // Heads that do not share KV heads evenly, a short mask, zero chunks, integer K.
+        let q7 = g.new_input(DType::F32, &[64, 5, 7]).unwrap();
+        assert!(
+            g.flash_attn_ext(q7, k, v, mask, 0.125, 0.0, 0.0, 2)
+                .is_err()
+        );
+        let short = g.new_input(DType::F32, &[32, 4]).unwrap();
+        assert!(
+            g.flash_attn_ext(q, k, v, short, 0.125, 0.0, 0.0, 2)
+                .is_err()
+        );
+        assert!(g.flash_attn_ext(q, k, v, mask, 0.125, 0.0, 0.0, 0).is_err());
+        let ki = g.new_tensor(DType::I32, &[64, 32, 2]).unwrap();
+        assert!(matches!(
+            g.flash_attn_ext(q, ki, v, mask, 0.125, 0.0, 0.0, 2),
+            Err(GraphError::Type { .. })
+        ));
+        // Sinks attach to flash attention too.
+        let late = g.new_input(DType::F32, &[8]).unwrap();
+        assert!(g.attention_add_sinks(out, late).is_err(), "created after");
+        // Hadamard: powers of two dividing the element count, contiguous f32.
+        assert!(g.hadamard(q, 64).is_ok());
+        assert!(g.hadamard(q, 48).is_err());
+        assert!(g.hadamard(q, 1 << 20).is_err());
+        let qt = g.permute(q, [0, 2, 1, 3]).unwrap();
+        assert!(g.hadamard(qt, 64).is_err());
+        assert!(g.cast(k, DType::F16).is_err());
     }
 
     #[test]

@@ -85,6 +85,27 @@ impl TView {
         }
     }
 
+    /// `n` f32 values from flat element `start` of a contiguous f32 tensor.
+    ///
+    /// # Safety
+    /// As [`TView::row_f32`]; the tensor is contiguous and the run in bounds.
+    #[inline]
+    pub unsafe fn f32_run<'a>(&self, start: usize, n: usize) -> &'a [f32] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts((self.ptr as *const f32).add(start), n) }
+    }
+
+    /// Mutable [`TView::f32_run`].
+    ///
+    /// # Safety
+    /// As [`TView::f32_run`], and this thread is the run's only user.
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub unsafe fn f32_run_mut<'a>(&self, start: usize, n: usize) -> &'a mut [f32] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(start), n) }
+    }
+
     /// Mutable packed i32 row.
     ///
     /// # Safety

@@ -9,6 +9,7 @@
 
 mod device;
 mod exec;
+mod flash_attn;
 pub mod kernels;
 mod ops;
 mod pool;

@@ -39,6 +39,7 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
             Some(p) => nth * p.scratch_bytes(),
             None => 0,
         },
+        Op::FlashAttnExt { kv_chunks, .. } => crate::flash_attn::work_size(node, nth, kv_chunks),
         _ => per_thread,
     }
 }
@@ -191,6 +192,15 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
         Op::Rope(p) => rope(node, a, &p, ctx, work, err),
         Op::SoftMax { scale, max_bias } => soft_max(node, a, scale, max_bias, ctx, work),
         Op::Attention { scale } => attention(node, scale, ctx, work, err),
+        Op::Hadamard { n } => hadamard(node, a, n, ctx),
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+            kv_chunks,
+        } => {
+            crate::flash_attn::compute(node, (scale, max_bias, softcap, kv_chunks), ctx, work, err)
+        }
         Op::SetRows => set_rows(node, a, ctx, work, err),
         Op::Cpy | Op::Cont => copy(node, a, ctx),
         Op::Concat { dim } => concat(node, a, dim, ctx),
@@ -1116,6 +1126,36 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
     }
 }
 
+/// `Op::Hadamard`: ggml-cpu's `ggml_compute_forward_fwht` on each run of `n` values (the
+/// SIMD passes' `u + v*(-1)` is `u - v` exactly, so every pass is plain adds and subtracts).
+fn hadamard(node: &NodePlan, a: TView, n: usize, ctx: &WorkerCtx<'_>) {
+    let d = node.dst;
+    let total = d.l.nelements();
+    let scale = 1.0 / (n as f32).sqrt();
+    for r in split(total / n, ctx.ith, ctx.nth) {
+        // SAFETY: both tensors are contiguous f32 (checked when the graph was built); run r
+        // of dst is this thread's; the source is read-only during the node.
+        unsafe {
+            let src = a.f32_run(r * n, n);
+            let out = d.f32_run_mut(r * n, n);
+            for (o, &x) in out.iter_mut().zip(src) {
+                *o = x * scale;
+            }
+            let mut len = 1;
+            while len < n {
+                for i in (0..n).step_by(2 * len) {
+                    for j in i..i + len {
+                        let (u, v) = (out[j], out[j + len]);
+                        out[j] = u + v;
+                        out[j + len] = u - v;
+                    }
+                }
+                len <<= 1;
+            }
+        }
+    }
+}
+
 /// `mul_mat` for weight types without an exact kernel: `lamina_core`'s reference dots.
 fn mul_mat_reference(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
     let Some(b) = node.src[1] else { return };
@@ -1311,7 +1351,12 @@ fn set_rows(node: &NodePlan, src: TView, ctx: &WorkerCtx<'_>, work: Work, err: &
                 continue;
             }
             let x = src_row(&src, i1, i2, i3, scratch(work, ctx, node, 0, src.l.ne[0]));
-            if let Err(e) = quant::quantize_row(d.l.dtype, x, d.row_mut(row as usize, i2, i3)) {
+            let out = d.row_mut(row as usize, i2, i3);
+            // ggml-cpu stores with the type's CPU `from_float`: for Q8_0 the x86 quantizer
+            // (round half to even), not the reference one (`roundf`).
+            if d.l.dtype == DType::Q8_0 && x.len().is_multiple_of(32) {
+                kernels::quantize_row_q8_0(x, out);
+            } else if let Err(e) = quant::quantize_row(d.l.dtype, x, out) {
                 err.set(|| format!("SET_ROWS {}: {e}", node.id));
             }
         }

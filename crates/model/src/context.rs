@@ -12,7 +12,7 @@ use lamina_core::graph::TensorId;
 
 use crate::arch::inputs::{GraphInput, InputSource};
 use crate::arch::{BuildContext, GraphShape, build_graph};
-use crate::kv_cache::{KvCache, MAX_SEQUENCES};
+use crate::kv_cache::{KvCache, KvFormat, MAX_SEQUENCES};
 use crate::{Model, ModelError};
 
 /// One token of a batch.
@@ -72,6 +72,30 @@ impl Batch {
     }
 }
 
+/// Flash attention (llama.cpp's `-fa on|off|auto`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// On where every device can run it (the CPU always can), as llama.cpp's default.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for FlashAttn {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<FlashAttn, ModelError> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "-1" => Ok(FlashAttn::Auto),
+            "on" | "1" | "true" | "enabled" => Ok(FlashAttn::On),
+            "off" | "0" | "false" | "disabled" => Ok(FlashAttn::Off),
+            _ => Err(ModelError::BadParams(format!(
+                "flash attention {s:?}: use on, off or auto"
+            ))),
+        }
+    }
+}
+
 /// Context settings, named as in llama.cpp.
 #[derive(Clone, Copy, Debug)]
 pub struct ContextParams {
@@ -79,8 +103,15 @@ pub struct ContextParams {
     pub n_ctx: usize,
     /// Largest micro-batch computed at once (`-ub`).
     pub n_ubatch: usize,
-    /// KV cache element type (f16 by default, as in llama.cpp).
-    pub kv_type: DType,
+    /// K cache element type (`-ctk`; f16 by default, as in llama.cpp).
+    pub type_k: DType,
+    /// V cache element type (`-ctv`; a quantized type needs flash attention).
+    pub type_v: DType,
+    /// Flash attention (`-fa`).
+    pub flash_attn: FlashAttn,
+    /// llama.cpp's `n_threads` (`-t`), which its flash attention uses to cut a one-token
+    /// step's cells into chunks (and so its rounding); 0: this machine's thread count.
+    pub n_threads: usize,
     /// Sequences the cache can hold (`-np`).
     pub n_seq_max: usize,
     /// With several devices, keep several micro-batches in flight (pipeline parallelism);
@@ -93,7 +124,10 @@ impl Default for ContextParams {
         ContextParams {
             n_ctx: 4096,
             n_ubatch: 512,
-            kv_type: DType::F16,
+            type_k: DType::F16,
+            type_v: DType::F16,
+            flash_attn: FlashAttn::Auto,
+            n_threads: 0,
             n_seq_max: 1,
             pipeline_parallel: true,
         }
@@ -156,13 +190,43 @@ impl Context {
             )));
         }
         params.n_ubatch = params.n_ubatch.min(params.n_ctx);
+        // As llama.cpp: auto is on (every CPU device runs flash attention); a quantized V
+        // cache turns auto on and refuses off.
+        let flash_attn = match params.flash_attn {
+            FlashAttn::Off if params.type_v.is_quantized() => {
+                return Err(ModelError::BadParams(format!(
+                    "a quantized V cache ({}) requires flash attention (-fa on or auto)",
+                    params.type_v
+                )));
+            }
+            FlashAttn::Off => false,
+            FlashAttn::On | FlashAttn::Auto => true,
+        };
+        if !flash_attn && (params.type_k == DType::BF16 || params.type_v == DType::BF16) {
+            return Err(ModelError::BadParams(
+                "a bf16 KV cache needs flash attention here (-fa on or auto)".into(),
+            ));
+        }
+        params.flash_attn = if flash_attn {
+            FlashAttn::On
+        } else {
+            FlashAttn::Off
+        };
+        if params.n_threads == 0 {
+            params.n_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
         let plan = model.plan();
+        let format = KvFormat {
+            type_k: params.type_k,
+            type_v: params.type_v,
+            v_trans: !flash_attn,
+        };
         let kv = KvCache::new(
             &plan.devices,
             &plan.layers,
             &model.hparams,
             params.n_ctx,
-            params.kv_type,
+            format,
         )?;
         let sched = Scheduler::new(plan.devices.clone(), params.pipeline_parallel)?;
         let mut ctx = Context {
@@ -229,6 +293,8 @@ impl Context {
             plan: self.model.plan(),
             kv: &self.kv,
             kv_memory: &self.kv_memory,
+            flash_attn: self.params.flash_attn == FlashAttn::On,
+            n_threads: u32::try_from(self.params.n_threads).unwrap_or(u32::MAX),
         }
     }
 

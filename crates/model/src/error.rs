@@ -23,6 +23,8 @@ pub enum ModelError {
     Placement(String),
     #[error("invalid batch: {0}")]
     BadBatch(String),
+    #[error("invalid context settings: {0}")]
+    BadParams(String),
     #[error(
         "the context is full: {needed} more tokens do not fit in the {free} free of {size} KV cells \
          (raise -c, or start a new conversation)"

@@ -1,8 +1,10 @@
-//! The KV cache: per layer, K as `[n_embd_k_gqa, size]` rows (one row per cell) and V stored
+//! The KV cache: per layer, K as `[n_embd_k_gqa, size]` rows (one row per cell) and V either
 //! transposed as `[size, n_embd_v_gqa]` (one row per dimension), as llama.cpp's standard
-//! attention path keeps them, so that `K·Q` and `V·softmax` are plain matrix products. Cells
-//! remember the position and the sequences of the token they hold; the attention mask is built
-//! from them. A layer whose V is the start of its K rows (absorbed MLA) stores no V.
+//! attention path keeps it so that `V·softmax` is a plain matrix product, or, for flash
+//! attention, as rows like K. K and V each have their own type (llama.cpp's `-ctk` / `-ctv`:
+//! f32, f16, bf16 or a quantized type; quantized V only as rows). Cells remember the position
+//! and the sequences of the token they hold; the attention mask is built from them. A layer
+//! whose V is the start of its K rows (absorbed MLA) stores no V.
 
 use std::sync::Arc;
 
@@ -44,25 +46,47 @@ pub struct LayerCache {
     pub v_in_k: bool,
 }
 
+/// The types and V layout of a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvFormat {
+    pub type_k: DType,
+    pub type_v: DType,
+    /// V stored transposed (the standard attention path) rather than as rows (flash
+    /// attention).
+    pub v_trans: bool,
+}
+
+impl KvFormat {
+    /// Whether `t` can be a cache type: f32, f16, bf16 and the quantized types ggml's CPU
+    /// flash attention reads (llama.cpp's `-ctk` / `-ctv` list).
+    pub fn type_allowed(t: DType) -> bool {
+        use DType::*;
+        matches!(
+            t,
+            F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL
+        )
+    }
+}
+
 #[derive(Debug)]
 pub struct KvCache {
     /// Per device: the buffer holding the layers on that device (`None` if none are).
     buffers: Vec<Option<Buffer>>,
-    dtype: DType,
+    format: KvFormat,
     size: usize,
     layers: Vec<LayerCache>,
     cells: Vec<Cell>,
 }
 
 impl KvCache {
-    /// A zeroed cache of `size` cells of type `dtype` (f16 or f32) whose layer `il` lives on
+    /// A zeroed cache of `size` cells in `format` whose layer `il` lives on
     /// `devices[layer_device[il]]`.
     pub fn new(
         devices: &[Arc<dyn Device>],
         layer_device: &[usize],
         hp: &HParams,
         size: usize,
-        dtype: DType,
+        format: KvFormat,
     ) -> Result<KvCache, ModelError> {
         if layer_device.len() != hp.n_layer as usize
             || layer_device.iter().any(|&d| d >= devices.len())
@@ -71,9 +95,18 @@ impl KvCache {
                 "the KV cache needs a device for every layer".into(),
             ));
         }
-        if !matches!(dtype, DType::F16 | DType::F32) {
-            return Err(ModelError::BadBatch(format!(
-                "KV cache type {dtype} is not supported (f16 or f32)"
+        for (what, t) in [("K", format.type_k), ("V", format.type_v)] {
+            if !KvFormat::type_allowed(t) {
+                return Err(ModelError::BadParams(format!(
+                    "{what} cache type {t} is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, \
+                     q5_0, q5_1, iq4_nl)"
+                )));
+            }
+        }
+        if format.v_trans && format.type_v.is_quantized() {
+            return Err(ModelError::BadParams(format!(
+                "a quantized V cache ({}) needs flash attention",
+                format.type_v
             )));
         }
         if size == 0 {
@@ -82,7 +115,6 @@ impl KvCache {
             ));
         }
         let align = |x: usize| x.next_multiple_of(64);
-        let ts = dtype.type_size() as usize;
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
         let mut ends = vec![0usize; devices.len()];
         for (il, &device) in layer_device.iter().enumerate() {
@@ -94,14 +126,28 @@ impl KvCache {
                 )));
             }
             let stored_v = if hp.v_in_k { 0 } else { n_embd_v };
-            let bytes = |n: usize| {
-                n.checked_mul(size)
-                    .and_then(|x| x.checked_mul(ts))
+            // Rows of a quantized type must be whole blocks (per head, for the views).
+            for (what, t, head) in [
+                ("K", format.type_k, hp.n_embd_head_k),
+                ("V", format.type_v, hp.n_embd_head_v),
+            ] {
+                if !(head as u64).is_multiple_of(t.block_size()) {
+                    return Err(ModelError::BadParams(format!(
+                        "{what} cache type {t} with block size {} does not divide the head \
+                         size {head}",
+                        t.block_size()
+                    )));
+                }
+            }
+            let bytes = |t: DType, n: usize| {
+                t.row_size(n as u64)
+                    .ok()
+                    .and_then(|r| (r as usize).checked_mul(size))
                     .ok_or_else(|| ModelError::BadBatch("the KV cache is too large".into()))
             };
             let k_offset = ends[device];
-            let v_offset = align(k_offset + bytes(n_embd_k)?);
-            ends[device] = align(v_offset + bytes(stored_v)?);
+            let v_offset = align(k_offset + bytes(format.type_k, n_embd_k)?);
+            ends[device] = align(v_offset + bytes(format.type_v, stored_v)?);
             layers.push(LayerCache {
                 device,
                 k_offset,
@@ -121,7 +167,7 @@ impl KvCache {
         }
         Ok(KvCache {
             buffers,
-            dtype,
+            format,
             size,
             layers,
             cells: vec![Cell::FREE; size],
@@ -133,8 +179,8 @@ impl KvCache {
         self.buffers.get(device)?.as_ref()
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
+    pub fn format(&self) -> KvFormat {
+        self.format
     }
 
     /// Number of cells.

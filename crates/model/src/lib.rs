@@ -12,8 +12,9 @@ pub mod perplexity;
 pub mod placement;
 pub mod weights;
 
-pub use context::{Batch, BatchToken, Context, ContextParams};
+pub use context::{Batch, BatchToken, Context, ContextParams, FlashAttn};
 pub use error::ModelError;
 pub use hparams::{HParams, RopeScaling, RopeType};
+pub use kv_cache::KvFormat;
 pub use model::Model;
 pub use placement::{LayerPlan, Placement, SplitMode};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use lamina_backend::Device;
 use lamina_cpu::{CpuBackendReg, CpuConfig};
-use lamina_model::{Batch, Context, ContextParams, Model, Placement, SplitMode};
+use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model, Placement, SplitMode};
 use serde_json::Value;
 
 /// The fixtures each architecture is checked on: `(folder, file)`; every one must give
@@ -77,11 +77,14 @@ fn load(path: &Path, n_devices: usize) -> Arc<Model> {
     Arc::new(Model::load_placed(path, &placement).unwrap())
 }
 
-/// Logits of every position when `tokens` are evaluated in one batch (n_ctx 256, f16 KV).
-fn logits(model: Arc<Model>, tokens: &[u32]) -> Vec<Vec<f32>> {
+/// Logits of every position when `tokens` are evaluated in one batch (n_ctx 256, f16 KV,
+/// flash attention `fa`, llama.cpp's two threads).
+fn logits(model: Arc<Model>, tokens: &[u32], fa: FlashAttn) -> Vec<Vec<f32>> {
     let params = ContextParams {
         n_ctx: 256,
         n_ubatch: tokens.len(),
+        flash_attn: fa,
+        n_threads: 2,
         ..Default::default()
     };
     let mut ctx = Context::new(model, params).unwrap();
@@ -97,9 +100,11 @@ fn logits(model: Arc<Model>, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// Logits of every position when `tokens` are decoded one at a time (token generation: one-row
 /// kernels, reused graphs, the cache growing), on `n_devices` devices.
-fn logits_one_by_one(model: Arc<Model>, tokens: &[u32]) -> Vec<Vec<f32>> {
+fn logits_one_by_one(model: Arc<Model>, tokens: &[u32], fa: FlashAttn) -> Vec<Vec<f32>> {
     let params = ContextParams {
         n_ctx: 256,
+        flash_attn: fa,
+        n_threads: 2,
         ..Default::default()
     };
     let mut ctx = Context::new(model, params).unwrap();
@@ -129,9 +134,16 @@ fn round6(v: f32) -> f32 {
     (v * 1e6).round_ties_even() / 1e6
 }
 
-/// Checks one fixture; returns its NMSE (batch, and token by token) and how many logits have
-/// llama.cpp's bits.
-fn check(which: &str, file: &str, reference: &Value) -> (f64, f64, usize, usize) {
+/// Checks one fixture against `reference` (computed with flash attention `fa`; its values
+/// rounded to 6 decimals when `rounded`); returns its NMSE (batch, and token by token) and how
+/// many logits have llama.cpp's bits.
+fn check(
+    which: &str,
+    file: &str,
+    reference: &Value,
+    fa: FlashAttn,
+    rounded: bool,
+) -> (f64, f64, usize, usize) {
     let tokens: Vec<u32> = reference["tokens"]
         .as_array()
         .unwrap()
@@ -151,7 +163,7 @@ fn check(which: &str, file: &str, reference: &Value) -> (f64, f64, usize, usize)
         })
         .collect();
     let path = folder(which).join(file);
-    let got = logits(load(&path, 1), &tokens);
+    let got = logits(load(&path, 1), &tokens, fa);
     assert_eq!(got.len(), expected.len(), "{file}: positions");
 
     let (mut err, mut norm) = (0f64, 0f64);
@@ -166,11 +178,7 @@ fn check(which: &str, file: &str, reference: &Value) -> (f64, f64, usize, usize)
             // Compared as f32: the JSON holds f32 values, and its f64 parse may be off in the
             // last f64 bit.
             let b = b as f32;
-            same += usize::from(if which == "shared" {
-                round6(a) == b
-            } else {
-                a == b
-            });
+            same += usize::from(if rounded { round6(a) == b } else { a == b });
         }
         let e32: Vec<f32> = e.iter().map(|&v| v as f32).collect();
         assert_eq!(argmax(g), argmax(&e32), "{file}: argmax at position {pos}");
@@ -185,7 +193,7 @@ fn check(which: &str, file: &str, reference: &Value) -> (f64, f64, usize, usize)
 
     // Token by token (generation): other kernels, so not the same bits, but as close to
     // llama.cpp's batch logits as llama.cpp's own generation is (checked the same way).
-    let stepwise = logits_one_by_one(load(&path, 1), &tokens);
+    let stepwise = logits_one_by_one(load(&path, 1), &tokens, fa);
     let (mut err, mut norm) = (0f64, 0f64);
     for (pos, (g, e)) in stepwise.iter().zip(&expected).enumerate() {
         for (&a, &b) in g.iter().zip(e) {
@@ -206,7 +214,7 @@ fn check(which: &str, file: &str, reference: &Value) -> (f64, f64, usize, usize)
     );
 
     // Three virtual devices, layers split between them: the same bits.
-    let split = logits(load(&path, 3), &tokens);
+    let split = logits(load(&path, 3), &tokens, fa);
     assert!(
         split
             .iter()
@@ -267,7 +275,7 @@ fn rope_scaling_variants_match_llama_cpp() {
             continue;
         }
         let file = variant_file(v);
-        let got = logits(load(&file, 1), &tokens);
+        let got = logits(load(&file, 1), &tokens, FlashAttn::Off);
         std::fs::remove_file(&file).unwrap();
         let expected = v["logits"].as_array().unwrap();
         let mut differ = 0;
@@ -288,12 +296,36 @@ fn every_architecture_matches_llama_cpp() {
             continue;
         };
         for &(w, file) in FIXTURES.iter().filter(|(w, _)| *w == which) {
-            let (nmse, step, same, total) = check(w, file, &reference);
+            let (nmse, step, same, total) =
+                check(w, file, &reference, FlashAttn::Off, which == "shared");
             report.push(format!(
                 "{file}: NMSE {nmse:.3e}, {same}/{total} logits with llama.cpp's bits; \
                  token by token NMSE {step:.3e}"
             ));
         }
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// The same with flash attention (llama.cpp's default): every fixture against llama.cpp's
+/// `-fa on` logits (`tests/archs/reference-logits-fa.json`, full precision), bit for bit;
+/// this covers soft-capping (gemma2), sinks (gpt-oss), sliding windows and the K-only MLA
+/// cache (deepseek2) inside `flash_attn_ext`.
+#[test]
+fn every_architecture_matches_llama_cpp_with_flash_attention() {
+    let path = folder("local").join("reference-logits-fa.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut report = Vec::new();
+    for &(w, file) in FIXTURES {
+        if !folder(w).join(file).exists() {
+            eprintln!("skipping {file}: {} is absent", folder(w).display());
+            continue;
+        }
+        let (nmse, step, same, total) = check(w, file, &reference, FlashAttn::On, false);
+        report.push(format!(
+            "{file} (fa on): NMSE {nmse:.3e}, {same}/{total} logits with llama.cpp's bits; \
+             token by token NMSE {step:.3e}"
+        ));
     }
     eprintln!("{}", report.join("\n"));
 }

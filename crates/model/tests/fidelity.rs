@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lamina_backend::Device;
 use lamina_cpu::{CpuBackendReg, CpuConfig};
 use lamina_gguf::pull::model_for_test;
-use lamina_model::{Batch, Context, ContextParams, Model};
+use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 0.05;
@@ -68,6 +68,8 @@ fn check_model(name: &str) {
         model,
         ContextParams {
             n_ctx: 512,
+            // The reference is llama.cpp's standard attention path.
+            flash_attn: FlashAttn::Off,
             ..Default::default()
         },
     )

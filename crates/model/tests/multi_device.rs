@@ -198,15 +198,19 @@ fn run(model: Arc<Model>, pipeline: bool) -> Outcome {
 /// Schedules a worst-case graph of `model` and checks that no split touches another device's
 /// memory, and that the splits follow the layer plan.
 fn check_residency(model: &Model) {
+    for flash_attn in [true, false] {
+        check_residency_with(model, flash_attn);
+    }
+}
+
+fn check_residency_with(model: &Model, flash_attn: bool) {
     let plan = model.plan();
-    let kv = KvCache::new(
-        &plan.devices,
-        &plan.layers,
-        &model.hparams,
-        256,
-        lamina_core::DType::F16,
-    )
-    .unwrap();
+    let format = lamina_model::KvFormat {
+        type_k: lamina_core::DType::F16,
+        type_v: lamina_core::DType::F16,
+        v_trans: !flash_attn,
+    };
+    let kv = KvCache::new(&plan.devices, &plan.layers, &model.hparams, 256, format).unwrap();
     let kv_memory: Vec<_> = (0..plan.devices.len())
         .map(|d| kv.buffer(d).map(|b| b.memory()))
         .collect();
@@ -216,6 +220,8 @@ fn check_residency(model: &Model) {
         plan,
         kv: &kv,
         kv_memory: &kv_memory,
+        flash_attn,
+        n_threads: 2,
     };
     let shape = GraphShape {
         n_tokens: 8,

@@ -10,7 +10,7 @@ use lamina_gguf::pull::model_for_test;
 use lamina_model::perplexity::{
     KldAccumulator, LogitsFileReader, PerplexityPlan, eval_chunk_group,
 };
-use lamina_model::{Context, ContextParams, Model, perplexity::PerplexityError};
+use lamina_model::{Context, ContextParams, FlashAttn, Model, perplexity::PerplexityError};
 
 const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference");
 
@@ -30,6 +30,8 @@ fn smollm2_kl_divergence_against_llama_cpp() {
         model,
         ContextParams {
             n_ctx: 128,
+            // The reference is llama.cpp's standard attention path.
+            flash_attn: FlashAttn::Off,
             n_ubatch: 128,
             ..Default::default()
         },
@@ -96,6 +98,8 @@ fn check_perplexity(name: &str) {
     let plan = PerplexityPlan::new(&tokens, 128, 2048, bos).unwrap();
     let params = ContextParams {
         n_ctx: 128 * plan.n_seq(),
+        // The reference is llama.cpp's standard attention path.
+        flash_attn: FlashAttn::Off,
         n_ubatch: 512,
         n_seq_max: plan.n_seq(),
         ..Default::default()

@@ -55,6 +55,20 @@ pub struct BenchArgs {
     /// Largest micro-batch computed at once (`-ub`).
     #[arg(long = "ubatch-size", default_value = "512", value_parser = parse_positive)]
     pub ubatch_size: usize,
+    /// K cache types to test (`-ctk`, comma-separated).
+    #[arg(long = "cache-type-k", value_delimiter = ',', default_value = "f16")]
+    pub cache_type_k: Vec<String>,
+    /// V cache types to test (`-ctv`, comma-separated; quantized ones need flash attention).
+    #[arg(long = "cache-type-v", value_delimiter = ',', default_value = "f16")]
+    pub cache_type_v: Vec<String>,
+    /// Flash attention settings to test (`-fa`: on/off/auto or 1/0/-1, comma-separated).
+    #[arg(
+        long = "flash-attn",
+        value_delimiter = ',',
+        default_value = "auto",
+        allow_negative_numbers = true
+    )]
+    pub flash_attn: Vec<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
     pub output: OutputFormat,
@@ -136,6 +150,8 @@ pub struct BenchResult {
     pub n_gpu_layers: i64,
     pub split_mode: String,
     pub main_gpu: usize,
+    /// llama-bench's `flash_attn`: -1 auto, 0 off, 1 on.
+    pub flash_attn: i32,
     pub devices: String,
     pub tensor_split: String,
     pub n_prompt: usize,
@@ -173,6 +189,9 @@ pub struct RunInfo {
     pub n_batch: usize,
     pub n_ubatch: usize,
     pub n_threads: usize,
+    pub type_k: String,
+    pub type_v: String,
+    pub flash_attn: i32,
     pub cpu_info: String,
     /// The devices the model is on, `/`-separated (llama-bench's `devices`).
     pub devices: String,
@@ -204,11 +223,12 @@ impl BenchResult {
             n_batch: info.n_batch,
             n_ubatch: info.n_ubatch,
             n_threads: info.n_threads,
-            type_k: "f16".to_string(),
-            type_v: "f16".to_string(),
+            type_k: info.type_k.clone(),
+            type_v: info.type_v.clone(),
             n_gpu_layers: info.n_gpu_layers,
             split_mode: info.split_mode.clone(),
             main_gpu: info.main_gpu,
+            flash_attn: info.flash_attn,
             devices: info.devices.clone(),
             tensor_split: info.tensor_split.clone(),
             n_prompt: test.n_prompt,
@@ -261,36 +281,64 @@ pub fn measure(args: &BenchArgs) -> anyhow::Result<Vec<BenchResult>> {
         .unwrap_or(1);
     let cpu_info = cpu_info();
     let mut results = Vec::new();
+    // llama-bench's instance order: cache types, then flash attention, then threads.
+    let mut configs = Vec::new();
+    for k in &args.cache_type_k {
+        for v in &args.cache_type_v {
+            for fa in &args.flash_attn {
+                let type_k = super::kv_type("--cache-type-k", k)?;
+                let type_v = super::kv_type("--cache-type-v", v)?;
+                configs.push((type_k, type_v, super::flash_attn(fa)?));
+            }
+        }
+    }
     for model in &args.models {
-        for &n_threads in &threads {
-            let params = ContextParams {
-                n_ctx,
-                n_ubatch: args.ubatch_size,
-                pipeline_parallel: !args.devices.no_pipeline,
-                ..Default::default()
-            };
-            let (model, _) = load_model(model, Some(n_threads), &args.devices)?;
-            // The vocabulary only decides the first token (BOS); files without a usable one
-            // (llama.cpp's placeholder `test` vocabulary) are measured too, as llama-bench does.
-            let first_token = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
-                .ok()
-                .and_then(|t| t.add_bos().then(|| t.bos()).flatten());
-            let mut ctx = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
-            let info = run_info(&ctx, args, n_threads, &cpu_info);
-            for &test in &tests {
-                let test_time = rfc3339_now();
-                let samples = time_test(&mut ctx, test, args, first_token)
-                    .with_context(|| format!("{} on {}", test.name(), info.model_filename))?;
-                let result = BenchResult::new(&info, test, test_time, samples);
-                eprintln!(
-                    "lamina bench: {} {} threads {}: {:.2} ± {:.2} t/s",
-                    info.model_type,
-                    test.name(),
+        for &(type_k, type_v, flash_attn) in &configs {
+            for &n_threads in &threads {
+                let params = ContextParams {
+                    n_ctx,
+                    n_ubatch: args.ubatch_size,
+                    pipeline_parallel: !args.devices.no_pipeline,
+                    type_k,
+                    type_v,
+                    flash_attn,
                     n_threads,
-                    result.avg_ts,
-                    result.stddev_ts
-                );
-                results.push(result);
+                    ..Default::default()
+                };
+                let (model, _) = load_model(model, Some(n_threads), &args.devices)?;
+                // The vocabulary only decides the first token (BOS); files without a usable
+                // one (llama.cpp's placeholder `test` vocabulary) are measured too, as
+                // llama-bench does.
+                let first_token = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
+                    .ok()
+                    .and_then(|t| t.add_bos().then(|| t.bos()).flatten());
+                let mut ctx = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
+                let mut info = run_info(&ctx, args, n_threads, &cpu_info);
+                info.type_k = type_k.name().to_string();
+                info.type_v = type_v.name().to_string();
+                info.flash_attn = match flash_attn {
+                    lamina_model::FlashAttn::Auto => -1,
+                    lamina_model::FlashAttn::Off => 0,
+                    lamina_model::FlashAttn::On => 1,
+                };
+                for &test in &tests {
+                    let test_time = rfc3339_now();
+                    let samples = time_test(&mut ctx, test, args, first_token)
+                        .with_context(|| format!("{} on {}", test.name(), info.model_filename))?;
+                    let result = BenchResult::new(&info, test, test_time, samples);
+                    eprintln!(
+                        "lamina bench: {} {} threads {} fa {} ctk {} ctv {}: {:.2} ± {:.2} t/s",
+                        info.model_type,
+                        test.name(),
+                        n_threads,
+                        info.flash_attn,
+                        info.type_k,
+                        info.type_v,
+                        result.avg_ts,
+                        result.stddev_ts
+                    );
+                    results.push(result);
+                }
             }
         }
     }
@@ -316,6 +364,9 @@ fn run_info(ctx: &Context, args: &BenchArgs, n_threads: usize, cpu_info: &str) -
         n_batch: args.batch_size,
         n_ubatch: args.ubatch_size,
         n_threads,
+        type_k: "f16".to_string(),
+        type_v: "f16".to_string(),
+        flash_attn: -1,
         cpu_info: cpu_info.to_string(),
         devices: model
             .plan()
@@ -545,9 +596,22 @@ pub fn format_params(n: u64) -> String {
 /// than one device).
 pub fn to_markdown(results: &[BenchResult]) -> String {
     let multi = results.iter().any(|r| r.devices.contains('/'));
+    // As llama-bench: a column for a setting only when some run leaves its default.
+    let types = results
+        .iter()
+        .any(|r| r.type_k != "f16" || r.type_v != "f16");
+    let fa = results.iter().any(|r| r.flash_attn != -1);
     let mut header = vec!["model", "size", "params", "backend", "threads"];
     // Numbers are right-aligned, as in llama-bench.
     let mut right = vec![false, true, true, false, true];
+    if types {
+        header.extend(["type_k", "type_v"]);
+        right.extend([false, false]);
+    }
+    if fa {
+        header.push("fa");
+        right.push(true);
+    }
     if multi {
         header.extend(["sm", "ts", "dev"]);
         right.extend([false, false, false]);
@@ -564,6 +628,12 @@ pub fn to_markdown(results: &[BenchResult]) -> String {
                 r.backends.clone(),
                 r.n_threads.to_string(),
             ];
+            if types {
+                row.extend([r.type_k.clone(), r.type_v.clone()]);
+            }
+            if fa {
+                row.push(r.flash_attn.to_string());
+            }
             if multi {
                 row.extend([
                     r.split_mode.clone(),
@@ -626,7 +696,7 @@ pub fn to_json(results: &[BenchResult]) -> anyhow::Result<String> {
 }
 
 /// The JSON fields in order, the CSV header.
-pub const CSV_FIELDS: [&str; 26] = [
+pub const CSV_FIELDS: [&str; 27] = [
     "build_commit",
     "cpu_info",
     "backends",
@@ -642,6 +712,7 @@ pub const CSV_FIELDS: [&str; 26] = [
     "n_gpu_layers",
     "split_mode",
     "main_gpu",
+    "flash_attn",
     "devices",
     "tensor_split",
     "n_prompt",
@@ -686,6 +757,7 @@ pub fn to_csv(results: &[BenchResult]) -> String {
             r.n_gpu_layers.to_string(),
             r.split_mode.clone(),
             r.main_gpu.to_string(),
+            r.flash_attn.to_string(),
             r.devices.clone(),
             r.tensor_split.clone(),
             r.n_prompt.to_string(),
@@ -729,6 +801,9 @@ mod tests {
             n_batch: 2048,
             n_ubatch: 512,
             n_threads: 2,
+            type_k: "f16".into(),
+            type_v: "f16".into(),
+            flash_attn: -1,
             cpu_info: "AMD EPYC 7B13".into(),
             devices: "CPU".into(),
             n_gpu_layers: 99,

@@ -41,15 +41,13 @@ pub struct LogitsArgs {
     /// Threads to compute with (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// KV cache type: f16 or f32 (`-ctk`).
-    #[arg(long = "cache-type", default_value = "f16")]
-    pub cache_type: String,
+    #[command(flatten)]
+    pub cache: super::CacheArgs,
     #[command(flatten)]
     pub devices: super::DeviceArgs,
 }
 
 pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
-    let kv_type = super::kv_type(&args.cache_type)?;
     let (model, path) = super::load_model(&args.model, args.threads, &args.devices)?;
     let tokens = match &args.prompt {
         Some(text) => {
@@ -75,15 +73,19 @@ pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
         "{} tokens do not fit in a context of {n_ctx} (raise -c)",
         tokens.len()
     );
-    let params = ContextParams {
+    let mut params = ContextParams {
         n_ctx,
         // One batch (one decode call), in micro-batches of llama.cpp's default size: a long
         // input needs no compute buffer sized for all of it at once.
         n_ubatch: tokens.len().min(512),
-        kv_type,
         n_seq_max: 1,
         pipeline_parallel: !args.devices.no_pipeline,
+        n_threads: args
+            .threads
+            .unwrap_or(lamina_cpu::CpuConfig::from_env()?.threads),
+        ..Default::default()
     };
+    args.cache.apply(&mut params)?;
     let mut ctx = Context::new(Arc::new(model), params)?;
     let mut batch = Batch::default();
     for (i, &t) in tokens.iter().enumerate() {

@@ -90,11 +90,54 @@ pub struct LoadArgs {
     /// Largest micro-batch computed at once (`-ub`).
     #[arg(long = "ubatch-size", default_value_t = 512)]
     pub ubatch_size: usize,
-    /// KV cache type: f16 or f32 (`-ctk`).
-    #[arg(long = "cache-type", default_value = "f16")]
-    pub cache_type: String,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     #[command(flatten)]
     pub devices: DeviceArgs,
+}
+
+/// KV cache and attention flags (llama.cpp's `-ctk`, `-ctv`, `-fa`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (`-ctk`).
+    #[arg(
+        long = "cache-type-k",
+        visible_alias = "cache-type",
+        default_value = "f16"
+    )]
+    pub cache_type_k: String,
+    /// V cache type, as -ctk; a quantized V needs flash attention (`-ctv`).
+    #[arg(long = "cache-type-v", default_value = "f16")]
+    pub cache_type_v: String,
+    /// Flash attention: on, off or auto (`-fa`; auto is on, as llama.cpp's default on a CPU).
+    #[arg(long = "flash-attn", default_value = "auto")]
+    pub flash_attn: String,
+}
+
+impl Default for CacheArgs {
+    fn default() -> CacheArgs {
+        CacheArgs {
+            cache_type_k: "f16".into(),
+            cache_type_v: "f16".into(),
+            flash_attn: "auto".into(),
+        }
+    }
+}
+
+impl CacheArgs {
+    /// Sets the cache types and flash attention of `params`.
+    pub fn apply(&self, params: &mut lamina_model::ContextParams) -> anyhow::Result<()> {
+        params.type_k = kv_type("--cache-type-k", &self.cache_type_k)?;
+        params.type_v = kv_type("--cache-type-v", &self.cache_type_v)?;
+        params.flash_attn = flash_attn(&self.flash_attn)?;
+        Ok(())
+    }
+}
+
+/// The `-fa` value `name` names.
+pub fn flash_attn(name: &str) -> anyhow::Result<lamina_model::FlashAttn> {
+    name.parse::<lamina_model::FlashAttn>()
+        .map_err(|_| anyhow::anyhow!("--flash-attn {name:?}: use on, off or auto"))
 }
 
 /// Where the model runs (llama.cpp's names). `LAMINA_CPU_DEVICES=N` exposes the CPU as N
@@ -223,14 +266,13 @@ pub struct Loaded {
 
 /// Resolves `-m`, loads the model onto the CPU and creates a context.
 pub fn load(args: &LoadArgs) -> anyhow::Result<Loaded> {
-    let kv_type = kv_type(&args.cache_type)?;
-    let params = lamina_model::ContextParams {
+    let mut params = lamina_model::ContextParams {
         n_ctx: args.ctx_size,
         n_ubatch: args.ubatch_size,
-        kv_type,
         n_seq_max: 1,
         ..Default::default()
     };
+    args.cache.apply(&mut params)?;
     load_with(&args.model, args.threads, params, &args.devices)
 }
 
@@ -246,6 +288,9 @@ pub fn load_with(
     let tokenizer = lamina_tokenizer::Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("cannot load the vocabulary of {}", path.display()))?;
     params.pipeline_parallel = !devices.no_pipeline;
+    if params.n_threads == 0 {
+        params.n_threads = threads.unwrap_or(lamina_cpu::CpuConfig::from_env()?.threads);
+    }
     let context = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
     Ok(Loaded { context, tokenizer })
 }
@@ -276,11 +321,13 @@ pub fn load_model(
     Ok((model, path))
 }
 
-/// The KV cache type `--cache-type` names.
-pub fn kv_type(name: &str) -> anyhow::Result<lamina_core::DType> {
+/// The KV cache type that `flag`'s value `name` names.
+pub fn kv_type(flag: &str, name: &str) -> anyhow::Result<lamina_core::DType> {
     match lamina_core::DType::from_name(name) {
-        Some(t @ (lamina_core::DType::F16 | lamina_core::DType::F32)) => Ok(t),
-        _ => anyhow::bail!("--cache-type {name:?}: use f16 or f32"),
+        Some(t) if lamina_model::KvFormat::type_allowed(t) => Ok(t),
+        _ => anyhow::bail!(
+            "{flag} {name:?}: use f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
+        ),
     }
 }
 

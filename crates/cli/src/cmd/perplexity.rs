@@ -51,12 +51,13 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     } else {
         (args.load.batch_size / n_ctx).max(1)
     };
-    let params = ContextParams {
+    let mut params = ContextParams {
         n_ctx: n_ctx * n_seq,
         n_ubatch: args.load.ubatch_size,
         n_seq_max: n_seq,
         ..Default::default()
     };
+    args.load.cache.apply(&mut params)?;
     let loaded = load_with(
         &args.load.model,
         args.load.threads,

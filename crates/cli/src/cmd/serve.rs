@@ -57,11 +57,13 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 9] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 11] = [
     ("-np", "--parallel"),
     ("-pg", "--n-gen-prompt"),
     ("-ub", "--ubatch-size"),
-    ("-ctk", "--cache-type"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-fa", "--flash-attn"),
     ("-sys", "--system-prompt"),
     ("-ngl", "--n-gpu-layers"),
     ("-sm", "--split-mode"),
@@ -69,8 +71,8 @@ const LLAMA_SHORT_FLAGS: [(&str, &str); 9] = [
     ("-mg", "--main-gpu"),
 ];
 
-/// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-sys`,
-/// `-ngl`, `-sm`, `-ts`, `-mg`) into their long forms.
+/// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-ctv`,
+/// `-fa`, `-sys`, `-ngl`, `-sm`, `-ts`, `-mg`) into their long forms.
 pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
         .map(|a| {

@@ -137,6 +137,11 @@ pub mod scalar {
 }
 
 /// `ggml_vec_soft_max_f32` in place: `y = exp(y - max)`, returning the `double` sum.
+pub fn vec_soft_max_f32(y: &mut [f32], max: f32) -> f64 {
+    vec_soft_max(y, max, simd_available())
+}
+
+/// [`vec_soft_max_f32`], with or without the AVX2 code.
 fn vec_soft_max(y: &mut [f32], max: f32, simd: bool) -> f64 {
     let n = y.len();
     let nv_all = n / 8 * 8;

@@ -14,6 +14,7 @@
 
 pub mod act;
 pub mod dot;
+pub mod fattn;
 pub mod fdot;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]

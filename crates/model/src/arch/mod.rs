@@ -186,6 +186,10 @@ pub struct BuildContext<'a> {
     pub plan: &'a LayerPlan,
     pub kv: &'a KvCache,
     pub kv_memory: &'a [Option<Arc<dyn BufferMemory>>],
+    /// Attention through `flash_attn_ext` (V cached as rows) rather than the standard path.
+    pub flash_attn: bool,
+    /// llama.cpp's `n_threads`: flash attention's chunk count for one-token steps.
+    pub n_threads: u32,
 }
 
 /// Builds the forward graph of the context's architecture for one micro-batch.
@@ -720,7 +724,56 @@ impl<'a> Builder<'a> {
 
     /// [`Builder::attention`] without the output projection: the heads merged,
     /// `[head_v * n_head, n_tokens]`.
+    ///
+    /// Around a quantized cache, llama.cpp rotates by a Walsh-Hadamard matrix (an orthonormal
+    /// change of basis per run of 64+ values, which spreads outliers before they are
+    /// quantized): Q and K when K is quantized, V when V is, and the output back again.
     pub fn attend(
+        &mut self,
+        il: usize,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        params: AttnParams,
+    ) -> Result<TensorId, ModelError> {
+        let hp = self.hp();
+        let fmt = self.ctx.kv.format();
+        let v_in_k = self.ctx.kv.layer(il).v_in_k;
+        let (head_k, head_v) = (hp.n_embd_head_k as usize, hp.n_embd_head_v as usize);
+        // K: the largest power of two (64 or more) dividing the head; V: 64.
+        let rot_k = (fmt.type_k.is_quantized() && head_k.is_multiple_of(64))
+            .then(|| 1usize << head_k.trailing_zeros());
+        let rot_v =
+            (!v_in_k && fmt.type_v.is_quantized() && head_v.is_multiple_of(64)).then_some(64);
+        let (mut q, mut k, mut v) = (q, k, v);
+        if let Some(n) = rot_k {
+            q = self.hadamard(q, n)?;
+            k = self.hadamard(k, n)?;
+        }
+        if let Some(n) = rot_v {
+            v = self.hadamard(v, n)?;
+        }
+        let merged = self.attend_cache(il, q, k, v, params)?;
+        // A K-only cache's V is rotated with K.
+        match if v_in_k { rot_k } else { rot_v } {
+            Some(n) => self.hadamard(merged, n),
+            None => Ok(merged),
+        }
+    }
+
+    /// `x` rotated per run of `n` values (contiguous first, as llama.cpp's
+    /// `llama_mul_mat_hadamard`).
+    fn hadamard(&mut self, x: TensorId, n: usize) -> Result<TensorId, ModelError> {
+        let x = if self.g.tensor(x).layout.is_contiguous() {
+            x
+        } else {
+            self.g.cont(x)?
+        };
+        Ok(self.g.hadamard(x, n)?)
+    }
+
+    /// [`Builder::attend`] after any rotation: store K and V, attend over the cache.
+    fn attend_cache(
         &mut self,
         il: usize,
         q: TensorId,
@@ -736,26 +789,59 @@ impl<'a> Builder<'a> {
         let n_head = hp.n_head[il] as usize;
         let n_head_kv = hp.n_head_kv[il] as usize;
         let kv = self.ctx.kv;
+        let fmt = kv.format();
         let lc = kv.layer(il);
         let size = kv.size();
-        let ts = kv.dtype().type_size() as usize;
+        let row_bytes = |t: DType, n: usize| -> Result<usize, ModelError> {
+            t.row_size(n as u64)
+                .map(|b| b as usize)
+                .map_err(|e| ModelError::Placement(format!("layer {il}: {e}")))
+        };
 
         // The layer's cache as graph leaves over its device's cache buffer.
         let kv_memory = self.ctx.kv_memory[lc.device]
             .clone()
             .ok_or_else(|| ModelError::Placement(format!("layer {il} has no cache")))?;
-        let k_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_k, size])?;
+        let k_cache = self.g.new_tensor(fmt.type_k, &[lc.n_embd_k, size])?;
         self.g.bind(k_cache, kv_memory.clone(), lc.k_offset)?;
-        // Store: K rows go to their cells; V, stored transposed, element by element.
+        // Store: K rows go to their cells.
         let k_idxs = self.inp_k_idxs()?;
         let k_rows = self.g.reshape(k, &[lc.n_embd_k, n_tokens])?;
         let k_stored = self.g.set_rows(k_cache, k_rows, k_idxs)?;
-        let row_k = lc.n_embd_k * ts;
+        let row_k = row_bytes(fmt.type_k, lc.n_embd_k)?;
 
         // Read back the first n_kv cells, per KV head (views of the stores, so they run first).
-        let k_view = self
-            .g
-            .view_3d(k_stored, head_k, n_kv, n_head_kv, row_k, head_k * ts, 0)?;
+        let k_view = self.g.view_3d(
+            k_stored,
+            head_k,
+            n_kv,
+            n_head_kv,
+            row_k,
+            row_bytes(fmt.type_k, head_k)?,
+            0,
+        )?;
+        if self.ctx.flash_attn {
+            // V as rows: stored like K, or (K-only cache) the start of each K row.
+            let v_view = if lc.v_in_k {
+                self.g.view_3d(k_stored, head_v, n_kv, 1, row_k, row_k, 0)?
+            } else {
+                let v_cache = self.g.new_tensor(fmt.type_v, &[lc.n_embd_v, size])?;
+                self.g.bind(v_cache, kv_memory, lc.v_offset)?;
+                let v_rows = self.g.reshape(v, &[lc.n_embd_v, n_tokens])?;
+                let v_stored = self.g.set_rows(v_cache, v_rows, k_idxs)?;
+                self.g.view_3d(
+                    v_stored,
+                    head_v,
+                    n_kv,
+                    n_head_kv,
+                    row_bytes(fmt.type_v, lc.n_embd_v)?,
+                    row_bytes(fmt.type_v, head_v)?,
+                    0,
+                )?
+            };
+            return self.flash_attend(il, q, k_view, v_view, params);
+        }
+        let ts = fmt.type_v.type_size() as usize;
         let v_view = if lc.v_in_k {
             // K-only cache (absorbed MLA, one KV head): V is the start of each K row, read
             // transposed into a contiguous copy as llama.cpp's non-flash path does.
@@ -769,7 +855,8 @@ impl<'a> Builder<'a> {
             let v_t = self.g.cont(v_t)?;
             self.g.reshape(v_t, &[n_kv, head_v, 1])?
         } else {
-            let v_cache = self.g.new_tensor(kv.dtype(), &[lc.n_embd_v * size])?;
+            // V, stored transposed, element by element.
+            let v_cache = self.g.new_tensor(fmt.type_v, &[lc.n_embd_v * size])?;
             self.g.bind(v_cache, kv_memory, lc.v_offset)?;
             let v_idxs = self.inp_v_idxs(lc.n_embd_v)?;
             let v_elems = self.g.reshape(v, &[1, lc.n_embd_v * n_tokens])?;
@@ -803,7 +890,10 @@ impl<'a> Builder<'a> {
             let kqv = self.g.mul_mat(v_view, kq)?;
             let merged = self.g.permute(kqv, [0, 2, 1, 3])?;
             self.g.cont(merged)?
-        } else if n_tokens > 1 && matches!(kv.dtype(), DType::F16 | DType::F32) {
+        } else if n_tokens > 1
+            && fmt.type_k == fmt.type_v
+            && matches!(fmt.type_k, DType::F16 | DType::F32)
+        {
             // Fused: the same arithmetic without the `[n_kv, n_tokens, n_head]` score tensor,
             // the largest activation of a prompt micro-batch (9.4 MB for SmolLM2 at 512
             // tokens, and growing with the context).
@@ -824,6 +914,47 @@ impl<'a> Builder<'a> {
             self.g.cont(merged)?
         };
         Ok(self.g.reshape(merged, &[head_v * n_head, n_tokens])?)
+    }
+
+    /// llama.cpp's `build_attn_mha` with flash attention: `flash_attn_ext` over the cache
+    /// views (an f32 cache cast to f16 first, as llama.cpp does), heads merged.
+    fn flash_attend(
+        &mut self,
+        il: usize,
+        q: TensorId,
+        k_view: TensorId,
+        v_view: TensorId,
+        params: AttnParams,
+    ) -> Result<TensorId, ModelError> {
+        let n_tokens = self.shape.n_tokens;
+        let hp = self.hp();
+        let (head_v, n_head) = (hp.n_embd_head_v as usize, hp.n_head[il] as usize);
+        let mut k = k_view;
+        let mut v = v_view;
+        if self.g.tensor(k).layout.dtype == DType::F32 {
+            k = self.g.cast(k, DType::F16)?;
+        }
+        if self.g.tensor(v).layout.dtype == DType::F32 {
+            v = self.g.cast(v, DType::F16)?;
+        }
+        let q = self.g.permute(q, [0, 2, 1, 3])?;
+        let mask = self.inp_kq_mask(il)?;
+        // Sinks are created before the node that uses them.
+        let sinks = params.sinks.map(|w| self.weight(w)).transpose()?;
+        let attn = self.g.flash_attn_ext(
+            q,
+            k,
+            v,
+            mask,
+            params.kq_scale,
+            0.0,
+            params.softcap,
+            self.ctx.n_threads.max(1),
+        )?;
+        if let Some(s) = sinks {
+            self.g.attention_add_sinks(attn, s)?;
+        }
+        Ok(self.g.reshape(attn, &[head_v * n_head, n_tokens])?)
     }
 
     /// `cap * tanh(x / cap)` (llama.cpp's soft-capping of scores and logits).

@@ -1,0 +1,640 @@
+//! `Op::FlashAttnExt`: ggml-cpu's `ggml_compute_forward_flash_attn_ext_f16` with the paths it
+//! chooses and their rounding (AVX2 build), so that Lamina with flash attention gives
+//! llama.cpp's `-fa on` bits:
+//!
+//! * **rows** (`_one_chunk`): per query row, Q converted to K's dot type, one dot per
+//!   unmasked cell, an online softmax with libm `expf`, and V accumulated in f16 (f16 V,
+//!   rounded at every cell) or f32 (other V types, dequantized);
+//! * **tiled** (`_tiled`, f16/f32 K and V of one type, at least 64 query rows): tiles of 64
+//!   query rows × 64 cells, f32 Q and K, scores by `simd_gemm`, softmax per tile with
+//!   `ggml_vec_soft_max_f32`, V accumulated in f32 by `simd_gemm`;
+//! * **split KV** (one query row, f16/f32 K and V of one type, at least 512 cells): the cells
+//!   cut into `kv_chunks` chunks (llama.cpp: its thread count), the rows path on each, then
+//!   the partial results merged in chunk order.
+//!
+//! Which threads compute what does not change any result (only `kv_chunks` does).
+
+use lamina_core::DType;
+
+use crate::exec::{ErrorSlot, NodePlan, TView, Work, split};
+use crate::kernels::{self, fattn, fdot};
+use crate::ops::alibi_slope;
+use crate::pool::WorkerCtx;
+use crate::quant;
+
+/// ggml's `GGML_FA_TILE_Q` / `GGML_FA_TILE_KV`.
+const TILE_Q: usize = 64;
+const TILE_KV: usize = 64;
+/// Query rows per task on the rows path.
+const ROWS_PER_TASK: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Rows,
+    Tiled,
+    SplitKv { chunks: usize },
+}
+
+/// How a query row is converted for K's dot (K's `vec_dot_type`).
+#[derive(Clone, Copy, Debug)]
+enum QConv {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q8_1,
+}
+
+/// The dot of one K row with a converted query row.
+#[derive(Clone, Copy, Debug)]
+enum KDot {
+    F32,
+    F16,
+    Bf16,
+    Quant(kernels::dot::DotFn),
+}
+
+pub(crate) struct FlashPlan {
+    q: TView,
+    k: TView,
+    v: TView,
+    mask: TView,
+    sinks: Option<TView>,
+    dk: usize,
+    dv: usize,
+    n_q: usize,
+    n_head: usize,
+    n_kv: usize,
+    group: usize,
+    path: Path,
+    qconv: QConv,
+    kdot: KDot,
+    /// Bytes of a converted query row (64-aligned).
+    q_row: usize,
+}
+
+impl FlashPlan {
+    pub(crate) fn new(node: &NodePlan, kv_chunks: u32) -> Result<FlashPlan, String> {
+        let [Some(q), Some(k), Some(v), Some(mask), sinks] = node.src else {
+            return Err("missing operands".into());
+        };
+        let (dk, n_q, n_head) = (q.l.ne[0], q.l.ne[1], q.l.ne[2]);
+        let (n_kv, n_head_kv) = (k.l.ne[1], k.l.ne[2]);
+        let dv = v.l.ne[0];
+        if q.l.dtype != DType::F32 || mask.l.dtype != DType::F32 || n_head_kv == 0 {
+            return Err("q and the mask must be f32".into());
+        }
+        let kt = k.l.dtype;
+        let (qconv, kdot) = match kt {
+            DType::F32 => (QConv::F32, KDot::F32),
+            DType::F16 => (QConv::F16, KDot::F16),
+            DType::BF16 => (QConv::Bf16, KDot::Bf16),
+            _ => {
+                let f = kernels::dot::dot_fn(kt).ok_or_else(|| format!("no dot for K {kt}"))?;
+                match quant::vec_dot_type(kt) {
+                    Some(DType::Q8_0) => (QConv::Q8_0, KDot::Quant(f)),
+                    Some(DType::Q8_1) => (QConv::Q8_1, KDot::Quant(f)),
+                    _ => return Err(format!("K type {kt} is not supported")),
+                }
+            }
+        };
+        let vt = v.l.dtype;
+        if !matches!(vt, DType::F32 | DType::F16 | DType::BF16)
+            && !lamina_core::quant::supports_dequantize(vt)
+        {
+            return Err(format!("V type {vt} is not supported"));
+        }
+        let q_dtype = match qconv {
+            QConv::F32 => DType::F32,
+            QConv::F16 => DType::F16,
+            QConv::Bf16 => DType::BF16,
+            QConv::Q8_0 => DType::Q8_0,
+            QConv::Q8_1 => DType::Q8_1,
+        };
+        let q_row = q_dtype
+            .row_size(dk as u64)
+            .map_err(|_| format!("rows of {dk} do not fit {q_dtype} blocks"))?
+            as usize;
+        let f_kv = matches!(kt, DType::F32 | DType::F16) && kt == vt;
+        let path = if n_q == 1 && f_kv && n_kv >= 512 {
+            Path::SplitKv {
+                chunks: kv_chunks.max(1) as usize,
+            }
+        } else if f_kv && n_q >= TILE_Q {
+            Path::Tiled
+        } else {
+            Path::Rows
+        };
+        Ok(FlashPlan {
+            q,
+            k,
+            v,
+            mask,
+            sinks,
+            dk,
+            dv,
+            n_q,
+            n_head,
+            n_kv,
+            group: n_head / n_head_kv,
+            path,
+            qconv,
+            kdot,
+            q_row: q_row.next_multiple_of(64),
+        })
+    }
+
+    /// One thread's scratch for the rows path: the converted query row, the f32 query row,
+    /// the f32 accumulator, a dequantized V row and the f16 accumulator.
+    fn rows_scratch(&self) -> usize {
+        self.q_row + (4 * self.dk + 8 * self.dv + 2 * self.dv).next_multiple_of(64)
+    }
+
+    /// One thread's scratch for the tiled path: Q tile, scores, mask, accumulators, V tile,
+    /// K tile (all f32).
+    fn tiled_scratch(&self) -> usize {
+        4 * (TILE_Q * self.dk
+            + 2 * TILE_Q * TILE_KV
+            + TILE_Q * self.dv
+            + TILE_KV * self.dv
+            + TILE_KV * self.dk
+            + self.dk)
+    }
+
+    /// Bytes of the split path's partial results: per head and chunk, `[M, S, VKQ[dv]]`.
+    fn partials_bytes(&self) -> usize {
+        match self.path {
+            Path::SplitKv { chunks } => 4 * self.n_head * chunks * (2 + self.dv),
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn work_bytes(&self, nth: usize) -> usize {
+        let per_thread = match self.path {
+            Path::Tiled => self.tiled_scratch(),
+            _ => self.rows_scratch(),
+        };
+        nth * per_thread + self.partials_bytes()
+    }
+
+    fn per_thread(&self) -> usize {
+        match self.path {
+            Path::Tiled => self.tiled_scratch(),
+            _ => self.rows_scratch(),
+        }
+    }
+}
+
+pub(crate) fn work_size(node: &NodePlan, nth: usize, kv_chunks: u32) -> usize {
+    FlashPlan::new(node, kv_chunks).map_or(0, |p| p.work_bytes(nth))
+}
+
+/// The per-row state of the online softmax.
+struct RowState {
+    m: f32,
+    s: f32,
+}
+
+pub(crate) fn compute(
+    node: &NodePlan,
+    (scale, max_bias, softcap, kv_chunks): (f32, f32, f32, u32),
+    ctx: &WorkerCtx<'_>,
+    work: Work,
+    err: &ErrorSlot,
+) {
+    let p = match FlashPlan::new(node, kv_chunks) {
+        Ok(p) => p,
+        Err(e) => {
+            if ctx.ith == 0 {
+                err.set(|| format!("FLASH_ATTN_EXT {}: {e}", node.id));
+            }
+            return;
+        }
+    };
+    // ggml divides the scale by the cap and multiplies by it after the tanh.
+    let scale = if softcap != 0.0 {
+        scale / softcap
+    } else {
+        scale
+    };
+    let prm = Params {
+        scale,
+        softcap,
+        max_bias,
+    };
+    let base = ctx.ith * p.per_thread();
+    match p.path {
+        Path::Rows => {
+            let blocks = p.n_q.div_ceil(ROWS_PER_TASK);
+            for t in split(p.n_head * blocks, ctx.ith, ctx.nth) {
+                let (h, b) = (t / blocks, t % blocks);
+                for i in b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(p.n_q) {
+                    // SAFETY: this thread's scratch; dst row (h, i) belongs to task t only.
+                    unsafe {
+                        let (st, acc) = p.row_chunk(&prm, h, i, 0, p.n_kv, work, base);
+                        p.finish_row(node.dst, h, i, st, acc);
+                    }
+                }
+            }
+        }
+        Path::Tiled => {
+            let blocks = p.n_q.div_ceil(TILE_Q);
+            for t in split(p.n_head * blocks, ctx.ith, ctx.nth) {
+                let (h, b) = (t / blocks, t % blocks);
+                let i0 = b * TILE_Q;
+                let rows = TILE_Q.min(p.n_q - i0);
+                // SAFETY: this thread's scratch; dst rows (h, i0..i0 + rows) are task t's.
+                unsafe { p.tile(&prm, node.dst, h, i0, rows, work, base) };
+            }
+        }
+        Path::SplitKv { chunks } => {
+            let cs = p.n_kv.div_ceil(chunks);
+            let pbase = ctx.nth * p.per_thread();
+            let pstride = 2 + p.dv;
+            for t in split(p.n_head * chunks, ctx.ith, ctx.nth) {
+                let (h, c) = (t / chunks, t % chunks);
+                let c0 = c * cs;
+                // SAFETY: partial (h, c) is written by task t only; this thread's scratch.
+                unsafe {
+                    let part = work.f32s(pbase + 4 * (h * chunks + c) * pstride, pstride);
+                    if c0 < p.n_kv {
+                        let (st, acc) =
+                            p.row_chunk(&prm, h, 0, c0, (c0 + cs).min(p.n_kv), work, base);
+                        part[0] = st.m;
+                        part[1] = st.s;
+                        part[2..].copy_from_slice(acc);
+                    } else {
+                        part[0] = f32::NEG_INFINITY;
+                        part[1] = 0.0;
+                    }
+                }
+            }
+            ctx.barrier.wait();
+            for h in split(p.n_head, ctx.ith, ctx.nth) {
+                // SAFETY: the partials are complete (barrier) and only read now; this
+                // thread's scratch holds the merged row; dst row (h, 0) is this thread's.
+                unsafe {
+                    let acc = work.f32s(base + p.q_row, p.dv);
+                    acc.fill(0.0);
+                    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+                    for c in 0..chunks {
+                        if c * cs >= p.n_kv {
+                            continue;
+                        }
+                        let part = work.f32s(pbase + 4 * (h * chunks + c) * pstride, pstride);
+                        let (mc, sc) = (part[0], part[1]);
+                        if sc == 0.0 {
+                            continue;
+                        }
+                        let m_new = m.max(mc);
+                        let s_old = (m - m_new).exp();
+                        let s_new = (mc - m_new).exp();
+                        for (a, &pv) in acc.iter_mut().zip(&part[2..]) {
+                            *a = a.mul_add(s_old, pv * s_new);
+                        }
+                        s = s.mul_add(s_old, sc * s_new);
+                        m = m_new;
+                    }
+                    if s != 0.0 {
+                        fattn::scale_f32(acc, 1.0 / s);
+                    }
+                    node.dst.row_f32_mut(h, 0, 0).copy_from_slice(acc);
+                }
+            }
+        }
+    }
+}
+
+struct Params {
+    scale: f32,
+    softcap: f32,
+    max_bias: f32,
+}
+
+impl FlashPlan {
+    /// `_one_chunk` for query row `i` of head `h` over cells `c0..c1`: the softmax state and
+    /// the unnormalized f32 output (in scratch), sinks applied when `c0 == 0`.
+    ///
+    /// # Safety
+    /// `base` is this thread's scratch; the sources are read-only during the node.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn row_chunk<'a>(
+        &self,
+        prm: &Params,
+        h: usize,
+        i: usize,
+        c0: usize,
+        c1: usize,
+        work: Work,
+        base: usize,
+    ) -> (RowState, &'a mut [f32]) {
+        let (dk, dv) = (self.dk, self.dv);
+        let hkv = h / self.group;
+        // SAFETY: scratch layout of `rows_scratch`, all inside this thread's region.
+        unsafe {
+            let qc = work.bytes(base, self.q_row);
+            let fbase = base + self.q_row;
+            let acc = work.f32s(fbase, dv);
+            let qf = work.f32s(fbase + 4 * dv, dk);
+            let vrow = work.f32s(fbase + 4 * (dv + dk), dv);
+            let acc16: &mut [u16] = {
+                let b = work.bytes(fbase + 4 * (2 * dv + dk), 2 * dv);
+                std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut u16, dv)
+            };
+            let x = src_row_f32(&self.q, i, h, qf);
+            self.convert_q(x, qc);
+            let slope = alibi_slope(prm.max_bias, h, self.n_head);
+            let mrow = self.mask.row_f32(i, 0, 0);
+            let v16 = self.v.l.dtype == DType::F16;
+            if v16 {
+                acc16.fill(0);
+            } else {
+                acc.fill(0.0);
+            }
+            let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+            for (ic, &mraw) in mrow.iter().enumerate().take(c1).skip(c0) {
+                let mv = slope * mask_value(mraw);
+                if mv == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut sc = self.kq_dot(self.k.row(ic, hkv, 0), qc) * prm.scale;
+                if prm.softcap != 0.0 {
+                    sc = prm.softcap * sc.tanh();
+                }
+                sc += mv;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                let vdata = self.v.row(ic, hkv, 0);
+                if sc > m {
+                    let m_old = m;
+                    m = sc;
+                    ms = (m_old - m).exp();
+                    if v16 {
+                        fattn::scale_f16(acc16, ms);
+                    } else {
+                        fattn::scale_f32(acc, ms);
+                    }
+                } else {
+                    vs = (sc - m).exp();
+                }
+                if v16 {
+                    fattn::mad_f16(acc16, vdata, vs);
+                } else {
+                    v_to_f32(self.v.l.dtype, vdata, vrow);
+                    fattn::mad_f32(acc, vrow, vs);
+                }
+                s = s.mul_add(ms, vs);
+            }
+            if v16 {
+                for (a, &hv) in acc.iter_mut().zip(acc16.iter()) {
+                    *a = kernels::fp16_to_fp32(hv);
+                }
+            }
+            let mut st = RowState { m, s };
+            if c0 == 0 {
+                self.apply_sink(h, &mut st, acc);
+            }
+            (st, acc)
+        }
+    }
+
+    /// Attention sinks: the head's sink logit joins the softmax (no value).
+    ///
+    /// # Safety
+    /// The sinks are read-only during the node.
+    unsafe fn apply_sink(&self, h: usize, st: &mut RowState, acc: &mut [f32]) {
+        let Some(sk) = self.sinks else { return };
+        // SAFETY: one f32 per head (checked when the graph was built).
+        let sv = unsafe { sk.get([h, 0, 0, 0]) };
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if sv > st.m {
+            ms = (st.m - sv).exp();
+            st.m = sv;
+            fattn::scale_f32(acc, ms);
+        } else {
+            vs = (sv - st.m).exp();
+        }
+        // Not fused here (GCC specialises the two branches into a multiply and an add).
+        st.s = st.s * ms + vs;
+    }
+
+    /// Normalizes a finished row and stores it as dst row `(h, i)`.
+    ///
+    /// # Safety
+    /// This thread is the only user of dst row `(h, i)`.
+    unsafe fn finish_row(&self, d: TView, h: usize, i: usize, st: RowState, acc: &mut [f32]) {
+        let inv = if st.s == 0.0 { 0.0 } else { 1.0 / st.s };
+        fattn::scale_f32(acc, inv);
+        // SAFETY: by the caller's contract.
+        unsafe { d.row_f32_mut(h, i, 0).copy_from_slice(acc) };
+    }
+
+    fn convert_q(&self, x: &[f32], out: &mut [u8]) {
+        match self.qconv {
+            QConv::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            QConv::F16 => fattn::f32_row_to_f16(x, out),
+            QConv::Bf16 => {
+                for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                    let b = lamina_core::quant::f32_to_bf16(*v).to_bits();
+                    o.copy_from_slice(&b.to_le_bytes());
+                }
+            }
+            QConv::Q8_0 => kernels::quantize_row_q8_0(x, &mut out[..]),
+            QConv::Q8_1 => kernels::quantize_row_q8_1(x, &mut out[..]),
+        }
+    }
+
+    #[inline]
+    fn kq_dot(&self, krow: &[u8], qc: &[u8]) -> f32 {
+        let dk = self.dk;
+        match self.kdot {
+            KDot::F32 => fdot::vec_dot_f32(dk, as_f32(krow), as_f32(qc)),
+            KDot::F16 => fdot::vec_dot_f16(dk, krow, qc),
+            KDot::Bf16 => fattn::vec_dot_bf16(dk, krow, qc),
+            KDot::Quant(f) => f(dk, krow, qc),
+        }
+    }
+
+    /// `_tiled` for query rows `i0..i0 + rows` of head `h`.
+    ///
+    /// # Safety
+    /// `base` is this thread's scratch; dst rows `(h, i0..i0 + rows)` are this thread's.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        &self,
+        prm: &Params,
+        d: TView,
+        h: usize,
+        i0: usize,
+        rows: usize,
+        work: Work,
+        base: usize,
+    ) {
+        let (dk, dv) = (self.dk, self.dv);
+        let hkv = h / self.group;
+        // SAFETY: scratch layout of `tiled_scratch`; sources read-only.
+        unsafe {
+            let mut off = base;
+            let mut take = |n: usize| {
+                let s = work.f32s(off, n);
+                off += 4 * n;
+                s
+            };
+            let qt = take(TILE_Q * dk);
+            let kq = take(TILE_Q * TILE_KV);
+            let mask = take(TILE_Q * TILE_KV);
+            let acc = take(TILE_Q * dv);
+            let vt = take(TILE_KV * dv);
+            let kt = take(TILE_KV * dk);
+            let krow = take(dk);
+            let slope = alibi_slope(prm.max_bias, h, self.n_head);
+            let mut m = [f32::NEG_INFINITY; TILE_Q];
+            let mut s = [0f32; TILE_Q];
+            acc[..rows * dv].fill(0.0);
+            for tq in 0..rows {
+                src_row_f32(&self.q, i0 + tq, h, &mut qt[tq * dk..(tq + 1) * dk]);
+            }
+            kt.fill(0.0);
+            vt.fill(0.0);
+            let kf16 = self.k.l.dtype == DType::F16;
+            for ic in (0..self.n_kv).step_by(TILE_KV) {
+                let kv_tile = TILE_KV.min(self.n_kv - ic);
+                let mut can_skip = true;
+                for tq in 0..rows {
+                    let mrow = self.mask.row_f32(i0 + tq, 0, 0);
+                    let mt = &mut mask[tq * TILE_KV..(tq + 1) * TILE_KV];
+                    for tk in 0..kv_tile {
+                        mt[tk] = slope * mask_value(mrow[ic + tk]);
+                        can_skip &= mt[tk] == f32::NEG_INFINITY;
+                    }
+                    mt[kv_tile..].fill(f32::NEG_INFINITY);
+                }
+                if can_skip {
+                    continue;
+                }
+                // K tile transposed: kt[dk][tk].
+                for tk in 0..kv_tile {
+                    let kr = self.k.row(ic + tk, hkv, 0);
+                    let kr = if kf16 {
+                        fattn::f16_row_to_f32(kr, krow);
+                        &krow[..]
+                    } else {
+                        &as_f32(kr)[..dk]
+                    };
+                    for (e, &x) in kr.iter().enumerate() {
+                        kt[e * TILE_KV + tk] = x;
+                    }
+                }
+                let kq = &mut kq[..rows * TILE_KV];
+                kq.fill(0.0);
+                fattn::gemm_acc(kq, qt, kt, rows, dk, TILE_KV);
+                fattn::scale_f32(kq, prm.scale);
+                if prm.softcap != 0.0 {
+                    for v in kq.iter_mut() {
+                        *v = v.tanh();
+                    }
+                    fattn::scale_f32(kq, prm.softcap);
+                }
+                if kv_tile < TILE_KV {
+                    for tq in 0..rows {
+                        kq[tq * TILE_KV + kv_tile..(tq + 1) * TILE_KV].fill(f32::NEG_INFINITY);
+                    }
+                }
+                for (v, &mv) in kq.iter_mut().zip(mask.iter()) {
+                    *v += mv;
+                }
+                let mut skip = [false; TILE_Q];
+                for tq in 0..rows {
+                    let row = &mut kq[tq * TILE_KV..(tq + 1) * TILE_KV];
+                    let mut tmax = f32::NEG_INFINITY;
+                    for &v in row.iter() {
+                        tmax = if tmax > v { tmax } else { v };
+                    }
+                    if tmax == f32::NEG_INFINITY {
+                        skip[tq] = true;
+                        continue;
+                    }
+                    let m_old = m[tq];
+                    let m_new = m_old.max(tmax);
+                    if m_new > m_old {
+                        let ms = (m_old - m_new).exp();
+                        fattn::scale_f32(&mut acc[tq * dv..(tq + 1) * dv], ms);
+                        s[tq] *= ms;
+                    }
+                    m[tq] = m_new;
+                    s[tq] = (f64::from(s[tq]) + kernels::act::vec_soft_max_f32(row, m_new)) as f32;
+                }
+                for tk in 0..kv_tile {
+                    let vr = self.v.row(ic + tk, hkv, 0);
+                    let o = &mut vt[tk * dv..(tk + 1) * dv];
+                    if kf16 {
+                        fattn::f16_row_to_f32(vr, o);
+                    } else {
+                        o.copy_from_slice(&as_f32(vr)[..dv]);
+                    }
+                }
+                for tq in 0..rows {
+                    if skip[tq] {
+                        kq[tq * TILE_KV..(tq + 1) * TILE_KV].fill(0.0);
+                    }
+                }
+                fattn::gemm_acc(&mut acc[..rows * dv], kq, vt, rows, TILE_KV, dv);
+            }
+            for tq in 0..rows {
+                let a = &mut acc[tq * dv..(tq + 1) * dv];
+                let mut st = RowState { m: m[tq], s: s[tq] };
+                self.apply_sink(h, &mut st, a);
+                self.finish_row(d, h, i0 + tq, st, a);
+            }
+        }
+    }
+}
+
+/// The mask as ggml's flash attention reads it: stored as f16 (0 and -inf, the usual values,
+/// are exact).
+#[inline(always)]
+fn mask_value(m: f32) -> f32 {
+    if m == 0.0 || m == f32::NEG_INFINITY {
+        m
+    } else {
+        kernels::fp16_to_fp32(kernels::fp32_to_fp16(m))
+    }
+}
+
+/// A V row as f32 (`to_float` of its type).
+fn v_to_f32(dtype: DType, row: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => out.copy_from_slice(&as_f32(row)[..out.len()]),
+        DType::BF16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+        _ => {
+            // The type was checked by the plan; a short row cannot occur (packed rows).
+            let _ = quant::dequantize_row(dtype, row, out);
+        }
+    }
+}
+
+fn as_f32(b: &[u8]) -> &[f32] {
+    // SAFETY: f32 rows and converted rows are 4-byte aligned (tensor data and scratch are);
+    // any bit pattern is a valid f32.
+    let (pre, mid, _) = unsafe { b.align_to::<f32>() };
+    debug_assert!(pre.is_empty());
+    mid
+}
+
+/// Query row `(i, h)` as f32: borrowed when packed, else gathered into `buf`.
+///
+/// # Safety
+/// The row is in range and not written during the node.
+unsafe fn src_row_f32<'a>(q: &TView, i: usize, h: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    // SAFETY: q is f32 with packed rows (checked when the graph was built).
+    let r = unsafe { q.row_f32(i, h, 0) };
+    buf[..r.len()].copy_from_slice(r);
+    &buf[..r.len()]
+}
