@@ -71,6 +71,9 @@ pub(crate) struct FlashPlan {
     kdot: KDot,
     /// Bytes of a converted query row (64-aligned).
     q_row: usize,
+    /// Whether the rows path first lists each query row's unmasked cells (few query rows:
+    /// a decode step over several sequences, whose cells interleave).
+    lists: bool,
 }
 
 impl FlashPlan {
@@ -141,6 +144,7 @@ impl FlashPlan {
             qconv,
             kdot,
             q_row: q_row.next_multiple_of(64),
+            lists: path != Path::Tiled && n_q <= TILE_Q && n_q * (n_kv + 1) <= 1 << 22,
         })
     }
 
@@ -169,12 +173,56 @@ impl FlashPlan {
         }
     }
 
+    /// Bytes of the cell lists: per query row, a count and up to `n_kv` cells.
+    fn lists_bytes(&self) -> usize {
+        if self.lists {
+            4 * self.n_q * (self.n_kv + 1)
+        } else {
+            0
+        }
+    }
+
     pub(crate) fn work_bytes(&self, nth: usize) -> usize {
-        let per_thread = match self.path {
-            Path::Tiled => self.tiled_scratch(),
-            _ => self.rows_scratch(),
-        };
-        nth * per_thread + self.partials_bytes()
+        nth * self.per_thread() + self.partials_bytes() + self.lists_bytes()
+    }
+
+    /// Lists the unmasked cells of query rows `rows` (each thread its own rows).
+    ///
+    /// # Safety
+    /// The rows' list regions are this thread's; the mask is read-only during the node.
+    unsafe fn build_lists(&self, rows: std::ops::Range<usize>, work: Work, off: usize) {
+        let stride = self.n_kv + 1;
+        for i in rows {
+            // SAFETY: by the caller's contract; the list region is inside `lists_bytes`.
+            unsafe {
+                let list = work.u32s(off + 4 * i * stride, stride);
+                let mrow = self.mask.row_f32(i, 0, 0);
+                let mut n = 0;
+                for (ic, &m) in mrow.iter().enumerate().take(self.n_kv) {
+                    if m != f32::NEG_INFINITY {
+                        list[1 + n] = ic as u32;
+                        n += 1;
+                    }
+                }
+                list[0] = n as u32;
+            }
+        }
+    }
+
+    /// Query row `i`'s cell list, when lists are on.
+    ///
+    /// # Safety
+    /// The lists are complete (after the barrier) and only read.
+    unsafe fn list<'a>(&self, i: usize, work: Work, off: usize) -> Option<&'a [u32]> {
+        if !self.lists {
+            return None;
+        }
+        let stride = self.n_kv + 1;
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let list = work.u32s_ref(off + 4 * i * stride, stride);
+            Some(&list[1..1 + list[0] as usize])
+        }
     }
 
     fn per_thread(&self) -> usize {
@@ -223,15 +271,23 @@ pub(crate) fn compute(
         max_bias,
     };
     let base = ctx.ith * p.per_thread();
+    let lists_off = ctx.nth * p.per_thread() + p.partials_bytes();
+    if p.lists {
+        // SAFETY: rows are split across threads; the barrier publishes every list.
+        unsafe { p.build_lists(split(p.n_q, ctx.ith, ctx.nth), work, lists_off) };
+        ctx.barrier.wait();
+    }
     match p.path {
         Path::Rows => {
             let blocks = p.n_q.div_ceil(ROWS_PER_TASK);
             for t in split(p.n_head * blocks, ctx.ith, ctx.nth) {
                 let (h, b) = (t / blocks, t % blocks);
                 for i in b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(p.n_q) {
-                    // SAFETY: this thread's scratch; dst row (h, i) belongs to task t only.
+                    // SAFETY: this thread's scratch; dst row (h, i) belongs to task t only; the
+                    // lists are complete.
                     unsafe {
-                        let (st, acc) = p.row_chunk(&prm, h, i, 0, p.n_kv, work, base);
+                        let cells = p.list(i, work, lists_off);
+                        let (st, acc) = p.row_chunk(&prm, h, i, 0, p.n_kv, cells, work, base);
                         p.finish_row(node.dst, h, i, st, acc);
                     }
                 }
@@ -258,8 +314,9 @@ pub(crate) fn compute(
                 unsafe {
                     let part = work.f32s(pbase + 4 * (h * chunks + c) * pstride, pstride);
                     if c0 < p.n_kv {
-                        let (st, acc) =
-                            p.row_chunk(&prm, h, 0, c0, (c0 + cs).min(p.n_kv), work, base);
+                        let cells = p.list(0, work, lists_off);
+                        let c1 = (c0 + cs).min(p.n_kv);
+                        let (st, acc) = p.row_chunk(&prm, h, 0, c0, c1, cells, work, base);
                         part[0] = st.m;
                         part[1] = st.s;
                         part[2..].copy_from_slice(acc);
@@ -325,6 +382,7 @@ impl FlashPlan {
         i: usize,
         c0: usize,
         c1: usize,
+        cells: Option<&[u32]>,
         work: Work,
         base: usize,
     ) -> (RowState, &'a mut [f32]) {
@@ -352,11 +410,7 @@ impl FlashPlan {
                 acc.fill(0.0);
             }
             let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-            for (ic, &mraw) in mrow.iter().enumerate().take(c1).skip(c0) {
-                let mv = slope * mask_value(mraw);
-                if mv == f32::NEG_INFINITY {
-                    continue;
-                }
+            let mut cell = |ic: usize, mv: f32| {
                 let mut sc = self.kq_dot(self.k.row(ic, hkv, 0), qc) * prm.scale;
                 if prm.softcap != 0.0 {
                     sc = prm.softcap * sc.tanh();
@@ -383,6 +437,26 @@ impl FlashPlan {
                     fattn::mad_f32(acc, vrow, vs);
                 }
                 s = s.mul_add(ms, vs);
+            };
+            match cells {
+                // The row's unmasked cells, in order: the same visits without scanning the
+                // cells of other sequences.
+                Some(list) => {
+                    let lo = list.partition_point(|&c| (c as usize) < c0);
+                    let hi = list.partition_point(|&c| (c as usize) < c1);
+                    for &ic in &list[lo..hi] {
+                        let ic = ic as usize;
+                        cell(ic, slope * mask_value(mrow[ic]));
+                    }
+                }
+                None => {
+                    for (ic, &mraw) in mrow.iter().enumerate().take(c1).skip(c0) {
+                        let mv = slope * mask_value(mraw);
+                        if mv != f32::NEG_INFINITY {
+                            cell(ic, mv);
+                        }
+                    }
+                }
             }
             if v16 {
                 for (a, &hv) in acc.iter_mut().zip(acc16.iter()) {
