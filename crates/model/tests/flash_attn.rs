@@ -181,3 +181,48 @@ fn cache_settings_that_cannot_work_are_refused() {
     assert_eq!("off".parse::<FlashAttn>().unwrap(), FlashAttn::Off);
     assert!("maybe".parse::<FlashAttn>().is_err());
 }
+
+/// A quantized cache takes the bytes of its type: for each layer K and V rows of whole blocks
+/// (llama.cpp's sizes: q8_0 is 34/64 of f16, q4_0 18/64).
+#[test]
+fn quantized_caches_take_their_types_bytes() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/archs/mistral3-dense.gguf"
+    );
+    let model = Arc::new(Model::load(path, cpu()).unwrap());
+    let hp = model.hparams.clone();
+    let n_ctx = 256;
+    let bytes = |t: DType| {
+        let ctx = Context::new(
+            model.clone(),
+            ContextParams {
+                n_ctx,
+                type_k: t,
+                type_v: t,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        ctx.kv_cache().buffer(0).unwrap().size()
+    };
+    let expected = |t: DType| -> usize {
+        (0..hp.n_layer as usize)
+            .map(|il| {
+                let row = |n: u32| t.row_size(u64::from(n)).unwrap() as usize * n_ctx;
+                row(hp.n_embd_k_gqa(il)).next_multiple_of(64)
+                    + row(hp.n_embd_v_gqa(il)).next_multiple_of(64)
+            })
+            .sum()
+    };
+    for t in [
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::IQ4_NL,
+        DType::BF16,
+    ] {
+        assert_eq!(bytes(t), expected(t), "{t}");
+    }
+    assert_eq!(bytes(DType::Q8_0) * 64, bytes(DType::F16) * 34);
+}
