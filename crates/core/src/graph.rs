@@ -379,6 +379,43 @@ pub enum GraphError {
     Tensor(#[from] TensorError),
 }
 
+/// The shapes attention over a cache needs: q `[head_k, n_tokens, n_head]`, k `[head_k, n_kv,
+/// n_head_kv]`, v with its cell axis `v_kv_axis` (0 when stored transposed, 1 as rows) and
+/// `n_head_kv` heads, a mask `[n_kv, >= n_tokens]`, all 3-D, heads sharing KV heads evenly,
+/// packed rows (q's as `q_ok` says).
+fn check_attention_shapes(
+    op: &'static str,
+    [lq, lk, lv, lm]: [Layout; 4],
+    v_kv_axis: usize,
+    q_ok: bool,
+) -> Result<(), GraphError> {
+    let (head_k, n_tokens, n_head) = (lq.ne[0], lq.ne[1], lq.ne[2]);
+    let (n_kv, n_head_kv) = (lk.ne[1], lk.ne[2]);
+    let ok = lk.ne[0] == head_k
+        && lv.ne[v_kv_axis] == n_kv
+        && lv.ne[2] == n_head_kv
+        && n_head_kv != 0
+        && n_head.is_multiple_of(n_head_kv)
+        && [lq, lk, lv, lm].iter().all(|l| l.ne[3] == 1)
+        && lm.ne[0] == n_kv
+        && lm.ne[1] >= n_tokens
+        && lm.ne[2] == 1
+        && q_ok
+        && lk.rows_packed()
+        && lv.rows_packed()
+        && lm.rows_packed();
+    if ok {
+        return Ok(());
+    }
+    Err(shape_err(
+        op,
+        format!(
+            "q {:?}, k {:?}, v {:?}, mask {:?}",
+            lq.ne, lk.ne, lv.ne, lm.ne
+        ),
+    ))
+}
+
 fn shape_err(op: &'static str, detail: impl Into<String>) -> GraphError {
     GraphError::Shape {
         op,
@@ -1033,32 +1070,9 @@ impl Graph {
                 dtype: lm.dtype,
             });
         }
-        let (head_k, n_tokens, n_head) = (lq.ne[0], lq.ne[1], lq.ne[2]);
-        let (n_kv, n_head_kv) = (lk.ne[1], lk.ne[2]);
-        if lk.ne[0] != head_k
-            || lv.ne[0] != n_kv
-            || lv.ne[2] != n_head_kv
-            || n_head_kv == 0
-            || n_head % n_head_kv != 0
-            || lq.ne[3] != 1
-            || lk.ne[3] != 1
-            || lv.ne[3] != 1
-            || lm.ne[0] != n_kv
-            || lm.ne[1] < n_tokens
-            || lm.ne[2] != 1
-            || lm.ne[3] != 1
-            || !lk.rows_packed()
-            || !lv.rows_packed()
-            || !lm.rows_packed()
-        {
-            return Err(shape_err(
-                "ATTENTION",
-                format!(
-                    "q {:?}, k {:?}, v {:?}, mask {:?}",
-                    lq.ne, lk.ne, lv.ne, lm.ne
-                ),
-            ));
-        }
+        // V is `[n_kv, head_v, n_head_kv]` here (stored transposed).
+        check_attention_shapes("ATTENTION", [lq, lk, lv, lm], 0, true)?;
+        let (n_tokens, n_head) = (lq.ne[1], lq.ne[2]);
         let layout = Layout::contiguous(DType::F32, &[lv.ne[1], n_head, n_tokens])?;
         self.node(
             layout,
@@ -1102,34 +1116,12 @@ impl Graph {
                 });
             }
         }
-        let (head_k, n_tokens, n_head) = (lq.ne[0], lq.ne[1], lq.ne[2]);
-        let (n_kv, n_head_kv) = (lk.ne[1], lk.ne[2]);
-        if lk.ne[0] != head_k
-            || lv.ne[1] != n_kv
-            || lv.ne[2] != n_head_kv
-            || n_head_kv == 0
-            || n_head % n_head_kv != 0
-            || lq.ne[3] != 1
-            || lk.ne[3] != 1
-            || lv.ne[3] != 1
-            || lm.ne[0] != n_kv
-            || lm.ne[1] < n_tokens
-            || lm.ne[2] != 1
-            || lm.ne[3] != 1
-            || !lq.rows_packed()
-            || !lk.rows_packed()
-            || !lv.rows_packed()
-            || !lm.rows_packed()
-            || kv_chunks == 0
-        {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "q {:?}, k {:?}, v {:?}, mask {:?}, {kv_chunks} chunks",
-                    lq.ne, lk.ne, lv.ne, lm.ne
-                ),
-            ));
+        // V is `[head_v, n_kv, n_head_kv]` here (rows).
+        check_attention_shapes(OP, [lq, lk, lv, lm], 1, lq.rows_packed())?;
+        if kv_chunks == 0 {
+            return Err(shape_err(OP, "zero KV chunks"));
         }
+        let (n_tokens, n_head) = (lq.ne[1], lq.ne[2]);
         let layout = Layout::contiguous(DType::F32, &[lv.ne[0], n_head, n_tokens])?;
         self.node(
             layout,
