@@ -83,6 +83,7 @@ CASES += [
     ("fa-kq8_0-vf16-p20",   True,  "q8_0", "f16", 2,  20, 6),
     ("nofa-kq8_0-vf16-p20", False, "q8_0", "f16", 2,  20, 6),  # quantized K without FA
     ("nofa-f16-p100",       False, "f16",  "f16", 2, 100, 8),  # standard path, a control
+    ("nofa-bf16-p70",       False, "bf16", "bf16", 2, 70, 6),  # bf16 cache without FA (tinyBLAS bf16)
 ]
 N_CTX, N_UBATCH = 1024, 512
 

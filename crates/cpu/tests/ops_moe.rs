@@ -698,11 +698,11 @@ fn mul_mat_id_all_types() {
 
 /// Whether ggml-cpu's `mul_mat` of `n` activation rows uses the same per-output arithmetic as
 /// `mul_mat_id` of the same rows (else `mul_mat` of one row at a time does): tinyBLAS (f32,
-/// f16, IQ4_NL) and the repacked Q4_K gemm are `mul_mat`-only.
+/// f16, bf16, IQ4_NL) and the repacked Q4_K gemm are `mul_mat`-only.
 fn mul_mat_batch_matches_id(dtype: DType, m: usize) -> bool {
     let repacked = m.is_multiple_of(8);
     match dtype {
-        DType::F32 | DType::F16 => false,
+        DType::F32 | DType::F16 | DType::BF16 => false,
         // not repacked: tinyBLAS in mul_mat, vec_dot in mul_mat_id
         DType::IQ4_NL => repacked,
         // repacked: gemm for groups of 4 rows in mul_mat, gemv only in mul_mat_id

@@ -202,11 +202,6 @@ impl Context {
             FlashAttn::Off => false,
             FlashAttn::On | FlashAttn::Auto => true,
         };
-        if !flash_attn && (params.type_k == DType::BF16 || params.type_v == DType::BF16) {
-            return Err(ModelError::BadParams(
-                "a bf16 KV cache needs flash attention here (-fa on or auto)".into(),
-            ));
-        }
         params.flash_attn = if flash_attn {
             FlashAttn::On
         } else {

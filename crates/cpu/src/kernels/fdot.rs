@@ -67,6 +67,28 @@ pub fn tinyblas_dot_f16_scalar(k: usize, a: &[u8], b: &[u8]) -> f32 {
     hsum8(&acc)
 }
 
+/// tinyBLAS's per-output arithmetic for bf16 rows (little-endian bytes) of `k` values: one
+/// 8-lane FMA accumulator over whole groups of 8, then `hsum` (bf16 widens exactly, so the
+/// scalar loop below is every tier's arithmetic; LLVM vectorizes the lanes).
+pub fn tinyblas_dot_bf16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    let (a, b) = (&a[..2 * k], &b[..2 * k]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA present; slices hold `k` bf16 values.
+        return unsafe { avx2::tinyblas_bf16(k, a, b) };
+    }
+    let bf = |x: &[u8], i: usize| {
+        f32::from_bits(u32::from(u16::from_le_bytes([x[2 * i], x[2 * i + 1]])) << 16)
+    };
+    let mut acc = [0f32; 8];
+    for l in (0..k / 8 * 8).step_by(8) {
+        for i in 0..8 {
+            acc[i] = bf(a, l + i).mul_add(bf(b, l + i), acc[i]);
+        }
+    }
+    hsum8(&acc)
+}
+
 /// `ggml_vec_dot_f32` (AVX2 build).
 pub fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
     let (x, y) = (&x[..n], &y[..n]);
@@ -169,6 +191,25 @@ mod avx2 {
             for l in (0..k / 8 * 8).step_by(8) {
                 let va = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(2 * l) as *const __m128i));
                 let vb = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(2 * l) as *const __m128i));
+                acc = _mm256_fmadd_ps(va, vb, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tinyblas_bf16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+        // SAFETY: the slices hold `k` bf16 values; loads stay below `k / 8 * 8`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            // No closure for the loads: it would not inherit the target features.
+            for l in (0..k / 8 * 8).step_by(8) {
+                let va = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                    _mm_loadu_si128(a.as_ptr().add(2 * l) as *const __m128i),
+                )));
+                let vb = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                    _mm_loadu_si128(b.as_ptr().add(2 * l) as *const __m128i),
+                )));
                 acc = _mm256_fmadd_ps(va, vb, acc);
             }
             hsum_float_8(acc)

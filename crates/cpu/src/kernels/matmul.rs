@@ -12,11 +12,13 @@
 //! 3. Else llamafile's tinyBLAS when it accepts the product: f32 (activations contiguous) and,
 //!    after converting activations to f16, f16 weights when `n >= 2`, `k % 8 == 0`,
 //!    `m % 4 == 0`; Q8_0/Q4_0/Q5_0/IQ4_NL weights when `n >= 2` (one FMA chain per output, the
-//!    same arithmetic as `ggml_vec_dot_*` except for IQ4_NL).
+//!    same arithmetic as `ggml_vec_dot_*` except for IQ4_NL); bf16 weights (activations
+//!    converted to bf16) under the same conditions as f16 (`tinyBLAS<8, __m256, __m256,
+//!    ggml_bf16_t, …>`).
 //! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
 //!
-//! Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, NVFP4, BF16): `plan`
-//! returns `None`.
+//! Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, NVFP4): `plan` returns
+//! `None`.
 //!
 //! `ggml_compute_forward_mul_mat_id` picks differently (no tinyBLAS, gemv only for repacked
 //! experts): see [`MatMul::plan_id`].
@@ -32,6 +34,7 @@ use super::{fdot, quantize, repack};
 enum ActKind {
     F32,
     F16,
+    Bf16,
     Q8_0,
     Q8_1,
     Q8K,
@@ -45,6 +48,8 @@ enum DotKind {
     VecF32,
     TinyF16,
     VecF16,
+    TinyBf16,
+    VecBf16,
     /// A quantized row·row kernel (also tinyBLAS_Q0 where it shares the arithmetic).
     Quant(DotFn),
     /// tinyBLAS_Q0 for IQ4_NL (one FMA chain, unlike `ggml_vec_dot_iq4_nl_q8_0`).
@@ -108,6 +113,14 @@ impl MatMul {
                     DotKind::TinyF16
                 } else {
                     DotKind::VecF16
+                },
+            ),
+            DType::BF16 => simple(
+                ActKind::Bf16,
+                if tiny_f {
+                    DotKind::TinyBf16
+                } else {
+                    DotKind::VecBf16
                 },
             ),
             DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => MatMul {
@@ -176,6 +189,7 @@ impl MatMul {
         Some(match weight {
             DType::F32 => simple(ActKind::F32, DotKind::VecF32),
             DType::F16 => simple(ActKind::F16, DotKind::VecF16),
+            DType::BF16 => simple(ActKind::Bf16, DotKind::VecBf16),
             DType::Q4_K if repacked && repack::q4_k_repacked(m) => {
                 simple(ActKind::Q8K, DotKind::Q4KRepack)
             }
@@ -215,6 +229,7 @@ impl MatMul {
         match self.act {
             ActKind::F32 => DType::F32,
             ActKind::F16 => DType::F16,
+            ActKind::Bf16 => DType::BF16,
             ActKind::Q8_0 => DType::Q8_0,
             ActKind::Q8_1 => DType::Q8_1,
             ActKind::Q8K | ActKind::Q8KRepack => DType::Q8_K,
@@ -248,6 +263,11 @@ impl MatMul {
                     }
                 }
             }
+            ActKind::Bf16 => {
+                for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                    o.copy_from_slice(&lamina_core::quant::f32_to_bf16(v).to_bits().to_le_bytes());
+                }
+            }
             ActKind::Q8_0 => quantize::quantize_row_q8_0(x, out),
             ActKind::Q8_1 => quantize::quantize_row_q8_1(x, out),
             ActKind::Q8K => quantize::quantize_row_q8_k(x, out),
@@ -270,6 +290,8 @@ impl MatMul {
             DotKind::VecF32 => fdot::vec_dot_f32(k, as_f32(w), as_f32(act)),
             DotKind::TinyF16 => fdot::tinyblas_dot_f16(k, w, act),
             DotKind::VecF16 => fdot::vec_dot_f16(k, w, act),
+            DotKind::TinyBf16 => fdot::tinyblas_dot_bf16(k, w, act),
+            DotKind::VecBf16 => super::fattn::vec_dot_bf16(k, w, act),
             DotKind::Quant(f) => f(k, w, act),
             DotKind::TinyIq4Nl => dot::dot_iq4_nl_tinyblas(k, w, act),
             DotKind::Q4KRepack => {
@@ -368,7 +390,7 @@ impl MatMul {
     /// would make llama.cpp's output NaN where this one stays finite.
     pub fn trimmed_k(&self, k: usize, acts: &[&[u8]]) -> usize {
         let (elem, zero_mask): (usize, u64) = match self.kind {
-            DotKind::TinyF16 => (2, 0x7fff_7fff_7fff_7fff),
+            DotKind::TinyF16 | DotKind::TinyBf16 => (2, 0x7fff_7fff_7fff_7fff),
             DotKind::TinyF32 => (4, 0x7fff_ffff_7fff_ffff),
             _ => return k,
         };
@@ -402,6 +424,8 @@ impl MatMul {
             DotKind::VecF32 => fdot::vec_dot_f32_scalar(k, as_f32(w), as_f32(act)),
             DotKind::TinyF16 => fdot::tinyblas_dot_f16_scalar(k, w, act),
             DotKind::VecF16 => fdot::vec_dot_f16_scalar(k, w, act),
+            DotKind::TinyBf16 => fdot::tinyblas_dot_bf16(k, w, act),
+            DotKind::VecBf16 => super::fattn::vec_dot_bf16(k, w, act),
             DotKind::Quant(f) => match dot::scalar_dot_fn(self.weight) {
                 Some(s) => s(k, w, act),
                 None => f(k, w, act),
@@ -436,7 +460,7 @@ impl MatMul {
                 repack::scalar::quantize_row_q8_k_4x8(x, out)
             }
             ActKind::Q8KRepack => quantize::quantize_row_q8_k_scalar(x, out),
-            ActKind::F32 | ActKind::F16 => self.convert_act(j, x, out),
+            ActKind::F32 | ActKind::F16 | ActKind::Bf16 => self.convert_act(j, x, out),
         }
     }
 }
