@@ -51,6 +51,22 @@ impl TView {
         unsafe { std::slice::from_raw_parts(self.at([0, i1, i2, i3]), self.l.row_bytes()) }
     }
 
+    /// The bytes from row `(0, i2, 0)` to the end of row `(n1 - 1, i2, 0)` (rows along dim 1
+    /// at stride `nb[1]`), for kernels that step through rows themselves.
+    ///
+    /// # Safety
+    /// As [`TView::row`], for all `n1` rows.
+    #[inline]
+    pub unsafe fn row_span<'a>(&self, i2: usize, n1: usize) -> &'a [u8] {
+        let len = if n1 == 0 {
+            0
+        } else {
+            (n1 - 1) * self.l.nb[1] + self.l.row_bytes()
+        };
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.at([0, 0, i2, 0]), len) }
+    }
+
     /// Mutable bytes of packed row `(i1, i2, i3)`.
     ///
     /// # Safety

@@ -409,6 +409,47 @@ impl FlashPlan {
             } else {
                 acc.fill(0.0);
             }
+            let kf16 = self.k.l.dtype == DType::F16;
+            if v16 && kf16 && prm.softcap == 0.0 {
+                // The common case, with the accumulator in registers (same bits).
+                let row = fattn::F16Row {
+                    k: self.k.row_span(hkv, self.n_kv),
+                    k_stride: self.k.l.nb[1],
+                    v: self.v.row_span(hkv, self.n_kv),
+                    v_stride: self.v.l.nb[1],
+                    dk,
+                    dv,
+                    q: &qc[..2 * dk],
+                    scale: prm.scale,
+                    softcap: prm.softcap,
+                };
+                let done = match cells {
+                    Some(list) => {
+                        let lo = list.partition_point(|&c| (c as usize) < c0);
+                        let hi = list.partition_point(|&c| (c as usize) < c1);
+                        let mut it = list[lo..hi].iter().map(|&ic| {
+                            let ic = ic as usize;
+                            (ic, slope * mask_value(mrow[ic]))
+                        });
+                        fattn::f16_row_online(&row, &mut it, acc)
+                    }
+                    None => {
+                        let mut it = mrow[c0..c1]
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &mraw)| (c0 + j, slope * mask_value(mraw)))
+                            .filter(|&(_, mv)| mv != f32::NEG_INFINITY);
+                        fattn::f16_row_online(&row, &mut it, acc)
+                    }
+                };
+                if let Some((m, s)) = done {
+                    let mut st = RowState { m, s };
+                    if c0 == 0 {
+                        self.apply_sink(h, &mut st, acc);
+                    }
+                    return (st, acc);
+                }
+            }
             let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
             let mut cell = |ic: usize, mv: f32| {
                 let mut sc = self.kq_dot(self.k.row(ic, hkv, 0), qc) * prm.scale;

@@ -104,6 +104,49 @@ fn gemm_acc_impl(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usi
     }
 }
 
+/// One query row of the per-row flash-attention path for f16 K and V (`_one_chunk` with its
+/// f16 accumulator): the cells to visit with their mask values, the converted f16 query, and
+/// where K and V rows start.
+pub struct F16Row<'a> {
+    /// Cell 0's K row of this KV head, and the byte stride between cells.
+    pub k: &'a [u8],
+    pub k_stride: usize,
+    pub v: &'a [u8],
+    pub v_stride: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// The query as f16 bytes (`dk` values).
+    pub q: &'a [u8],
+    /// The score scale (already divided by the cap when soft-capping).
+    pub scale: f32,
+    pub softcap: f32,
+}
+
+/// Runs [`F16Row`]'s online softmax over `cells` (`(cell, mask value)`, masked cells left out),
+/// writing the unnormalized output (the f16 accumulator, widened) to `out` (`dv` values) and
+/// returning `(M, S)`, or `None` when this machine or `dv` has no register-resident kernel
+/// (the caller then runs the generic loop, which gives the same bits).
+pub fn f16_row_online(
+    r: &F16Row<'_>,
+    cells: &mut dyn Iterator<Item = (usize, f32)>,
+    out: &mut [f32],
+) -> Option<(f32, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; the rows are bounds-checked per cell inside.
+        return unsafe {
+            match r.dv {
+                64 => Some(avx2::f16_row_online::<8>(r, cells, out)),
+                128 => Some(avx2::f16_row_online::<16>(r, cells, out)),
+                256 => Some(avx2::f16_row_online::<32>(r, cells, out)),
+                _ => None,
+            }
+        };
+    }
+    let _ = (r, cells, out);
+    None
+}
+
 /// f16 values (little-endian bytes) to f32 (exact).
 pub fn f16_row_to_f32(x: &[u8], out: &mut [f32]) {
     let x = &x[..2 * out.len()];
@@ -202,6 +245,64 @@ mod avx2 {
         for (o, &xv) in y.iter_mut().zip(x) {
             *o = xv.mul_add(v, *o);
         }
+    }
+
+    /// [`super::f16_row_online`] with the accumulator held as `NV` vectors of f32 values that
+    /// are always exactly f16 (each step rounds through `vcvtps2ph`, as ggml's store does), so
+    /// no accumulator round trip goes through memory.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_row_online<const NV: usize>(
+        r: &super::F16Row<'_>,
+        cells: &mut dyn Iterator<Item = (usize, f32)>,
+        out: &mut [f32],
+    ) -> (f32, f32) {
+        #[inline(always)]
+        unsafe fn round16(x: __m256) -> __m256 {
+            // SAFETY: register-only; F16C enabled by the caller.
+            unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)) }
+        }
+        let mut acc = [_mm256_setzero_ps(); NV];
+        let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+        for (ic, mv) in cells {
+            let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
+            let vrow = &r.v[ic * r.v_stride..][..2 * NV * 8];
+            // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
+            let mut sc =
+                unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) } * r.scale;
+            if r.softcap != 0.0 {
+                sc = r.softcap * sc.tanh();
+            }
+            sc += mv;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            // SAFETY (both blocks): register arithmetic, and loads of 8 f16 values at
+            // `8 * j < 8 * NV = dv` within `vrow`.
+            if sc > m {
+                let m_old = m;
+                m = sc;
+                ms = (m_old - m).exp();
+                let vms = _mm256_set1_ps(ms);
+                for a in acc.iter_mut() {
+                    *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+                }
+            } else {
+                vs = (sc - m).exp();
+            }
+            let vvs = _mm256_set1_ps(vs);
+            for (j, a) in acc.iter_mut().enumerate() {
+                unsafe {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(
+                        vrow.as_ptr().add(16 * j) as *const __m128i
+                    ));
+                    *a = round16(_mm256_fmadd_ps(x, vvs, *a));
+                }
+            }
+            s = s.mul_add(ms, vs);
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: `out` holds `dv = 8 * NV` values.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *a) };
+        }
+        (m, s)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -150,7 +150,7 @@ pub fn vec_dot_f16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use crate::kernels::x86::hsum_float_8;
     use std::arch::x86_64::*;
 
@@ -238,6 +238,7 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
         // SAFETY: the slices hold `n` f16 values; vector loads stay below `n & !31`.
         unsafe {
