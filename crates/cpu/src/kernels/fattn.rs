@@ -175,6 +175,17 @@ pub fn f32_row_to_f16(x: &[f32], out: &mut [u8]) {
 
 /// `ggml_vec_dot_bf16` (AVX2 build) of `n` bf16 values (little-endian bytes).
 pub fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (&x[..2 * n], &y[..2 * n]);
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA present; the slices hold `n` bf16 values.
+        return unsafe { avx2::vec_dot_bf16(n, x, y) };
+    }
+    vec_dot_bf16_scalar(n, x, y)
+}
+
+/// Scalar [`vec_dot_bf16`].
+pub fn vec_dot_bf16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let bf = |b: &[u8], i: usize| {
         f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
     };
@@ -303,6 +314,43 @@ mod avx2 {
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *a) };
         }
         (m, s)
+    }
+
+    /// `ggml_vec_dot_bf16`'s AVX2 branch: four 8-lane FMA accumulators over steps of 32,
+    /// `(c1 + c3) + (c2 + c4)`, `hsum_float_8`, the leftovers in `double`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        let np = n / 32 * 32;
+        let mut sumf = 0f64;
+        // SAFETY: loads of 8 values at offsets below `np <= n`; the slices hold `n` values.
+        unsafe {
+            if np > 0 {
+                let mut c = [_mm256_setzero_ps(); 4];
+                for i in (0..np).step_by(32) {
+                    for (j, cj) in c.iter_mut().enumerate() {
+                        let e = i + 8 * j;
+                        let vx =
+                            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                                _mm_loadu_si128(x.as_ptr().add(2 * e) as *const __m128i),
+                            )));
+                        let vy =
+                            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                                _mm_loadu_si128(y.as_ptr().add(2 * e) as *const __m128i),
+                            )));
+                        *cj = _mm256_fmadd_ps(vx, vy, *cj);
+                    }
+                }
+                let t = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+                sumf += f64::from(crate::kernels::x86::hsum_float_8(t));
+            }
+        }
+        let bf = |b: &[u8], i: usize| {
+            f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
+        };
+        for i in np..n {
+            sumf += f64::from(bf(x, i) * bf(y, i));
+        }
+        sumf as f32
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -480,6 +528,23 @@ mod tests {
         scale_f16(&mut y1, 0.377);
         scale_f16_scalar(&mut y2, 0.377);
         assert_eq!(y1, y2);
+
+        let bf16s = |f: fn(f32) -> f32| -> Vec<u8> {
+            (0..77)
+                .flat_map(|i| {
+                    let b = lamina_core::quant::f32_to_bf16(f(i as f32 * 0.37)).to_bits();
+                    b.to_le_bytes()
+                })
+                .collect()
+        };
+        let (xb, yb) = (bf16s(f32::sin), bf16s(f32::cos));
+        for n in [0, 5, 32, 64, 77] {
+            assert_eq!(
+                vec_dot_bf16(n, &xb, &yb).to_bits(),
+                vec_dot_bf16_scalar(n, &xb, &yb).to_bits(),
+                "bf16 dot of {n}"
+            );
+        }
 
         let (m, k, n) = (5, 7, 19 + 64);
         let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
