@@ -148,10 +148,10 @@ impl FlashPlan {
         })
     }
 
-    /// One thread's scratch for the rows path: the converted query row, the f32 query row,
+    /// One thread's scratch for the rows path: the converted query row,
     /// the f32 accumulator, a dequantized V row and the f16 accumulator.
     fn rows_scratch(&self) -> usize {
-        self.q_row + (4 * self.dk + 8 * self.dv + 2 * self.dv).next_multiple_of(64)
+        self.q_row + (8 * self.dv + 2 * self.dv).next_multiple_of(64)
     }
 
     /// One thread's scratch for the tiled path: Q tile, scores, mask, accumulators, V tile,
@@ -393,14 +393,13 @@ impl FlashPlan {
             let qc = work.bytes(base, self.q_row);
             let fbase = base + self.q_row;
             let acc = work.f32s(fbase, dv);
-            let qf = work.f32s(fbase + 4 * dv, dk);
-            let vrow = work.f32s(fbase + 4 * (dv + dk), dv);
+            let vrow = work.f32s(fbase + 4 * dv, dv);
             let acc16: &mut [u16] = {
-                let b = work.bytes(fbase + 4 * (2 * dv + dk), 2 * dv);
+                let b = work.bytes(fbase + 8 * dv, 2 * dv);
                 std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut u16, dv)
             };
-            let x = src_row_f32(&self.q, i, h, qf);
-            self.convert_q(x, qc);
+            // SAFETY: q is f32 with packed rows (checked when the graph was built).
+            self.convert_q(&self.q.row_f32(i, h, 0)[..dk], qc);
             let slope = alibi_slope(prm.max_bias, h, self.n_head);
             let mrow = self.mask.row_f32(i, 0, 0);
             let v16 = self.v.l.dtype == DType::F16;
@@ -610,7 +609,7 @@ impl FlashPlan {
             let mut s = [0f32; TILE_Q];
             acc[..rows * dv].fill(0.0);
             for tq in 0..rows {
-                src_row_f32(&self.q, i0 + tq, h, &mut qt[tq * dk..(tq + 1) * dk]);
+                copy_q_row(&self.q, i0 + tq, h, &mut qt[tq * dk..(tq + 1) * dk]);
             }
             kt.fill(0.0);
             vt.fill(0.0);
@@ -724,8 +723,8 @@ fn v_to_f32(dtype: DType, row: &[u8], out: &mut [f32]) {
     match dtype {
         DType::F32 => out.copy_from_slice(&as_f32(row)[..out.len()]),
         DType::BF16 => {
-            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
-                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = kernels::bf16s(row, i);
             }
         }
         _ => {
@@ -743,11 +742,11 @@ fn as_f32(b: &[u8]) -> &[f32] {
     mid
 }
 
-/// Query row `(i, h)` as f32: borrowed when packed, else gathered into `buf`.
+/// Copies query row `(i, h)` (f32) into `buf` (a tile's row).
 ///
 /// # Safety
 /// The row is in range and not written during the node.
-unsafe fn src_row_f32<'a>(q: &TView, i: usize, h: usize, buf: &'a mut [f32]) -> &'a [f32] {
+unsafe fn copy_q_row<'a>(q: &TView, i: usize, h: usize, buf: &'a mut [f32]) -> &'a [f32] {
     // SAFETY: q is f32 with packed rows (checked when the graph was built).
     let r = unsafe { q.row_f32(i, h, 0) };
     buf[..r.len()].copy_from_slice(r);

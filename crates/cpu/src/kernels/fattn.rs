@@ -186,16 +186,13 @@ pub fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// Scalar [`vec_dot_bf16`].
 pub fn vec_dot_bf16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let bf = |b: &[u8], i: usize| {
-        f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
-    };
     let np = n / 32 * 32;
     let mut c = [[0f32; 8]; 4];
     for i in (0..np).step_by(32) {
         for (j, cj) in c.iter_mut().enumerate() {
             for l in 0..8 {
                 let e = i + 8 * j + l;
-                cj[l] = bf(x, e).mul_add(bf(y, e), cj[l]);
+                cj[l] = super::bf16s(x, e).mul_add(super::bf16s(y, e), cj[l]);
             }
         }
     }
@@ -208,7 +205,7 @@ pub fn vec_dot_bf16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
         sumf += f64::from(super::hsum8(&t));
     }
     for i in np..n {
-        sumf += f64::from(bf(x, i) * bf(y, i));
+        sumf += f64::from(super::bf16s(x, i) * super::bf16s(y, i));
     }
     sumf as f32
 }
@@ -344,11 +341,8 @@ mod avx2 {
                 sumf += f64::from(crate::kernels::x86::hsum_float_8(t));
             }
         }
-        let bf = |b: &[u8], i: usize| {
-            f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
-        };
         for i in np..n {
-            sumf += f64::from(bf(x, i) * bf(y, i));
+            sumf += f64::from(super::super::bf16s(x, i) * super::super::bf16s(y, i));
         }
         sumf as f32
     }

@@ -77,13 +77,10 @@ pub fn tinyblas_dot_bf16(k: usize, a: &[u8], b: &[u8]) -> f32 {
         // SAFETY: AVX2/FMA present; slices hold `k` bf16 values.
         return unsafe { avx2::tinyblas_bf16(k, a, b) };
     }
-    let bf = |x: &[u8], i: usize| {
-        f32::from_bits(u32::from(u16::from_le_bytes([x[2 * i], x[2 * i + 1]])) << 16)
-    };
     let mut acc = [0f32; 8];
     for l in (0..k / 8 * 8).step_by(8) {
         for i in 0..8 {
-            acc[i] = bf(a, l + i).mul_add(bf(b, l + i), acc[i]);
+            acc[i] = super::bf16s(a, l + i).mul_add(super::bf16s(b, l + i), acc[i]);
         }
     }
     hsum8(&acc)

@@ -109,6 +109,12 @@ pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
 }
 
+/// bf16 value `i` of little-endian bytes `b`, widened to f32 (exact).
+#[inline(always)]
+pub(crate) fn bf16s(b: &[u8], i: usize) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
+}
+
 /// `GGML_CPU_FP32_TO_FP16` (F16C `vcvtps2ph` with round-to-nearest-even) as bits.
 #[inline(always)]
 pub fn fp32_to_fp16(x: f32) -> u16 {
