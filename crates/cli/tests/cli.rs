@@ -441,3 +441,61 @@ fn flash_attention_and_cache_type_flags() {
         assert!(stderr(&o).contains(message), "{extra:?}: {}", stderr(&o));
     }
 }
+
+/// `--grammar`, `--grammar-file`, `-j` and `-jf` constrain `lamina run` to llama.cpp's
+/// greedy text under the same constraint (tests/data/grammar_reference.json of the
+/// model crate); bad grammars and schemas are refused before the model loads.
+#[test]
+fn run_follows_grammars_and_schemas() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let path = path.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], prompt: &str, n: &str| {
+        let mut args = vec![
+            "run", "-m", path, "-p", prompt, "-n", n, "--temp", "0", "-t", "2",
+        ];
+        args.extend_from_slice(extra);
+        lamina(&args)
+    };
+    let yes_no = "root ::= (\"yes\" | \"no\") \", because \" [a-z ]+ \".\"";
+    let o = run(&["--grammar", yes_no], "Is the sky blue? Answer:", "32");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).trim_end(),
+        "Is the sky blue? Answer:yes, because the sky appears blue to human eyes."
+    );
+    let file = dir.path().join("g.gbnf");
+    std::fs::write(&file, yes_no).unwrap();
+    let o2 = run(
+        &["--grammar-file", file.to_str().unwrap()],
+        "Is the sky blue? Answer:",
+        "32",
+    );
+    assert_eq!(stdout(&o2), stdout(&o));
+
+    let schema = r#"{"type": "string", "pattern": "^\\([0-9]{3}\\) [0-9]{3}-[0-9]{4}$"}"#;
+    let o = run(&["-j", schema], "A phone number:", "20");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim_end(), "A phone number:\"(123) 456-7890\"");
+    let file = dir.path().join("s.json");
+    std::fs::write(&file, schema).unwrap();
+    let o2 = run(&["-jf", file.to_str().unwrap()], "A phone number:", "20");
+    assert_eq!(stdout(&o2), stdout(&o));
+
+    for (extra, message) in [
+        (&["--grammar", "root ::= (\"a\""][..], "line 1"),
+        (&["--grammar", "root ::= x"], "undefined rule 'x'"),
+        (&["-j", "{not json"], "not valid JSON"),
+        (&["-j", r##"{"$ref": "#/$defs/nope"}"##], "JSON schema"),
+        (
+            &["--grammar", "root ::= \"a\"", "-j", "{}"],
+            "cannot be used with",
+        ),
+    ] {
+        let o = run(extra, "x", "4");
+        assert!(!o.status.success(), "{extra:?}");
+        assert!(stderr(&o).contains(message), "{extra:?}: {}", stderr(&o));
+    }
+}

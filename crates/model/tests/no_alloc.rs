@@ -93,7 +93,7 @@ fn generate(model: Arc<Model>, warmup: usize, measured: usize) -> (usize, Vec<u3
             before = ALLOCATIONS.load(Ordering::SeqCst);
         }
         let next = chain.sample(ctx.last_logits().unwrap()).unwrap();
-        chain.accept(next);
+        chain.accept(next).unwrap();
         tokens.push(next);
         batch.clear();
         batch.push(next, (prompt.len() + step) as i32, 0, true);

@@ -5,6 +5,8 @@ use crate::SampleError;
 use crate::candidates::Candidates;
 use crate::params::{SamplerType, SamplingParams};
 use crate::samplers::{LogitBias, Penalties, Sampler, Xtc};
+use lamina_grammar::Matcher;
+use std::time::Instant;
 
 /// Logit bias, the configured stages in order, then `dist`.
 ///
@@ -16,6 +18,26 @@ pub struct SamplerChain {
     samplers: Vec<Sampler>,
     cur: Candidates,
     n_vocab: usize,
+    grammar: Option<Constraint>,
+}
+
+/// A grammar with its mask buffer and the cost it has had.
+#[derive(Clone, Debug)]
+struct Constraint {
+    matcher: Matcher,
+    mask: Vec<u64>,
+    stats: GrammarStats,
+}
+
+/// What constraining a generation cost: the sampled token was checked `checks` times
+/// and the full mask computed `masks` times (when the check failed), taking
+/// `mask_nanos` in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrammarStats {
+    pub checks: u64,
+    pub masks: u64,
+    pub check_nanos: u64,
+    pub mask_nanos: u64,
 }
 
 impl SamplerChain {
@@ -94,6 +116,7 @@ impl SamplerChain {
             samplers,
             cur: Candidates::with_capacity(n_vocab),
             n_vocab,
+            grammar: None,
         })
     }
 
@@ -106,8 +129,32 @@ impl SamplerChain {
         self.n_vocab
     }
 
+    /// Constrains every later `sample` by a grammar (`None` removes it). The matcher's
+    /// vocabulary must be this chain's.
+    pub fn set_grammar(&mut self, matcher: Option<Matcher>) {
+        self.grammar = matcher.map(|matcher| Constraint {
+            mask: vec![0; self.n_vocab.div_ceil(64)],
+            matcher,
+            stats: GrammarStats::default(),
+        });
+    }
+
+    pub fn grammar(&self) -> Option<&Matcher> {
+        self.grammar.as_ref().map(|g| &g.matcher)
+    }
+
+    /// The cost of the grammar so far (zero without one).
+    pub fn grammar_stats(&self) -> GrammarStats {
+        self.grammar.as_ref().map(|g| g.stats).unwrap_or_default()
+    }
+
     /// Runs the chain over `logits` (one per vocabulary entry) and returns the chosen
     /// token. NaN logits count as -inf. Does not accept the token.
+    ///
+    /// With a grammar this is `common_sampler_sample` with `grammar_first = false`:
+    /// the chain picks a token; if the grammar rejects it, the logits are masked by the
+    /// grammar and the whole chain runs again (drawing again from the RNG, as
+    /// llama.cpp's does).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.len() != self.n_vocab {
             return Err(SampleError::LogitsLen {
@@ -119,11 +166,53 @@ impl SamplerChain {
         for s in &mut self.samplers {
             s.apply(&mut self.cur);
         }
+        let id = self.cur.selected_token().ok_or(SampleError::NoSelection)?;
+        let Some(g) = self.grammar.as_mut() else {
+            return Ok(id);
+        };
+        let t0 = Instant::now();
+        let ok = g.matcher.is_allowed(id);
+        g.stats.checks += 1;
+        g.stats.check_nanos += t0.elapsed().as_nanos() as u64;
+        if ok {
+            return Ok(id);
+        }
+        let t0 = Instant::now();
+        g.matcher.fill_mask(&mut g.mask);
+        g.stats.masks += 1;
+        g.stats.mask_nanos += t0.elapsed().as_nanos() as u64;
+        if g.mask.iter().all(|&w| w == 0) {
+            return Err(SampleError::GrammarDeadEnd);
+        }
+        self.cur.fill_from_logits(logits);
+        for d in &mut self.cur.data {
+            if g.mask[d.id as usize / 64] >> (d.id % 64) & 1 == 0 {
+                d.logit = f32::NEG_INFINITY;
+            }
+        }
+        for s in &mut self.samplers {
+            s.apply(&mut self.cur);
+        }
         self.cur.selected_token().ok_or(SampleError::NoSelection)
     }
 
-    /// Records the emitted token in every stateful stage (penalty history).
-    pub fn accept(&mut self, token: u32) {
+    /// Records the emitted token in the grammar and in every stateful stage (penalty
+    /// history). Errors only when a grammar rejects the token (one the chain did not
+    /// sample, such as a forced one); the chain's state is then unchanged.
+    pub fn accept(&mut self, token: u32) -> Result<(), SampleError> {
+        if let Some(g) = self.grammar.as_mut() {
+            g.matcher.accept(token)?;
+        }
+        for s in &mut self.samplers {
+            s.accept(token);
+        }
+        Ok(())
+    }
+
+    /// Records a token the model was given rather than generated (the prompt) in the
+    /// stateful stages only, as `common_sampler_accept(.., is_generated = false)`: the
+    /// grammar constrains only what is generated.
+    pub fn accept_prompt(&mut self, token: u32) {
         for s in &mut self.samplers {
             s.accept(token);
         }
@@ -133,6 +222,9 @@ impl SamplerChain {
     pub fn reset(&mut self) {
         for s in &mut self.samplers {
             s.reset();
+        }
+        if let Some(g) = self.grammar.as_mut() {
+            g.matcher.reset();
         }
     }
 

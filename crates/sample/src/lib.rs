@@ -7,7 +7,10 @@
 //! [`SamplerChain`]), and the probability helpers the server's `n_probs`/`logprobs` need
 //! ([`top_probs`], [`token_prob`], [`SamplerChain::last_candidates`]). Given the same
 //! logits and seed it picks the same token as llama.cpp, up to the order of exactly tied
-//! logits. DRY, mirostat, grammar and infill are not implemented.
+//! logits. A grammar ([`lamina_grammar::Matcher`]) constrains the chain as
+//! llama.cpp's `common_sampler` does: the chain samples, and only if the grammar rejects
+//! that token are the logits masked and the chain run again. DRY, mirostat and infill
+//! are not implemented.
 
 mod candidates;
 mod chain;
@@ -34,4 +37,9 @@ pub enum SampleError {
     Unsupported(&'static str),
     #[error("the sampler chain selected no token (it must end in dist or greedy)")]
     NoSelection,
+    /// No token of the vocabulary can continue the grammar here.
+    #[error("the grammar allows no token here (dead end)")]
+    GrammarDeadEnd,
+    #[error(transparent)]
+    Grammar(#[from] lamina_grammar::MatchError),
 }

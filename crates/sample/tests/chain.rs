@@ -51,7 +51,7 @@ fn run_chain(
     for _ in 0..steps {
         logits.iter_mut().for_each(|l| *l = lcg.logit());
         let tok = chain.sample(&logits).unwrap();
-        chain.accept(tok);
+        chain.accept(tok).unwrap();
         out.push(tok);
     }
     out
@@ -169,7 +169,7 @@ fn seeded_runs_repeat_and_reset_replays() {
             .iter()
             .map(|l| {
                 let t = c.sample(l).unwrap();
-                c.accept(t);
+                c.accept(t).unwrap();
                 t
             })
             .collect()
@@ -355,13 +355,13 @@ fn steady_state_does_not_reallocate_candidates() {
     let mut logits = vec![0.0; 4096];
     logits.iter_mut().for_each(|l| *l = lcg.logit());
     let t = c.sample(&logits).unwrap();
-    c.accept(t);
+    c.accept(t).unwrap();
     let ptr = c.last_candidates().data.as_ptr();
     let cap = c.last_candidates().data.capacity();
     for _ in 0..50 {
         logits.iter_mut().for_each(|l| *l = lcg.logit());
         let t = c.sample(&logits).unwrap();
-        c.accept(t);
+        c.accept(t).unwrap();
         assert_eq!(c.last_candidates().data.as_ptr(), ptr);
         assert_eq!(c.last_candidates().data.capacity(), cap);
     }

@@ -4,6 +4,7 @@
 
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
+use lamina_grammar::json_schema::{SchemaOptions, json_schema_to_grammar};
 use lamina_sample::SamplingParams;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -248,18 +249,6 @@ impl GenRequest {
         if present(&self.functions) {
             return unsupported("functions", "function calling");
         }
-        if present(&self.grammar) {
-            return unsupported("grammar", "grammar-constrained sampling");
-        }
-        if present(&self.json_schema) {
-            return unsupported("json_schema", "schema-constrained sampling");
-        }
-        if let Some(rf) = &self.response_format {
-            let kind = rf.get("type").and_then(Value::as_str);
-            if !rf.is_null() && kind != Some("text") {
-                return unsupported("response_format", "a response_format other than text");
-            }
-        }
         if self.echo == Some(true) {
             return unsupported("echo", "echo");
         }
@@ -270,6 +259,91 @@ impl GenRequest {
             return unsupported("best_of", "best_of");
         }
         Ok(())
+    }
+
+    /// The output constraint as GBNF, from llama-server's fields: `grammar` (GBNF text)
+    /// or `json_schema` (a schema; `{}` means any object), and on chat completions
+    /// OpenAI's `response_format` (`json_object`, optionally with `schema`, or
+    /// `json_schema` with `json_schema.schema`). As llama-server: on the completion
+    /// endpoints `grammar` wins over `json_schema`; on chat both at once is an error.
+    pub fn grammar(&self, chat: bool, limits: &SchemaOptions) -> Result<Option<String>, ApiError> {
+        let grammar = match &self.grammar {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "grammar",
+                    "grammar must be a string",
+                ));
+            }
+        };
+        let mut schema = self.json_schema.clone().filter(|v| !v.is_null());
+        if chat {
+            if schema.is_some() && grammar.is_some() {
+                return Err(ApiError::bad_request(
+                    "Cannot use both json_schema and grammar",
+                ));
+            }
+            if let Some(rf) = self.response_format.as_ref().filter(|v| !v.is_null()) {
+                let Some(rf) = rf.as_object() else {
+                    return Err(ApiError::invalid_param(
+                        "response_format",
+                        "response_format must be an object",
+                    ));
+                };
+                match rf.get("type").and_then(Value::as_str).unwrap_or("") {
+                    "json_object" => {
+                        if rf.contains_key("schema") || schema.is_none() {
+                            schema = Some(
+                                rf.get("schema")
+                                    .cloned()
+                                    .unwrap_or(Value::Object(serde_json::Map::new())),
+                            );
+                        }
+                    }
+                    "json_schema" => {
+                        schema = Some(
+                            rf.get("json_schema")
+                                .and_then(|w| w.get("schema"))
+                                .cloned()
+                                .unwrap_or(Value::Object(serde_json::Map::new())),
+                        );
+                    }
+                    "" | "text" => {}
+                    other => {
+                        return Err(ApiError::invalid_param(
+                            "response_format",
+                            format!(
+                                "response_format type must be one of \"text\", \"json_object\" or \"json_schema\", but got: {other}"
+                            ),
+                        ));
+                    }
+                }
+            }
+        } else if grammar.is_some() {
+            schema = None;
+        }
+        let Some(mut schema) = schema else {
+            return Ok(grammar);
+        };
+        let param = if self.json_schema.as_ref().is_some_and(|v| !v.is_null()) {
+            "json_schema"
+        } else {
+            "response_format"
+        };
+        if let Some(obj) = schema.as_object_mut()
+            && obj.is_empty()
+        {
+            // An empty schema means any object.
+            obj.insert("type".into(), Value::String("object".into()));
+        }
+        json_schema_to_grammar(&schema, limits)
+            .map(Some)
+            .map_err(|e| {
+                ApiError::invalid_param(param, format!("invalid JSON schema: {e}"))
+                    .with_code("invalid_json_schema")
+            })
     }
 
     /// OpenAI's `max_completion_tokens` / `max_tokens` (also llama's `n_predict`): at

@@ -119,6 +119,11 @@ pub trait Engine: Send + 'static {
     /// The raw bytes of one token's text: possibly part of a UTF-8 character. Ids outside
     /// the vocabulary give an empty piece.
     fn token_to_piece(&self, token: Token) -> Vec<u8>;
+    /// A token's text with control tokens rendered (`<|im_end|>`), as grammars match
+    /// it (llama.cpp's `token_to_piece(.., special = true)`).
+    fn token_to_piece_special(&self, token: Token) -> Vec<u8> {
+        self.token_to_piece(token)
+    }
     /// Text of a token sequence (byte pieces joined, then decoded with replacement).
     fn detokenize(&self, tokens: &[Token]) -> String {
         let mut bytes = Vec::new();
@@ -178,6 +183,9 @@ impl Engine for Box<dyn Engine> {
     }
     fn token_to_piece(&self, token: Token) -> Vec<u8> {
         (**self).token_to_piece(token)
+    }
+    fn token_to_piece_special(&self, token: Token) -> Vec<u8> {
+        (**self).token_to_piece_special(token)
     }
     fn detokenize(&self, tokens: &[Token]) -> String {
         (**self).detokenize(tokens)

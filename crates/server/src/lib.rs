@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub timeout: Option<Duration>,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// Bounds on JSON schemas (nesting depth, rules, repetition counts).
+    pub schema_limits: lamina_grammar::json_schema::SchemaOptions,
     /// Most tokens in one decode step (`-b`).
     pub n_batch: u32,
     /// Requests that may wait for a slot; beyond it the server answers 503.
@@ -49,6 +51,7 @@ impl Default for ServerConfig {
             api_key: None,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
+            schema_limits: Default::default(),
             n_batch: 512,
             queue_size: 64,
         }

@@ -643,6 +643,7 @@ fn base_params(
         ignore_eos: req.ignore_eos.unwrap_or(false),
         cache_prompt: req.cache_prompt.unwrap_or(true),
         deadline: st.deadline(),
+        grammar: None,
     })
 }
 
@@ -660,6 +661,7 @@ async fn chat_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Resp
     params.max_tokens = req.openai_max_tokens()?;
     params.want_probs = want_probs;
     params.n_probs = n_probs;
+    params.grammar = req.grammar(true, &st.0.config.schema_limits)?;
     let n = req.n()?;
     let run = st
         .start(vec![Prompt::Chat(messages)], n, params, "chatcmpl")
@@ -690,6 +692,7 @@ async fn completions_inner(
     params.max_tokens = req.openai_max_tokens()?;
     params.want_probs = want_probs;
     params.n_probs = n_probs;
+    params.grammar = req.grammar(false, &st.0.config.schema_limits)?;
     let n = req.n()?;
     let run = st.start(prompts, n, params, "cmpl").await?;
     let shape = Shape {
@@ -713,6 +716,7 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
     params.max_tokens = req.native_max_tokens()?;
     params.n_probs = params.sampling.n_probs;
     params.want_probs = params.n_probs > 0;
+    params.grammar = req.grammar(false, &st.0.config.schema_limits)?;
     let want_probs = params.want_probs;
     let run = st.start(prompts, 1, params, "cmpl").await?;
     let shape = Shape {

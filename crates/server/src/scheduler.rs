@@ -7,11 +7,12 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use lamina_sample::{SamplerChain, SamplingParams, token_prob, top_probs};
+use lamina_grammar::{Grammar, Matcher, TokenIndex};
+use lamina_sample::{SampleError, SamplerChain, SamplingParams, token_prob, top_probs};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Batch, ChatMessage, Engine, EngineError, Token};
@@ -44,6 +45,8 @@ pub struct GenParams {
     /// Reuse the KV cells of a slot's previous prompt when it shares a prefix.
     pub cache_prompt: bool,
     pub deadline: Option<Instant>,
+    /// A GBNF grammar the output must follow.
+    pub grammar: Option<String>,
 }
 
 impl Default for GenParams {
@@ -57,6 +60,7 @@ impl Default for GenParams {
             ignore_eos: false,
             cache_prompt: true,
             deadline: None,
+            grammar: None,
         }
     }
 }
@@ -100,6 +104,8 @@ pub enum StopType {
     Word,
     /// max_tokens, the context or the deadline.
     Limit,
+    /// The grammar allowed no token of the vocabulary.
+    GrammarDeadEnd,
 }
 
 impl StopType {
@@ -107,6 +113,7 @@ impl StopType {
         match self {
             StopType::Eos | StopType::Word => "stop",
             StopType::Limit => "length",
+            StopType::GrammarDeadEnd => "grammar_dead_end",
         }
     }
 
@@ -115,6 +122,7 @@ impl StopType {
             StopType::Eos => "eos",
             StopType::Word => "word",
             StopType::Limit => "limit",
+            StopType::GrammarDeadEnd => "grammar",
         }
     }
 }
@@ -268,6 +276,8 @@ pub struct Scheduler {
     rows: Vec<usize>,
     /// Every end-of-generation token, for `ignore_eos` (biased to -inf, as llama.cpp does).
     eog_tokens: Vec<Token>,
+    /// The vocabulary as grammars see it, built on the first constrained request.
+    grammar_vocab: OnceLock<Arc<TokenIndex>>,
 }
 
 impl Scheduler {
@@ -291,6 +301,7 @@ impl Scheduler {
             batch: Batch::with_capacity(n_batch as usize),
             rows: Vec::new(),
             eog_tokens,
+            grammar_vocab: OnceLock::new(),
             engine,
         }
     }
@@ -469,8 +480,43 @@ impl Scheduler {
                 .logit_bias
                 .extend(self.eog_tokens.iter().map(|&t| (t, f32::NEG_INFINITY)));
         }
-        let sampler = SamplerChain::new(&sampling, self.n_vocab)
+        let mut sampler = SamplerChain::new(&sampling, self.n_vocab)
             .map_err(|e| ApiError::bad_request(e.to_string()).with_code("unsupported_sampler"))?;
+        if let Some(src) = &job.params.grammar {
+            let engine = &self.engine;
+            let resolve = |text: &str| {
+                let t = engine.tokenize(text, false, true);
+                (t.len() == 1).then(|| t[0])
+            };
+            let grammar = Grammar::parse(src, "root", Some(&resolve)).map_err(|e| {
+                ApiError::invalid_param("grammar", e.to_string()).with_code("invalid_grammar")
+            })?;
+            let n_vocab = self.n_vocab;
+            if let Some(bad) = grammar.rules.iter().flatten().find_map(|e| match *e {
+                lamina_grammar::Element::Token(t) | lamina_grammar::Element::TokenNot(t)
+                    if t as usize >= n_vocab =>
+                {
+                    Some(t)
+                }
+                _ => None,
+            }) {
+                return Err(ApiError::invalid_param(
+                    "grammar",
+                    format!("token <[{bad}]> is outside the vocabulary (n_vocab = {n_vocab})"),
+                )
+                .with_code("invalid_grammar"));
+            }
+            let vocab = self
+                .grammar_vocab
+                .get_or_init(|| {
+                    let pieces = (0..self.n_vocab as Token)
+                        .map(|t| engine.token_to_piece_special(t))
+                        .collect();
+                    Arc::new(TokenIndex::new(pieces, |t| engine.is_eog(t)))
+                })
+                .clone();
+            sampler.set_grammar(Some(Matcher::new(&grammar, vocab)));
+        }
         Ok((tokens, sampler))
     }
 
@@ -680,7 +726,7 @@ impl Scheduler {
             let mut sampler = q.sampler;
             // As llama-server does, the penalties see the prompt.
             for &t in &q.tokens {
-                sampler.accept(t);
+                sampler.accept_prompt(t);
             }
             let stops = q
                 .job
@@ -748,9 +794,14 @@ impl Scheduler {
         }
         let tok = match a.sampler.sample(logits) {
             Ok(t) => t,
+            Err(SampleError::GrammarDeadEnd) => {
+                return After::Finish(StopType::GrammarDeadEnd, None);
+            }
             Err(e) => return After::Fail(ApiError::internal(e.to_string())),
         };
-        a.sampler.accept(tok);
+        if let Err(e) = a.sampler.accept(tok) {
+            return After::Fail(ApiError::internal(e.to_string()));
+        }
         if a.t_prompt_done.is_none() {
             a.t_prompt_done = Some(Instant::now());
         }

@@ -127,7 +127,7 @@ fn reply(
     let result = (|| -> anyhow::Result<()> {
         while !INTERRUPTED.load(Ordering::SeqCst) && (n_predict < 0 || produced < n_predict) {
             let token = sampler.sample(ctx.last_logits().context("no logits")?)?;
-            sampler.accept(token);
+            sampler.accept(token)?;
             if tok.is_eog(token) {
                 break;
             }

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_gguf::pull::{self as hub, PullProgress};
+use lamina_tokenizer::Tokenizer;
 
 /// Draws a pull's progress on stderr.
 pub struct BarProgress {
@@ -235,6 +236,83 @@ pub struct SamplingArgs {
     /// Random seed (-1: random).
     #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
+}
+
+/// Constrained output (llama.cpp's `--grammar`, `--grammar-file`, `-j`, `-jf`).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct GrammarArgs {
+    /// A GBNF grammar the generated text must follow (llama.cpp's syntax).
+    #[arg(long, group = "constraint")]
+    pub grammar: Option<String>,
+    /// Read the GBNF grammar from a file.
+    #[arg(long = "grammar-file", group = "constraint")]
+    pub grammar_file: Option<PathBuf>,
+    /// A JSON Schema the generated text must satisfy (`{}` for any JSON object).
+    #[arg(short = 'j', long = "json-schema", group = "constraint")]
+    pub json_schema: Option<String>,
+    /// Read the JSON Schema from a file (`-jf`).
+    #[arg(long = "json-schema-file", group = "constraint")]
+    pub json_schema_file: Option<PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The constraint as GBNF text, if one was given.
+    pub fn gbnf(&self) -> anyhow::Result<Option<String>> {
+        let read = |f: &PathBuf| {
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))
+        };
+        let schema = |text: &str| -> anyhow::Result<String> {
+            let value: serde_json::Value =
+                serde_json::from_str(text).context("the JSON schema is not valid JSON")?;
+            lamina_grammar::json_schema::json_schema_to_grammar(
+                &value,
+                &lamina_grammar::json_schema::SchemaOptions::default(),
+            )
+            .context("cannot convert the JSON schema to a grammar")
+        };
+        Ok(match self {
+            GrammarArgs {
+                grammar: Some(g), ..
+            } => Some(g.clone()),
+            GrammarArgs {
+                grammar_file: Some(f),
+                ..
+            } => Some(read(f)?),
+            GrammarArgs {
+                json_schema: Some(s),
+                ..
+            } => Some(schema(s)?),
+            GrammarArgs {
+                json_schema_file: Some(f),
+                ..
+            } => Some(schema(&read(f)?)?),
+            _ => None,
+        })
+    }
+
+    /// A matcher for the constraint over `tok`'s vocabulary, if one was given.
+    pub fn matcher(&self, tok: &Tokenizer) -> anyhow::Result<Option<lamina_grammar::Matcher>> {
+        let Some(src) = self.gbnf()? else {
+            return Ok(None);
+        };
+        let resolve = |text: &str| {
+            let t = tok.tokenize(text, false, true);
+            (t.len() == 1).then(|| t[0])
+        };
+        let grammar = lamina_grammar::Grammar::parse(&src, "root", Some(&resolve))?;
+        Ok(Some(lamina_grammar::Matcher::new(
+            &grammar,
+            std::sync::Arc::new(grammar_vocab(tok)),
+        )))
+    }
+}
+
+/// The vocabulary as grammars see it: pieces with special tokens rendered.
+pub fn grammar_vocab(tok: &Tokenizer) -> lamina_grammar::TokenIndex {
+    let pieces = (0..tok.n_vocab() as u32)
+        .map(|t| tok.token_to_piece(t, true))
+        .collect();
+    lamina_grammar::TokenIndex::new(pieces, |t| tok.is_eog(t))
 }
 
 impl SamplingArgs {

@@ -64,6 +64,9 @@ impl Engine for ModelEngine {
     fn token_to_piece(&self, token: Token) -> Vec<u8> {
         self.tokenizer.token_to_piece(token, false)
     }
+    fn token_to_piece_special(&self, token: Token) -> Vec<u8> {
+        self.tokenizer.token_to_piece(token, true)
+    }
     fn apply_chat_template(
         &self,
         messages: &[ChatMessage],

@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use lamina_model::{Batch, Context};
-use lamina_sample::SamplerChain;
+use lamina_sample::{SampleError, SamplerChain};
 use lamina_tokenizer::Tokenizer;
 
-use super::{LoadArgs, SamplingArgs, Utf8Stream, emit, load};
+use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, load};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -34,6 +34,8 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -45,6 +47,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let t_start = Instant::now();
+    // A bad grammar or schema is refused before the model loads.
+    if let Some(src) = args.grammar.gbnf()? {
+        lamina_grammar::Grammar::parse(&src, "root", Some(&|_: &str| Some(0)))?;
+    }
     let loaded = load(&args.load)?;
     let t_loaded = Instant::now();
     let (mut ctx, tok) = (loaded.context, loaded.tokenizer);
@@ -62,8 +68,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let mut sampler = SamplerChain::new(&args.sampling.params(n_ctx), tok.n_vocab())?;
     for &t in &tokens {
-        sampler.accept(t);
+        sampler.accept_prompt(t);
     }
+    sampler.set_grammar(args.grammar.matcher(&tok)?);
 
     let mut out = Utf8Stream::default();
     if !args.no_display_prompt {
@@ -144,8 +151,14 @@ fn generate(
             break;
         }
         let logits = ctx.last_logits().context("the model returned no logits")?;
-        let token = sampler.sample(logits)?;
-        sampler.accept(token);
+        let token = match sampler.sample(logits) {
+            Err(SampleError::GrammarDeadEnd) => {
+                stats.stopped_by_context = Some("the grammar allows no token here".into());
+                break;
+            }
+            t => t?,
+        };
+        sampler.accept(token)?;
         if tok.is_eog(token) && !args.ignore_eos {
             break;
         }

@@ -50,6 +50,7 @@ impl ServeArgs {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             max_body_bytes: self.max_body_bytes,
+            schema_limits: Default::default(),
             n_batch: self.batch_size.max(1),
             queue_size: self.queue_size,
         }
@@ -57,7 +58,8 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 11] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 12] = [
+    ("-jf", "--json-schema-file"),
     ("-np", "--parallel"),
     ("-pg", "--n-gen-prompt"),
     ("-ub", "--ubatch-size"),
@@ -72,7 +74,7 @@ const LLAMA_SHORT_FLAGS: [(&str, &str); 11] = [
 ];
 
 /// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-ctv`,
-/// `-fa`, `-sys`, `-ngl`, `-sm`, `-ts`, `-mg`) into their long forms.
+/// `-fa`, `-sys`, `-ngl`, `-sm`, `-ts`, `-mg`, `-jf`) into their long forms.
 pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
         .map(|a| {

@@ -68,7 +68,7 @@ pub fn reference(
     let mut batch = Batch::default();
     for (i, &t) in prompt.iter().enumerate() {
         batch.push(t, i as u32, 0, i + 1 == prompt.len());
-        chain.accept(t);
+        chain.accept_prompt(t);
     }
     engine.decode(&batch).unwrap();
     let mut bytes = Vec::new();
@@ -76,7 +76,7 @@ pub fn reference(
     let mut pos = prompt.len();
     loop {
         let tok = chain.sample(engine.logits(0)).unwrap();
-        chain.accept(tok);
+        chain.accept(tok).unwrap();
         n += 1;
         if engine.is_eog(tok) {
             return (String::from_utf8_lossy(&bytes).into_owned(), n, "stop");

@@ -1,0 +1,708 @@
+//! The runtime of a grammar: llama.cpp's pushdown stacks (`llama_grammar_stacks`),
+//! advanced one code point at a time exactly as `llama_grammar_accept_chr` and
+//! `llama_grammar_advance_stack` do, and the token checks of
+//! `llama_grammar_apply_impl` / `llama_grammar_accept_impl`.
+//!
+//! Why it is fast where llama.cpp's is slow: stacks are hash-consed (a stack is an id;
+//! popping is a parent link), a *set* of stacks is an id too, and the step
+//! `set × code point → set` is memoized. A token mask is then one preorder walk of the
+//! vocabulary trie ([`crate::TokenIndex`]) with one table lookup per trie edge, and
+//! masks are cached per set, so a string or number being generated costs a lookup
+//! after the first token.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use crate::gbnf::{Element, Grammar};
+use crate::utf8::{Partial, decode_utf8};
+use crate::vocab::TokenIndex;
+
+/// FxHash: the keys are small integers, so SipHash's cost buys nothing here.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Why a token could not be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MatchError {
+    #[error("token {0} is outside the vocabulary")]
+    UnknownToken(u32),
+    #[error("the grammar does not allow token {token} ({text:?}) here")]
+    Rejected { token: u32, text: String },
+    #[error("the grammar does not allow ending here")]
+    EndNotAllowed,
+    #[error("the grammar cannot be compiled: {0}")]
+    Compile(String),
+}
+
+/// A character class as llama.cpp walks it from its first element.
+#[derive(Clone, Debug)]
+struct Class {
+    positive: bool,
+    any: bool,
+    /// Inclusive ranges (a single char is `(c, c)`), in grammar order.
+    items: Box<[(u32, u32)]>,
+    /// Element index after the class.
+    end: u32,
+}
+
+impl Class {
+    fn matches(&self, c: u32) -> bool {
+        let found = self.any || self.items.iter().any(|&(lo, hi)| lo <= c && c <= hi);
+        found == self.positive
+    }
+
+    /// `llama_grammar_match_partial_char`.
+    fn matches_partial(&self, p: Partial) -> bool {
+        let n = p.n_remain;
+        if n < 0 || (n == 1 && p.value < 2) {
+            return false;
+        }
+        let mut low = p.value << (n * 6);
+        let high = low | ((1u32 << (n * 6)) - 1);
+        if low == 0 {
+            if n == 2 {
+                low = 1 << 11;
+            } else if n == 3 {
+                low = 1 << 16;
+            }
+        }
+        if self.any {
+            return true;
+        }
+        for &(lo, hi) in self.items.iter() {
+            if lo <= high && low <= hi {
+                return self.positive;
+            }
+        }
+        !self.positive
+    }
+}
+
+/// The grammar flattened for the runtime.
+#[derive(Clone, Debug)]
+struct Program {
+    elems: Vec<Element>,
+    /// Start index of each alternative of each rule.
+    alts: Vec<Box<[u32]>>,
+    /// For element indices that start a character class, its index into `classes`.
+    class_at: Vec<u32>,
+    classes: Vec<Class>,
+}
+
+const NO_CLASS: u32 = u32::MAX;
+
+impl Program {
+    fn new(g: &Grammar) -> Program {
+        let mut elems = Vec::new();
+        let mut alts = Vec::with_capacity(g.rules.len());
+        for rule in &g.rules {
+            let base = elems.len() as u32;
+            let mut starts = vec![base];
+            for (i, e) in rule.iter().enumerate() {
+                if *e == Element::Alt {
+                    starts.push(base + i as u32 + 1);
+                }
+            }
+            alts.push(starts.into_boxed_slice());
+            elems.extend_from_slice(rule);
+        }
+        let mut class_at = vec![NO_CLASS; elems.len()];
+        let mut classes = Vec::new();
+        for i in 0..elems.len() {
+            let (positive, any, first) = match elems[i] {
+                Element::Char(c) => (true, false, Some(c)),
+                Element::CharNot(c) => (false, false, Some(c)),
+                Element::CharAny => (true, true, None),
+                _ => continue,
+            };
+            let mut items = Vec::new();
+            let mut j = i + 1;
+            if let Some(c) = first {
+                if let Some(Element::CharRngUpper(hi)) = elems.get(j) {
+                    items.push((c, *hi));
+                    j += 1;
+                } else {
+                    items.push((c, c));
+                }
+            }
+            while let Some(Element::CharAlt(c)) = elems.get(j) {
+                let c = *c;
+                j += 1;
+                if let Some(Element::CharRngUpper(hi)) = elems.get(j) {
+                    items.push((c, *hi));
+                    j += 1;
+                } else {
+                    items.push((c, c));
+                }
+            }
+            class_at[i] = classes.len() as u32;
+            classes.push(Class {
+                positive,
+                any,
+                items: items.into_boxed_slice(),
+                end: j as u32,
+            });
+        }
+        Program {
+            elems,
+            alts,
+            class_at,
+            classes,
+        }
+    }
+
+    fn is_end(&self, pos: u32) -> bool {
+        self.elems
+            .get(pos as usize)
+            .is_none_or(|e| e.is_end_of_sequence())
+    }
+}
+
+/// Stack id 0 is the empty stack; set id 0 the empty (dead) set.
+const EMPTY_STACK: u32 = 0;
+const DEAD: u32 = 0;
+const UNKNOWN: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct StackSet {
+    stacks: Box<[u32]>,
+    /// Stacks whose top is a character class.
+    char_stacks: Box<[u32]>,
+    /// Stacks whose top is `<[id]>` / `!<[id]>`: (negated, id).
+    token_tops: Box<[(bool, u32)]>,
+    has_empty: bool,
+    ascii: Box<[u32; 128]>,
+    other: FxMap<u32, u32>,
+}
+
+/// Interned stacks and stack sets with their memoized transitions.
+#[derive(Clone, Debug)]
+struct Machine {
+    prog: Program,
+    /// (top element, rest of the stack) per stack id.
+    nodes: Vec<(u32, u32)>,
+    node_ids: FxMap<(u32, u32), u32>,
+    sets: Vec<StackSet>,
+    set_ids: FxMap<Box<[u32]>, u32>,
+    // Scratch for `advance`.
+    todo: Vec<u32>,
+    seen: FxMap<u32, ()>,
+}
+
+impl Machine {
+    fn new(prog: Program) -> Machine {
+        let mut m = Machine {
+            prog,
+            nodes: vec![(u32::MAX, u32::MAX)],
+            node_ids: FxMap::default(),
+            sets: Vec::new(),
+            set_ids: FxMap::default(),
+            todo: Vec::new(),
+            seen: FxMap::default(),
+        };
+        m.intern_set(Vec::new());
+        m
+    }
+
+    fn push(&mut self, parent: u32, pos: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let id = *self.node_ids.entry((pos, parent)).or_insert(next);
+        if id == next {
+            self.nodes.push((pos, parent));
+        }
+        id
+    }
+
+    fn pop(&self, stack: u32) -> (u32, u32) {
+        self.nodes[stack as usize]
+    }
+
+    /// `llama_grammar_advance_stack`: every stack `stack` can become with a terminal
+    /// (or nothing) on top, added to `out` without duplicates.
+    fn advance(&mut self, stack: u32, out: &mut Vec<u32>) {
+        self.todo.clear();
+        self.seen.clear();
+        self.todo.push(stack);
+        while let Some(s) = self.todo.pop() {
+            if self.seen.insert(s, ()).is_some() {
+                continue;
+            }
+            if s == EMPTY_STACK {
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+                continue;
+            }
+            let (pos, parent) = self.pop(s);
+            match self.prog.elems[pos as usize] {
+                Element::RuleRef(r) => {
+                    let after = pos + 1;
+                    let base = if self.prog.is_end(after) {
+                        parent
+                    } else {
+                        self.push(parent, after)
+                    };
+                    let n_alts = self.prog.alts[r as usize].len();
+                    for a in 0..n_alts {
+                        let sub = self.prog.alts[r as usize][a];
+                        let next = if self.prog.is_end(sub) {
+                            base
+                        } else {
+                            self.push(base, sub)
+                        };
+                        self.todo.push(next);
+                    }
+                }
+                Element::Char(_)
+                | Element::CharNot(_)
+                | Element::CharAny
+                | Element::Token(_)
+                | Element::TokenNot(_) => {
+                    if !out.contains(&s) {
+                        out.push(s);
+                    }
+                }
+                // The parser never leaves a stack on these.
+                Element::End | Element::Alt | Element::CharAlt(_) | Element::CharRngUpper(_) => {}
+            }
+        }
+    }
+
+    /// The stacks of the start rule's alternatives (`llama_grammar_init_impl`).
+    fn start(&mut self, root: u32) -> u32 {
+        let mut out = Vec::new();
+        let n_alts = self.prog.alts[root as usize].len();
+        for a in 0..n_alts {
+            let sub = self.prog.alts[root as usize][a];
+            let stack = if self.prog.is_end(sub) {
+                EMPTY_STACK
+            } else {
+                self.push(EMPTY_STACK, sub)
+            };
+            self.advance(stack, &mut out);
+        }
+        self.intern_set(out)
+    }
+
+    fn intern_set(&mut self, mut stacks: Vec<u32>) -> u32 {
+        stacks.sort_unstable();
+        stacks.dedup();
+        if let Some(&id) = self.set_ids.get(stacks.as_slice()) {
+            return id;
+        }
+        let mut char_stacks = Vec::new();
+        let mut token_tops = Vec::new();
+        let mut has_empty = false;
+        for &s in &stacks {
+            if s == EMPTY_STACK {
+                has_empty = true;
+                continue;
+            }
+            match self.prog.elems[self.pop(s).0 as usize] {
+                Element::Token(t) => token_tops.push((false, t)),
+                Element::TokenNot(t) => token_tops.push((true, t)),
+                _ => char_stacks.push(s),
+            }
+        }
+        let id = self.sets.len() as u32;
+        let key: Box<[u32]> = stacks.into_boxed_slice();
+        self.sets.push(StackSet {
+            stacks: key.clone(),
+            char_stacks: char_stacks.into_boxed_slice(),
+            token_tops: token_tops.into_boxed_slice(),
+            has_empty,
+            ascii: Box::new([UNKNOWN; 128]),
+            other: FxMap::default(),
+        });
+        self.set_ids.insert(key, id);
+        id
+    }
+
+    /// `llama_grammar_accept` for one code point, memoized.
+    #[inline]
+    fn step(&mut self, set: u32, c: u32) -> u32 {
+        let s = &self.sets[set as usize];
+        let cached = if c < 128 {
+            s.ascii[c as usize]
+        } else {
+            s.other.get(&c).copied().unwrap_or(UNKNOWN)
+        };
+        if cached != UNKNOWN {
+            return cached;
+        }
+        let next = self.compute_step(set, c);
+        let s = &mut self.sets[set as usize];
+        if c < 128 {
+            s.ascii[c as usize] = next;
+        } else {
+            s.other.insert(c, next);
+        }
+        next
+    }
+
+    fn compute_step(&mut self, set: u32, c: u32) -> u32 {
+        if set == DEAD {
+            return DEAD;
+        }
+        let mut out = Vec::new();
+        let n = self.sets[set as usize].char_stacks.len();
+        for k in 0..n {
+            let s = self.sets[set as usize].char_stacks[k];
+            let (pos, parent) = self.pop(s);
+            let class = &self.prog.classes[self.prog.class_at[pos as usize] as usize];
+            if !class.matches(c) {
+                continue;
+            }
+            let end = class.end;
+            let next = if self.prog.is_end(end) {
+                parent
+            } else {
+                self.push(parent, end)
+            };
+            self.advance(next, &mut out);
+        }
+        self.intern_set(out)
+    }
+
+    /// Some stack of `set` has a class that a completion of `p` could satisfy.
+    fn partial_ok(&self, set: u32, p: Partial) -> bool {
+        self.sets[set as usize].char_stacks.iter().any(|&s| {
+            let pos = self.pop(s).0;
+            self.prog.classes[self.prog.class_at[pos as usize] as usize].matches_partial(p)
+        })
+    }
+}
+
+/// Matches a generation against a grammar, token by token: which tokens may come next
+/// ([`Matcher::fill_mask`], [`Matcher::is_allowed`]) and the state after one
+/// ([`Matcher::accept`]). Cheap to create from a shared [`TokenIndex`].
+#[derive(Clone, Debug)]
+pub struct Matcher {
+    m: Machine,
+    vocab: Arc<TokenIndex>,
+    cur: u32,
+    partial: Partial,
+    root: u32,
+    scratch: Vec<u32>,
+    set_path: Vec<u32>,
+    masks: FxMap<u32, Box<[u64]>>,
+}
+
+/// Masks kept per matcher (a Gemma 3 mask is 32 KiB).
+const MASK_CACHE: usize = 64;
+/// When the interned state outgrows this, it is rebuilt around the current stacks.
+const MAX_NODES: usize = 1 << 21;
+
+impl Matcher {
+    pub fn new(grammar: &Grammar, vocab: Arc<TokenIndex>) -> Matcher {
+        let mut m = Machine::new(Program::new(grammar));
+        let cur = m.start(grammar.root);
+        Matcher {
+            m,
+            vocab,
+            cur,
+            partial: Partial::NONE,
+            root: grammar.root,
+            scratch: Vec::new(),
+            set_path: Vec::new(),
+            masks: FxMap::default(),
+        }
+    }
+
+    pub fn vocab(&self) -> &Arc<TokenIndex> {
+        &self.vocab
+    }
+
+    /// Back to the start of the grammar.
+    pub fn reset(&mut self) {
+        self.cur = self.m.start(self.root);
+        self.partial = Partial::NONE;
+    }
+
+    /// The grammar may end here (an end-of-generation token is allowed).
+    pub fn is_accepting(&self) -> bool {
+        self.m.sets[self.cur as usize].has_empty
+    }
+
+    /// Nothing but the end may follow.
+    pub fn is_finished(&self) -> bool {
+        let s = &self.m.sets[self.cur as usize];
+        s.has_empty && s.stacks.len() == 1
+    }
+
+    /// Whether token `id` may come next (llama.cpp's grammar sampler applied to that
+    /// one candidate).
+    pub fn is_allowed(&mut self, id: u32) -> bool {
+        let Some(piece) = self.vocab.pieces.get(id as usize) else {
+            return false;
+        };
+        if self.vocab.is_eog[id as usize] {
+            return self.is_accepting();
+        }
+        if piece.is_empty() {
+            return false;
+        }
+        let mut cps = std::mem::take(&mut self.scratch);
+        let end = decode_utf8(piece, self.partial, &mut cps);
+        let ok = self.check_code_points(id, &cps, end);
+        self.scratch = cps;
+        ok
+    }
+
+    fn check_code_points(&mut self, id: u32, cps: &[u32], end: Partial) -> bool {
+        let mut set = self.cur;
+        for &c in cps {
+            if self.m.sets[set as usize]
+                .token_tops
+                .iter()
+                .any(|&(neg, t)| (t == id) != neg)
+            {
+                return true;
+            }
+            set = self.m.step(set, c);
+            if set == DEAD {
+                return false;
+            }
+        }
+        match end.n_remain {
+            0 => true,
+            n if n > 0 => self.m.partial_ok(set, end),
+            _ => false,
+        }
+    }
+
+    /// Sets bit `id` of `mask` (`mask[id / 64] >> (id % 64) & 1`) for every token the
+    /// grammar allows next and clears the others. `mask` has `ceil(n_vocab / 64)` words.
+    pub fn fill_mask(&mut self, mask: &mut [u64]) {
+        if self.partial.n_remain > 0 {
+            // After a token that ended inside a UTF-8 sequence every token decodes
+            // differently; check them one by one (rare: byte-fallback output).
+            mask.fill(0);
+            for id in 0..self.vocab.n_vocab as u32 {
+                if self.is_allowed(id) {
+                    mask[id as usize / 64] |= 1 << (id % 64);
+                }
+            }
+            return;
+        }
+        if let Some(m) = self.masks.get(&self.cur) {
+            mask.copy_from_slice(m);
+            return;
+        }
+        mask.fill(0);
+        self.walk(mask);
+        if self.masks.len() >= MASK_CACHE {
+            self.masks.clear();
+        }
+        self.masks
+            .insert(self.cur, mask.to_vec().into_boxed_slice());
+    }
+
+    fn walk(&mut self, mask: &mut [u64]) {
+        let v = Arc::clone(&self.vocab);
+        let root = self.cur;
+        if root == DEAD {
+            return;
+        }
+        self.set_path.clear();
+        self.set_path.resize(v.max_depth + 1, DEAD);
+        self.set_path[0] = root;
+        self.visit(&v, 0, root, mask);
+        let n = v.node_cp.len();
+        let mut i = 1;
+        while i < n {
+            let d = v.node_depth[i] as usize;
+            let parent = self.set_path[d - 1];
+            let s = self.m.step(parent, v.node_cp[i]);
+            if s == DEAD {
+                i = v.node_end[i] as usize;
+                continue;
+            }
+            self.set_path[d] = s;
+            self.visit(&v, i, s, mask);
+            i += 1;
+        }
+        if self.m.sets[root as usize].has_empty {
+            for &e in &v.eog {
+                mask[e as usize / 64] |= 1 << (e % 64);
+            }
+        }
+    }
+
+    /// The tokens decided at trie node `n` reached with stack set `s`.
+    #[inline]
+    fn visit(&self, v: &TokenIndex, n: usize, s: u32, mask: &mut [u64]) {
+        for k in v.node_tok[n] as usize..v.node_mid[n] as usize {
+            let p = v.sorted_partial[k];
+            if p.n_remain == 0 || self.m.partial_ok(s, p) {
+                let id = v.sorted[k];
+                mask[id as usize / 64] |= 1 << (id % 64);
+            }
+        }
+        let set = &self.m.sets[s as usize];
+        if !set.token_tops.is_empty() {
+            // A token rule on top decides every token still going on below this node
+            // by its id alone, as llama.cpp's candidate rejection does.
+            let lo = v.node_mid[n] as usize;
+            let hi = v.subtree_tok_end(n);
+            for &(neg, t) in set.token_tops.iter() {
+                for &id in &v.sorted[lo..hi] {
+                    if (id == t) != neg {
+                        mask[id as usize / 64] |= 1 << (id % 64);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Advances past token `id` (`llama_grammar_accept_impl`). An end-of-generation
+    /// token is accepted only where the grammar may end, and changes nothing.
+    pub fn accept(&mut self, id: u32) -> Result<(), MatchError> {
+        let Some(piece) = self.vocab.pieces.get(id as usize) else {
+            return Err(MatchError::UnknownToken(id));
+        };
+        if self.vocab.is_eog[id as usize] {
+            return if self.is_accepting() {
+                Ok(())
+            } else {
+                Err(MatchError::EndNotAllowed)
+            };
+        }
+        let piece = piece.clone();
+        match self.accept_piece(Some(id), &piece) {
+            Some(()) => Ok(()),
+            None => Err(MatchError::Rejected {
+                token: id,
+                text: String::from_utf8_lossy(&piece).into_owned(),
+            }),
+        }
+    }
+
+    /// Advances past text that was not sampled (`llama_grammar_accept_str`), such as
+    /// a prefilled start of the answer.
+    pub fn accept_str(&mut self, text: &str) -> Result<(), MatchError> {
+        self.accept_piece(None, text.as_bytes())
+            .ok_or_else(|| MatchError::Rejected {
+                token: u32::MAX,
+                text: text.to_string(),
+            })
+    }
+
+    fn accept_piece(&mut self, id: Option<u32>, piece: &[u8]) -> Option<()> {
+        let mut cps = std::mem::take(&mut self.scratch);
+        let end = decode_utf8(piece, self.partial, &mut cps);
+        let cur = self.cur;
+        let mut out: Vec<u32> = Vec::new();
+        // Stacks waiting for a token: advance those the token matches.
+        if let Some(id) = id {
+            let stacks = self.m.sets[cur as usize].stacks.clone();
+            for &s in stacks.iter() {
+                if s == EMPTY_STACK {
+                    continue;
+                }
+                let (pos, parent) = self.m.pop(s);
+                let hit = match self.m.prog.elems[pos as usize] {
+                    Element::Token(t) => t == id,
+                    Element::TokenNot(t) => t != id,
+                    _ => continue,
+                };
+                if hit {
+                    let next = if self.m.prog.is_end(pos + 1) {
+                        parent
+                    } else {
+                        self.m.push(parent, pos + 1)
+                    };
+                    self.m.advance(next, &mut out);
+                }
+            }
+        }
+        // Stacks on a character class consume the code points. Text that was not a
+        // token (`llama_grammar_accept_str`) keeps every stack while no complete code
+        // point has come; a token drops the empty and token-waiting stacks.
+        let mut set = if id.is_some() {
+            let chars = self.m.sets[cur as usize].char_stacks.to_vec();
+            self.m.intern_set(chars)
+        } else {
+            cur
+        };
+        for &c in &cps {
+            set = self.m.step(set, c);
+            if set == DEAD {
+                break;
+            }
+        }
+        out.extend_from_slice(&self.m.sets[set as usize].stacks);
+        self.scratch = cps;
+        let next = self.m.intern_set(out);
+        if next == DEAD {
+            return None;
+        }
+        self.cur = next;
+        self.partial = end;
+        if self.m.nodes.len() > MAX_NODES {
+            self.compact();
+        }
+        Some(())
+    }
+
+    /// Rebuilds the interned state around the current stacks so that a long
+    /// generation does not grow it without bound.
+    fn compact(&mut self) {
+        let old = &self.m;
+        let stacks: Vec<Vec<u32>> = old.sets[self.cur as usize]
+            .stacks
+            .iter()
+            .map(|&s| {
+                let mut elems = Vec::new();
+                let mut s = s;
+                while s != EMPTY_STACK {
+                    let (pos, parent) = old.pop(s);
+                    elems.push(pos);
+                    s = parent;
+                }
+                elems.reverse();
+                elems
+            })
+            .collect();
+        let prog = std::mem::replace(
+            &mut self.m.prog,
+            Program {
+                elems: Vec::new(),
+                alts: Vec::new(),
+                class_at: Vec::new(),
+                classes: Vec::new(),
+            },
+        );
+        let mut m = Machine::new(prog);
+        let ids: Vec<u32> = stacks
+            .iter()
+            .map(|elems| elems.iter().fold(EMPTY_STACK, |s, &pos| m.push(s, pos)))
+            .collect();
+        self.cur = m.intern_set(ids);
+        self.m = m;
+        self.masks.clear();
+    }
+}
