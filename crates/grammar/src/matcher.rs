@@ -27,7 +27,13 @@ impl Hasher for FxHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+        for &b in chunks.remainder() {
             self.write_u64(u64::from(b));
         }
     }
@@ -110,6 +116,10 @@ struct Program {
     /// For element indices that start a character class, its index into `classes`.
     class_at: Vec<u32>,
     classes: Vec<Class>,
+    /// Every code point where some class starts or stops matching, sorted: the code
+    /// points between two boundaries are alike to every class of the grammar, so a
+    /// step depends only on the interval (`interval_of`).
+    boundaries: Vec<u32>,
 }
 
 const NO_CLASS: u32 = u32::MAX;
@@ -166,11 +176,36 @@ impl Program {
                 end: j as u32,
             });
         }
+        let mut boundaries: Vec<u32> = classes
+            .iter()
+            .flat_map(|c| c.items.iter())
+            .flat_map(|&(lo, hi)| [lo, hi.saturating_add(1)])
+            .collect();
+        boundaries.sort_unstable();
+        boundaries.dedup();
         Program {
             elems,
             alts,
             class_at,
             classes,
+            boundaries,
+        }
+    }
+
+    fn n_intervals(&self) -> usize {
+        self.boundaries.len() + 1
+    }
+
+    fn interval_of(&self, c: u32) -> u32 {
+        self.boundaries.partition_point(|&b| b <= c) as u32
+    }
+
+    /// A code point of interval `i`.
+    fn representative(&self, i: u32) -> u32 {
+        if i == 0 {
+            0
+        } else {
+            self.boundaries[i as usize - 1]
         }
     }
 
@@ -194,8 +229,6 @@ struct StackSet {
     /// Stacks whose top is `<[id]>` / `!<[id]>`: (negated, id).
     token_tops: Box<[(bool, u32)]>,
     has_empty: bool,
-    ascii: Box<[u32; 128]>,
-    other: FxMap<u32, u32>,
 }
 
 /// Interned stacks and stack sets with their memoized transitions.
@@ -207,6 +240,15 @@ struct Machine {
     node_ids: FxMap<(u32, u32), u32>,
     sets: Vec<StackSet>,
     set_ids: FxMap<Box<[u32]>, u32>,
+    /// Memoized steps: `trans[set * n_intervals + interval]`.
+    trans: Vec<u32>,
+    n_intervals: usize,
+    /// Steps by which of the set's character stacks match (`(set, bitmask)`): code
+    /// points no class tells apart share one entry, so a new code point costs a few
+    /// class tests rather than a new stack set.
+    by_matches: FxMap<(u32, u64), u32>,
+    /// Per set: some stack waits for a token.
+    has_tokens: Vec<bool>,
     // Scratch for `advance`.
     todo: Vec<u32>,
     seen: FxMap<u32, ()>,
@@ -214,15 +256,21 @@ struct Machine {
 
 impl Machine {
     fn new(prog: Program) -> Machine {
+        let n_intervals = prog.n_intervals();
         let mut m = Machine {
             prog,
             nodes: vec![(u32::MAX, u32::MAX)],
             node_ids: FxMap::default(),
             sets: Vec::new(),
             set_ids: FxMap::default(),
+            trans: Vec::new(),
+            n_intervals: 0,
+            by_matches: FxMap::default(),
+            has_tokens: Vec::new(),
             todo: Vec::new(),
             seen: FxMap::default(),
         };
+        m.n_intervals = n_intervals;
         m.intern_set(Vec::new());
         m
     }
@@ -334,9 +382,11 @@ impl Machine {
             char_stacks: char_stacks.into_boxed_slice(),
             token_tops: token_tops.into_boxed_slice(),
             has_empty,
-            ascii: Box::new([UNKNOWN; 128]),
-            other: FxMap::default(),
         });
+        self.trans
+            .resize(self.trans.len() + self.n_intervals, UNKNOWN);
+        self.has_tokens
+            .push(!self.sets[id as usize].token_tops.is_empty());
         self.set_ids.insert(key, id);
         id
     }
@@ -344,22 +394,20 @@ impl Machine {
     /// `llama_grammar_accept` for one code point, memoized.
     #[inline]
     fn step(&mut self, set: u32, c: u32) -> u32 {
-        let s = &self.sets[set as usize];
-        let cached = if c < 128 {
-            s.ascii[c as usize]
-        } else {
-            s.other.get(&c).copied().unwrap_or(UNKNOWN)
-        };
+        let i = self.prog.interval_of(c);
+        self.step_interval(set, i)
+    }
+
+    /// The step for every code point of interval `i`.
+    #[inline]
+    fn step_interval(&mut self, set: u32, i: u32) -> u32 {
+        let at = set as usize * self.n_intervals + i as usize;
+        let cached = self.trans[at];
         if cached != UNKNOWN {
             return cached;
         }
-        let next = self.compute_step(set, c);
-        let s = &mut self.sets[set as usize];
-        if c < 128 {
-            s.ascii[c as usize] = next;
-        } else {
-            s.other.insert(c, next);
-        }
+        let next = self.compute_step(set, self.prog.representative(i));
+        self.trans[at] = next;
         next
     }
 
@@ -367,8 +415,24 @@ impl Machine {
         if set == DEAD {
             return DEAD;
         }
-        let mut out = Vec::new();
         let n = self.sets[set as usize].char_stacks.len();
+        let mut matched: u64 = 0;
+        if n <= 64 {
+            for k in 0..n {
+                let s = self.sets[set as usize].char_stacks[k];
+                let pos = self.pop(s).0;
+                if self.prog.classes[self.prog.class_at[pos as usize] as usize].matches(c) {
+                    matched |= 1 << k;
+                }
+            }
+            if matched == 0 {
+                return DEAD;
+            }
+            if let Some(&next) = self.by_matches.get(&(set, matched)) {
+                return next;
+            }
+        }
+        let mut out = Vec::new();
         for k in 0..n {
             let s = self.sets[set as usize].char_stacks[k];
             let (pos, parent) = self.pop(s);
@@ -384,7 +448,11 @@ impl Machine {
             };
             self.advance(next, &mut out);
         }
-        self.intern_set(out)
+        let next = self.intern_set(out);
+        if n <= 64 {
+            self.by_matches.insert((set, matched), next);
+        }
+        next
     }
 
     /// Some stack of `set` has a class that a completion of `p` could satisfy.
@@ -409,12 +477,16 @@ pub struct Matcher {
     scratch: Vec<u32>,
     set_path: Vec<u32>,
     masks: FxMap<u32, Box<[u64]>>,
+    /// The interval of each code point of the vocabulary's alphabet.
+    alpha_interval: Vec<u32>,
 }
 
 /// Masks kept per matcher (a Gemma 3 mask is 32 KiB).
 const MASK_CACHE: usize = 64;
 /// When the interned state outgrows this, it is rebuilt around the current stacks.
 const MAX_NODES: usize = 1 << 21;
+/// Likewise for the step table (entries).
+const MAX_TRANS: usize = 1 << 25;
 
 impl Matcher {
     pub fn new(grammar: &Grammar, vocab: Arc<TokenIndex>) -> Matcher {
@@ -429,11 +501,18 @@ impl Matcher {
             scratch: Vec::new(),
             set_path: Vec::new(),
             masks: FxMap::default(),
+            alpha_interval: Vec::new(),
         }
     }
 
     pub fn vocab(&self) -> &Arc<TokenIndex> {
         &self.vocab
+    }
+
+    /// Forgets the cached masks and memoized transitions (they are rebuilt on demand);
+    /// the state is kept. For measuring the uncached cost.
+    pub fn clear_caches(&mut self) {
+        self.compact();
     }
 
     /// Back to the start of the grammar.
@@ -527,25 +606,50 @@ impl Matcher {
         if root == DEAD {
             return;
         }
-        self.set_path.clear();
-        self.set_path.resize(v.max_depth + 1, DEAD);
-        self.set_path[0] = root;
-        self.visit(&v, 0, root, mask);
+        if self.alpha_interval.len() != v.alphabet.len() {
+            self.alpha_interval = v
+                .alphabet
+                .iter()
+                .map(|&c| self.m.prog.interval_of(c))
+                .collect();
+        }
+        let Matcher {
+            m,
+            set_path,
+            alpha_interval,
+            ..
+        } = self;
+        set_path.clear();
+        set_path.resize(v.max_depth + 1, DEAD);
+        set_path[0] = root;
+        // The hot loop: one step-table lookup per trie node, locals for every array.
+        let (depth, alpha, end) = (&v.node_depth[..], &v.node_alpha[..], &v.node_end[..]);
+        let (tok, mid) = (&v.node_tok[..], &v.node_mid[..]);
+        let (sorted, partial) = (&v.sorted[..], &v.sorted_partial[..]);
+        Self::visit(m, &v, 0, root, mask);
         let n = v.node_cp.len();
         let mut i = 1;
         while i < n {
-            let d = v.node_depth[i] as usize;
-            let parent = self.set_path[d - 1];
-            let s = self.m.step(parent, v.node_cp[i]);
+            let d = depth[i] as usize;
+            let s = m.step_interval(set_path[d - 1], alpha_interval[alpha[i] as usize]);
             if s == DEAD {
-                i = v.node_end[i] as usize;
+                i = end[i] as usize;
                 continue;
             }
-            self.set_path[d] = s;
-            self.visit(&v, i, s, mask);
+            set_path[d] = s;
+            for k in tok[i] as usize..mid[i] as usize {
+                let p = partial[k];
+                if p.n_remain == 0 || m.partial_ok(s, p) {
+                    let id = sorted[k];
+                    mask[id as usize / 64] |= 1 << (id % 64);
+                }
+            }
+            if m.has_tokens[s as usize] {
+                Self::visit_token_tops(m, &v, i, s, mask);
+            }
             i += 1;
         }
-        if self.m.sets[root as usize].has_empty {
+        if m.sets[root as usize].has_empty {
             for &e in &v.eog {
                 mask[e as usize / 64] |= 1 << (e % 64);
             }
@@ -553,26 +657,29 @@ impl Matcher {
     }
 
     /// The tokens decided at trie node `n` reached with stack set `s`.
-    #[inline]
-    fn visit(&self, v: &TokenIndex, n: usize, s: u32, mask: &mut [u64]) {
+    fn visit(m: &Machine, v: &TokenIndex, n: usize, s: u32, mask: &mut [u64]) {
         for k in v.node_tok[n] as usize..v.node_mid[n] as usize {
             let p = v.sorted_partial[k];
-            if p.n_remain == 0 || self.m.partial_ok(s, p) {
+            if p.n_remain == 0 || m.partial_ok(s, p) {
                 let id = v.sorted[k];
                 mask[id as usize / 64] |= 1 << (id % 64);
             }
         }
-        let set = &self.m.sets[s as usize];
-        if !set.token_tops.is_empty() {
-            // A token rule on top decides every token still going on below this node
-            // by its id alone, as llama.cpp's candidate rejection does.
-            let lo = v.node_mid[n] as usize;
-            let hi = v.subtree_tok_end(n);
-            for &(neg, t) in set.token_tops.iter() {
-                for &id in &v.sorted[lo..hi] {
-                    if (id == t) != neg {
-                        mask[id as usize / 64] |= 1 << (id % 64);
-                    }
+        if m.has_tokens[s as usize] {
+            Self::visit_token_tops(m, v, n, s, mask);
+        }
+    }
+
+    /// A token rule on top decides every token still going on below this node by its
+    /// id alone, as llama.cpp's candidate rejection does.
+    #[cold]
+    fn visit_token_tops(m: &Machine, v: &TokenIndex, n: usize, s: u32, mask: &mut [u64]) {
+        let lo = v.node_mid[n] as usize;
+        let hi = v.subtree_tok_end(n);
+        for &(neg, t) in m.sets[s as usize].token_tops.iter() {
+            for &id in &v.sorted[lo..hi] {
+                if (id == t) != neg {
+                    mask[id as usize / 64] |= 1 << (id % 64);
                 }
             }
         }
@@ -662,7 +769,7 @@ impl Matcher {
         }
         self.cur = next;
         self.partial = end;
-        if self.m.nodes.len() > MAX_NODES {
+        if self.m.nodes.len() > MAX_NODES || self.m.trans.len() > MAX_TRANS {
             self.compact();
         }
         Some(())
@@ -694,6 +801,7 @@ impl Matcher {
                 alts: Vec::new(),
                 class_at: Vec::new(),
                 classes: Vec::new(),
+                boundaries: Vec::new(),
             },
         );
         let mut m = Machine::new(prog);

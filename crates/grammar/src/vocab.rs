@@ -26,6 +26,9 @@ pub struct TokenIndex {
     pub(crate) sorted: Vec<u32>,
     pub(crate) sorted_partial: Vec<Partial>,
     pub(crate) max_depth: usize,
+    /// The distinct code points of the trie, sorted; `node_alpha[n]` indexes it.
+    pub(crate) alphabet: Vec<u32>,
+    pub(crate) node_alpha: Vec<u32>,
 }
 
 impl TokenIndex {
@@ -77,6 +80,8 @@ impl TokenIndex {
             sorted: Vec::with_capacity(entries.len()),
             sorted_partial: Vec::with_capacity(entries.len()),
             max_depth: 0,
+            alphabet: Vec::new(),
+            node_alpha: Vec::new(),
         };
         // `path[d]` is the node at depth d on the current branch; `path_cp` its label.
         let mut path: Vec<u32> = vec![0];
@@ -108,6 +113,15 @@ impl TokenIndex {
         for n in path {
             t.node_end[n as usize] = n_nodes;
         }
+        let mut alphabet = t.node_cp[1..].to_vec();
+        alphabet.sort_unstable();
+        alphabet.dedup();
+        t.node_alpha = t
+            .node_cp
+            .iter()
+            .map(|c| alphabet.binary_search(c).unwrap_or(0) as u32)
+            .collect();
+        t.alphabet = alphabet;
         t
     }
 

@@ -119,6 +119,17 @@ fn check_model(name: &str, known: &str) {
             ctx.decode(&Batch::sequence(&[t], pos, 0)).unwrap();
             pos += 1;
         }
+        if std::env::var_os("GRAMMAR_DEBUG").is_some() {
+            let st = chain.grammar_stats();
+            eprintln!(
+                "STATS {name} {case_name}: {} tokens, {} checks ({:.1} us), {} masks ({:.1} us)",
+                got.len(),
+                st.checks,
+                st.check_nanos as f64 / 1e3,
+                st.masks,
+                st.mask_nanos as f64 / 1e3
+            );
+        }
         match near_tie {
             Some((step, gap, allowed)) if gap <= NEAR_TIE && allowed => {
                 eprintln!("{name} {case_name}: near-tie at step {step} (gap {gap})");
