@@ -218,6 +218,8 @@ impl Program {
 
 /// Stack id 0 is the empty stack; set id 0 the empty (dead) set.
 const EMPTY_STACK: u32 = 0;
+/// Stands for "the rest of a stack, unknown": the bottom of a truncated stack.
+const TRUNC: u32 = 1;
 const DEAD: u32 = 0;
 const UNKNOWN: u32 = u32::MAX;
 
@@ -229,6 +231,8 @@ struct StackSet {
     /// Stacks whose top is `<[id]>` / `!<[id]>`: (negated, id).
     token_tops: Box<[(bool, u32)]>,
     has_empty: bool,
+    /// Some stack popped into the unknown rest of a truncated stack.
+    has_trunc: bool,
 }
 
 /// Interned stacks and stack sets with their memoized transitions.
@@ -259,7 +263,7 @@ impl Machine {
         let n_intervals = prog.n_intervals();
         let mut m = Machine {
             prog,
-            nodes: vec![(u32::MAX, u32::MAX)],
+            nodes: vec![(u32::MAX, u32::MAX), (u32::MAX, u32::MAX)],
             node_ids: FxMap::default(),
             sets: Vec::new(),
             set_ids: FxMap::default(),
@@ -298,7 +302,7 @@ impl Machine {
             if self.seen.insert(s, ()).is_some() {
                 continue;
             }
-            if s == EMPTY_STACK {
+            if s == EMPTY_STACK || s == TRUNC {
                 if !out.contains(&s) {
                     out.push(s);
                 }
@@ -364,9 +368,14 @@ impl Machine {
         let mut char_stacks = Vec::new();
         let mut token_tops = Vec::new();
         let mut has_empty = false;
+        let mut has_trunc = false;
         for &s in &stacks {
             if s == EMPTY_STACK {
                 has_empty = true;
+                continue;
+            }
+            if s == TRUNC {
+                has_trunc = true;
                 continue;
             }
             match self.prog.elems[self.pop(s).0 as usize] {
@@ -382,6 +391,7 @@ impl Machine {
             char_stacks: char_stacks.into_boxed_slice(),
             token_tops: token_tops.into_boxed_slice(),
             has_empty,
+            has_trunc,
         });
         self.trans
             .resize(self.trans.len() + self.n_intervals, UNKNOWN);
@@ -455,6 +465,31 @@ impl Machine {
         next
     }
 
+    /// `stack` cut to its top `depth` frames over [`TRUNC`] (itself if no deeper).
+    fn truncate(&mut self, stack: u32, depth: usize) -> u32 {
+        let mut frames = Vec::with_capacity(depth);
+        let mut s = stack;
+        while s != EMPTY_STACK && s != TRUNC && frames.len() < depth {
+            let (pos, parent) = self.pop(s);
+            frames.push(pos);
+            s = parent;
+        }
+        if s == EMPTY_STACK || s == TRUNC {
+            return stack;
+        }
+        frames
+            .iter()
+            .rev()
+            .fold(TRUNC, |base, &pos| self.push(base, pos))
+    }
+
+    /// `set` with every stack truncated to `depth` frames.
+    fn truncate_set(&mut self, set: u32, depth: usize) -> u32 {
+        let stacks = self.sets[set as usize].stacks.to_vec();
+        let cut: Vec<u32> = stacks.iter().map(|&s| self.truncate(s, depth)).collect();
+        self.intern_set(cut)
+    }
+
     /// Some stack of `set` has a class that a completion of `p` could satisfy.
     fn partial_ok(&self, set: u32, p: Partial) -> bool {
         self.sets[set as usize].char_stacks.iter().any(|&s| {
@@ -477,12 +512,34 @@ pub struct Matcher {
     scratch: Vec<u32>,
     set_path: Vec<u32>,
     masks: FxMap<u32, Box<[u64]>>,
+    /// Masks of truncated stack sets with the trie nodes they left undecided.
+    tmasks: FxMap<u32, (Box<[u64]>, Undecided)>,
     /// The interval of each code point of the vocabulary's alphabet.
     alpha_interval: Vec<u32>,
+    trunc_depth: usize,
+    node_path: Vec<u32>,
+}
+
+/// What a walk over truncated stacks could not decide, as bitsets over trie nodes:
+/// `open` nodes, where a stack reached the unknown rest (their whole subtree must be
+/// walked with the real stacks), and `path`, those nodes and their ancestors.
+#[derive(Clone, Debug, Default)]
+struct Undecided {
+    open: Box<[u64]>,
+    path: Box<[u64]>,
+}
+
+fn bit(bits: &[u64], n: usize) -> bool {
+    bits[n / 64] >> (n % 64) & 1 == 1
 }
 
 /// Masks kept per matcher (a Gemma 3 mask is 32 KiB).
 const MASK_CACHE: usize = 64;
+/// Stack frames a mask is computed over before the rest is treated as unknown: masks
+/// of the top frames (a string's body, a number) are shared by every context they
+/// occur in, and only the tokens that reach below are walked again with the real
+/// stacks.
+const TRUNC_DEPTH: usize = 3;
 /// When the interned state outgrows this, it is rebuilt around the current stacks.
 const MAX_NODES: usize = 1 << 21;
 /// Likewise for the step table (entries).
@@ -501,12 +558,25 @@ impl Matcher {
             scratch: Vec::new(),
             set_path: Vec::new(),
             masks: FxMap::default(),
+            tmasks: FxMap::default(),
             alpha_interval: Vec::new(),
+            trunc_depth: TRUNC_DEPTH,
+            node_path: Vec::new(),
         }
     }
 
     pub fn vocab(&self) -> &Arc<TokenIndex> {
         &self.vocab
+    }
+
+    /// How many stack frames masks are computed over before the rest counts as
+    /// unknown (see `TRUNC_DEPTH`); for tests, which check that every depth gives the
+    /// same masks.
+    #[doc(hidden)]
+    pub fn set_trunc_depth(&mut self, depth: usize) {
+        self.trunc_depth = depth.max(1);
+        self.masks.clear();
+        self.tmasks.clear();
     }
 
     /// Forgets the cached masks and memoized transitions (they are rebuilt on demand);
@@ -591,28 +661,53 @@ impl Matcher {
             mask.copy_from_slice(m);
             return;
         }
-        mask.fill(0);
-        self.walk(mask);
+        let cur = self.cur;
+        let cut = self.m.truncate_set(cur, self.trunc_depth);
+        if cut == cur {
+            mask.fill(0);
+            self.walk(cur, mask, None);
+        } else {
+            if !self.tmasks.contains_key(&cut) {
+                mask.fill(0);
+                let words = self.vocab.n_nodes().div_ceil(64);
+                let mut open = vec![0u64; words];
+                let mut path = vec![0u64; words];
+                self.walk(cut, mask, Some((&mut open, &mut path)));
+                if self.tmasks.len() >= MASK_CACHE {
+                    self.tmasks.clear();
+                }
+                let undecided = Undecided {
+                    open: open.into_boxed_slice(),
+                    path: path.into_boxed_slice(),
+                };
+                self.tmasks
+                    .insert(cut, (mask.to_vec().into_boxed_slice(), undecided));
+            }
+            let (tmask, undecided) = self.tmasks.remove(&cut).unwrap_or_default();
+            mask.copy_from_slice(&tmask);
+            self.walk_undecided(cur, mask, &undecided);
+            self.tmasks.insert(cut, (tmask, undecided));
+        }
+        if self.m.sets[cur as usize].has_empty {
+            for &e in &self.vocab.eog {
+                mask[e as usize / 64] |= 1 << (e % 64);
+            }
+        }
         if self.masks.len() >= MASK_CACHE {
             self.masks.clear();
         }
-        self.masks
-            .insert(self.cur, mask.to_vec().into_boxed_slice());
+        self.masks.insert(cur, mask.to_vec().into_boxed_slice());
     }
 
-    fn walk(&mut self, mask: &mut [u64]) {
+    /// Walks, with the real stacks, the trie nodes a truncated walk left undecided
+    /// (the subtrees of `open` nodes, and the paths to them), adding the tokens they
+    /// allow.
+    fn walk_undecided(&mut self, root: u32, mask: &mut [u64], undecided: &Undecided) {
         let v = Arc::clone(&self.vocab);
-        let root = self.cur;
-        if root == DEAD {
+        if !bit(&undecided.path, 0) {
             return;
         }
-        if self.alpha_interval.len() != v.alphabet.len() {
-            self.alpha_interval = v
-                .alphabet
-                .iter()
-                .map(|&c| self.m.prog.interval_of(c))
-                .collect();
-        }
+        self.ensure_intervals(&v);
         let Matcher {
             m,
             set_path,
@@ -622,6 +717,75 @@ impl Matcher {
         set_path.clear();
         set_path.resize(v.max_depth + 1, DEAD);
         set_path[0] = root;
+        Self::visit(m, &v, 0, root, mask);
+        let n = v.node_cp.len();
+        // Inside an open subtree every node is walked.
+        let mut open_until = if bit(&undecided.open, 0) { n } else { 0 };
+        let mut i = 1;
+        while i < n {
+            if i >= open_until {
+                if !bit(&undecided.path, i) {
+                    i = v.node_end[i] as usize;
+                    continue;
+                }
+                if bit(&undecided.open, i) {
+                    open_until = v.node_end[i] as usize;
+                }
+            }
+            let d = v.node_depth[i] as usize;
+            let s = m.step_interval(set_path[d - 1], alpha_interval[v.node_alpha[i] as usize]);
+            if s == DEAD {
+                i = v.node_end[i] as usize;
+                continue;
+            }
+            set_path[d] = s;
+            Self::visit(m, &v, i, s, mask);
+            i += 1;
+        }
+    }
+
+    fn ensure_intervals(&mut self, v: &TokenIndex) {
+        if self.alpha_interval.len() != v.alphabet.len() {
+            self.alpha_interval = v
+                .alphabet
+                .iter()
+                .map(|&c| self.m.prog.interval_of(c))
+                .collect();
+        }
+    }
+
+    /// The mask of stack set `root` over the whole trie. With `undecided`, `root` is a
+    /// truncated set: nodes where a stack reached the unknown rest are marked there,
+    /// with their ancestors, for [`Matcher::walk_undecided`].
+    fn walk(
+        &mut self,
+        root: u32,
+        mask: &mut [u64],
+        mut undecided: Option<(&mut Vec<u64>, &mut Vec<u64>)>,
+    ) {
+        let v = Arc::clone(&self.vocab);
+        if root == DEAD {
+            return;
+        }
+        self.ensure_intervals(&v);
+        let Matcher {
+            m,
+            set_path,
+            alpha_interval,
+            node_path,
+            ..
+        } = self;
+        set_path.clear();
+        set_path.resize(v.max_depth + 1, DEAD);
+        set_path[0] = root;
+        node_path.clear();
+        node_path.resize(v.max_depth + 1, 0);
+        if let Some((open, path)) = undecided.as_mut()
+            && m.sets[root as usize].has_trunc
+        {
+            open[0] |= 1;
+            path[0] |= 1;
+        }
         // The hot loop: one step-table lookup per trie node, locals for every array.
         let (depth, alpha, end) = (&v.node_depth[..], &v.node_alpha[..], &v.node_end[..]);
         let (tok, mid) = (&v.node_tok[..], &v.node_mid[..]);
@@ -637,6 +801,19 @@ impl Matcher {
                 continue;
             }
             set_path[d] = s;
+            if let Some((open, path)) = undecided.as_mut() {
+                node_path[d] = i as u32;
+                if m.sets[s as usize].has_trunc {
+                    open[i / 64] |= 1 << (i % 64);
+                    for &a in node_path[..=d].iter().rev() {
+                        let (w, b) = (a as usize / 64, a % 64);
+                        if path[w] >> b & 1 == 1 {
+                            break;
+                        }
+                        path[w] |= 1 << b;
+                    }
+                }
+            }
             for k in tok[i] as usize..mid[i] as usize {
                 let p = partial[k];
                 if p.n_remain == 0 || m.partial_ok(s, p) {
@@ -648,11 +825,6 @@ impl Matcher {
                 Self::visit_token_tops(m, &v, i, s, mask);
             }
             i += 1;
-        }
-        if m.sets[root as usize].has_empty {
-            for &e in &v.eog {
-                mask[e as usize / 64] |= 1 << (e % 64);
-            }
         }
     }
 
@@ -711,10 +883,15 @@ impl Matcher {
     /// Advances past text that was not sampled (`llama_grammar_accept_str`), such as
     /// a prefilled start of the answer.
     pub fn accept_str(&mut self, text: &str) -> Result<(), MatchError> {
-        self.accept_piece(None, text.as_bytes())
+        self.accept_bytes(text.as_bytes())
+    }
+
+    /// [`Matcher::accept_str`] for bytes that may end inside a UTF-8 sequence.
+    pub fn accept_bytes(&mut self, text: &[u8]) -> Result<(), MatchError> {
+        self.accept_piece(None, text)
             .ok_or_else(|| MatchError::Rejected {
                 token: u32::MAX,
-                text: text.to_string(),
+                text: String::from_utf8_lossy(text).into_owned(),
             })
     }
 
@@ -812,5 +989,6 @@ impl Matcher {
         self.cur = m.intern_set(ids);
         self.m = m;
         self.masks.clear();
+        self.tmasks.clear();
     }
 }

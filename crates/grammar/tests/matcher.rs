@@ -130,8 +130,10 @@ fn masks_equal_llama_cpp_on_random_walks() {
     let mut steps = 0;
     for src in GRAMMARS {
         let g = Grammar::parse(src, "root", None).unwrap();
-        for _walk in 0..12 {
+        for walk in 0..12 {
             let mut fast = Matcher::new(&g, Arc::clone(&index));
+            // Masks over truncated stacks must not depend on where they are cut.
+            fast.set_trunc_depth([1, 2, 3, 8][walk % 4]);
             let mut slow = Reference::new(&g);
             for _ in 0..40 {
                 let want = slow.allowed(&pieces, &is_eog);
