@@ -133,6 +133,11 @@ impl TokenIndex {
         self.node_cp.len()
     }
 
+    /// Token `id`'s text as grammars read it (empty outside the vocabulary).
+    pub fn piece(&self, id: u32) -> &[u8] {
+        self.pieces.get(id as usize).map_or(&[], |p| p)
+    }
+
     pub fn is_eog(&self, id: u32) -> bool {
         self.is_eog.get(id as usize).copied().unwrap_or(false)
     }

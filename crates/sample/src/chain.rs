@@ -27,6 +27,17 @@ struct Constraint {
     matcher: Matcher,
     mask: Vec<u64>,
     stats: GrammarStats,
+    /// A lazy grammar waits for one of these words in the output before it constrains
+    /// anything (llama.cpp's lazy grammar with trigger words); `None` once triggered.
+    awaiting: Option<Awaiting>,
+    triggers: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+struct Awaiting {
+    triggers: Vec<String>,
+    /// The output so far, searched for a trigger.
+    text: Vec<u8>,
 }
 
 /// What constraining a generation cost: the sampled token was checked `checks` times
@@ -132,10 +143,22 @@ impl SamplerChain {
     /// Constrains every later `sample` by a grammar (`None` removes it). The matcher's
     /// vocabulary must be this chain's.
     pub fn set_grammar(&mut self, matcher: Option<Matcher>) {
+        self.set_lazy_grammar(matcher, Vec::new());
+    }
+
+    /// A grammar that applies only from the first occurrence of one of `triggers` in
+    /// the output on (the text from the trigger's start is fed to it then); before
+    /// that the output is free. No triggers: it applies from the start.
+    pub fn set_lazy_grammar(&mut self, matcher: Option<Matcher>, triggers: Vec<String>) {
         self.grammar = matcher.map(|matcher| Constraint {
             mask: vec![0; self.n_vocab.div_ceil(64)],
             matcher,
             stats: GrammarStats::default(),
+            awaiting: (!triggers.is_empty()).then(|| Awaiting {
+                triggers: triggers.clone(),
+                text: Vec::new(),
+            }),
+            triggers,
         });
     }
 
@@ -167,7 +190,7 @@ impl SamplerChain {
             s.apply(&mut self.cur);
         }
         let id = self.cur.selected_token().ok_or(SampleError::NoSelection)?;
-        let Some(g) = self.grammar.as_mut() else {
+        let Some(g) = self.grammar.as_mut().filter(|g| g.awaiting.is_none()) else {
             return Ok(id);
         };
         let t0 = Instant::now();
@@ -201,7 +224,22 @@ impl SamplerChain {
     /// sample, such as a forced one); the chain's state is then unchanged.
     pub fn accept(&mut self, token: u32) -> Result<(), SampleError> {
         if let Some(g) = self.grammar.as_mut() {
-            g.matcher.accept(token)?;
+            match g.awaiting.as_mut() {
+                None => g.matcher.accept(token)?,
+                Some(a) => {
+                    a.text.extend_from_slice(g.matcher.vocab().piece(token));
+                    let found = a
+                        .triggers
+                        .iter()
+                        .filter_map(|t| find(&a.text, t.as_bytes()))
+                        .min();
+                    if let Some(at) = found {
+                        let text = std::mem::take(&mut a.text);
+                        g.awaiting = None;
+                        g.matcher.accept_bytes(&text[at..])?;
+                    }
+                }
+            }
         }
         for s in &mut self.samplers {
             s.accept(token);
@@ -225,6 +263,10 @@ impl SamplerChain {
         }
         if let Some(g) = self.grammar.as_mut() {
             g.matcher.reset();
+            g.awaiting = (!g.triggers.is_empty()).then(|| Awaiting {
+                triggers: g.triggers.clone(),
+                text: Vec::new(),
+            });
         }
     }
 
@@ -257,4 +299,11 @@ impl SamplerChain {
         }
         s
     }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -185,6 +185,9 @@ pub struct GenRequest {
     pub suffix: Option<String>,
     pub best_of: Option<i64>,
     pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
+    pub reasoning_format: Option<String>,
     pub functions: Option<Value>,
     pub response_format: Option<Value>,
     pub grammar: Option<Value>,
@@ -243,9 +246,6 @@ impl GenRequest {
             Some(Value::Array(a)) => !a.is_empty(),
             Some(_) => true,
         };
-        if present(&self.tools) {
-            return unsupported("tools", "tool calling");
-        }
         if present(&self.functions) {
             return unsupported("functions", "function calling");
         }
@@ -267,6 +267,25 @@ impl GenRequest {
     /// `json_schema` with `json_schema.schema`). As llama-server: on the completion
     /// endpoints `grammar` wins over `json_schema`; on chat both at once is an error.
     pub fn grammar(&self, chat: bool, limits: &SchemaOptions) -> Result<Option<String>, ApiError> {
+        let (grammar, schema) = self.constraint(chat)?;
+        let Some(schema) = schema else {
+            return Ok(grammar);
+        };
+        let param = if self.json_schema.as_ref().is_some_and(|v| !v.is_null()) {
+            "json_schema"
+        } else {
+            "response_format"
+        };
+        json_schema_to_grammar(&schema, limits)
+            .map(Some)
+            .map_err(|e| {
+                ApiError::invalid_param(param, format!("invalid JSON schema: {e}"))
+                    .with_code("invalid_json_schema")
+            })
+    }
+
+    /// The constraint as given: GBNF text, or a schema (an empty one made "any object").
+    pub fn constraint(&self, chat: bool) -> Result<(Option<String>, Option<Value>), ApiError> {
         let grammar = match &self.grammar {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
@@ -325,12 +344,7 @@ impl GenRequest {
             schema = None;
         }
         let Some(mut schema) = schema else {
-            return Ok(grammar);
-        };
-        let param = if self.json_schema.as_ref().is_some_and(|v| !v.is_null()) {
-            "json_schema"
-        } else {
-            "response_format"
+            return Ok((grammar, None));
         };
         if let Some(obj) = schema.as_object_mut()
             && obj.is_empty()
@@ -338,12 +352,7 @@ impl GenRequest {
             // An empty schema means any object.
             obj.insert("type".into(), Value::String("object".into()));
         }
-        json_schema_to_grammar(&schema, limits)
-            .map(Some)
-            .map_err(|e| {
-                ApiError::invalid_param(param, format!("invalid JSON schema: {e}"))
-                    .with_code("invalid_json_schema")
-            })
+        Ok((None, Some(schema)))
     }
 
     /// OpenAI's `max_completion_tokens` / `max_tokens` (also llama's `n_predict`): at

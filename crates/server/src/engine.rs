@@ -138,6 +138,22 @@ pub trait Engine: Send + 'static {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError>;
+    /// The chat template with OpenAI `tools` (an array) given to it as `tools`.
+    /// Engines whose template cannot take tools render without them.
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        let _ = tools;
+        self.apply_chat_template(messages, add_generation_prompt)
+    }
+    /// The chat template's source (empty if unknown): tool-call formats are recognised
+    /// from it.
+    fn chat_template_source(&self) -> String {
+        String::new()
+    }
     /// Evaluates `batch`, appending its tokens to their sequences' KV cells.
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError>;
     /// Logits of the `i`-th entry of the last decoded batch that wanted them
@@ -196,6 +212,17 @@ impl Engine for Box<dyn Engine> {
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
         (**self).apply_chat_template(messages, add_generation_prompt)
+    }
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        (**self).apply_chat_template_with_tools(messages, tools, add_generation_prompt)
+    }
+    fn chat_template_source(&self) -> String {
+        (**self).chat_template_source()
     }
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
         (**self).decode(batch)

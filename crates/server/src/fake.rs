@@ -55,6 +55,13 @@ pub struct FakeEngine {
 }
 
 impl FakeEngine {
+    /// The same engine with another chat template (Jinja source), for tests of
+    /// template-specific behaviour such as tool-call formats.
+    pub fn with_chat_template(mut self, source: &str) -> Result<FakeEngine, String> {
+        self.template = ChatTemplate::new(source, "<s>", "</s>").map_err(|e| e.to_string())?;
+        Ok(self)
+    }
+
     /// `n_ctx` KV cells in all, split evenly over `n_seq` sequences.
     pub fn new(n_ctx: u32, n_seq: u32) -> FakeEngine {
         let n_seq = n_seq.max(1);
@@ -197,6 +204,19 @@ impl Engine for FakeEngine {
         self.template
             .render(messages, None, add_generation_prompt)
             .map_err(|e| EngineError::Template(e.to_string()))
+    }
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        self.template
+            .render(messages, tools, add_generation_prompt)
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+    fn chat_template_source(&self) -> String {
+        self.template.source().to_string()
     }
 
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {

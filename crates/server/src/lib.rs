@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Bounds on JSON schemas (nesting depth, rules, repetition counts).
     pub schema_limits: lamina_grammar::json_schema::SchemaOptions,
+    /// Where `<think>` reasoning goes in chat answers (`--reasoning-format`).
+    pub reasoning_format: lamina_chat::ReasoningFormat,
     /// Most tokens in one decode step (`-b`).
     pub n_batch: u32,
     /// Requests that may wait for a slot; beyond it the server answers 503.
@@ -52,6 +54,7 @@ impl Default for ServerConfig {
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),
+            reasoning_format: Default::default(),
             n_batch: 512,
             queue_size: 64,
         }

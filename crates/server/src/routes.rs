@@ -22,12 +22,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::ServerConfig;
 use crate::api::{self, GenRequest, MAX_CHOICES};
+use crate::engine::ChatMessage;
 use crate::engine::{Engine, Token};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{
     self, Command, Done, EngineInfo, Event, GenParams, Job, Prompt, TokenProbs, TopProb,
 };
+use lamina_chat::{ChatError, Format, ParsedMessage, ReasoningFormat, ToolCall, ToolChoice, Tools};
 
 const CHAT_PAGE: &str = include_str!("chat.html");
 
@@ -68,6 +70,7 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
+        .route("/apply-template", post(apply_template))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
         .route("/models", get(models))
@@ -152,6 +155,7 @@ struct Choice {
     rx: mpsc::UnboundedReceiver<Event>,
     prompt_index: usize,
     prompt_tokens: usize,
+    thinking_open: bool,
 }
 
 impl AppState {
@@ -208,12 +212,19 @@ impl AppState {
                     rx,
                     prompt_index,
                     prompt_tokens: 0,
+                    thinking_open: false,
                 });
             }
         }
         for c in &mut choices {
             match c.rx.recv().await {
-                Some(Event::Accepted { prompt_tokens }) => c.prompt_tokens = prompt_tokens,
+                Some(Event::Accepted {
+                    prompt_tokens,
+                    thinking_open,
+                }) => {
+                    c.prompt_tokens = prompt_tokens;
+                    c.thinking_open = thinking_open;
+                }
                 Some(Event::Error(e)) => return Err(e),
                 _ => return Err(ApiError::internal("the engine stopped")),
             }
@@ -395,6 +406,55 @@ struct Shape {
     api: Api,
     want_probs: bool,
     include_usage: bool,
+    /// Chat answers are taken apart (reasoning, tool calls).
+    chat: Option<ChatOut>,
+}
+
+/// How a chat answer is read back.
+#[derive(Clone, Copy)]
+struct ChatOut {
+    format: Format,
+    reasoning: ReasoningFormat,
+    id_seed: u64,
+}
+
+impl ChatOut {
+    fn parse(&self, text: &str, is_final: bool, choice: usize, open: bool) -> ParsedMessage {
+        self.format.parse(
+            text,
+            self.reasoning,
+            open,
+            is_final,
+            self.id_seed.wrapping_add(choice as u64),
+        )
+    }
+}
+
+/// OpenAI's `tool_calls` array; deltas (`streamed`) number their calls.
+fn tool_calls_json(calls: &[ToolCall], streamed: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}});
+            if streamed {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
+}
+
+/// OpenAI's finish reason, `tool_calls` when the answer is calls.
+fn chat_finish_reason(stop: scheduler::StopType, m: &ParsedMessage) -> &'static str {
+    if !m.tool_calls.is_empty()
+        && matches!(stop, scheduler::StopType::Eos | scheduler::StopType::Word)
+    {
+        "tool_calls"
+    } else {
+        stop.finish_reason()
+    }
 }
 
 async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, ApiError> {
@@ -412,6 +472,7 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
         .iter()
         .map(|c| (c.prompt_index, c.prompt_tokens))
         .collect();
+    let thinking_open: Vec<bool> = choices.iter().map(|c| c.thinking_open).collect();
     let outs = futures_util::future::join_all(choices.into_iter().map(|c| collect(c.rx))).await;
     let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
     let completion: usize = outs.iter().map(|o| o.done.completion_tokens).sum();
@@ -422,11 +483,28 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
+                    let m = match &shape.chat {
+                        Some(c) => c.parse(&o.text, true, i, thinking_open[i]),
+                        None => ParsedMessage {
+                            content: o.text.clone(),
+                            ..Default::default()
+                        },
+                    };
+                    let mut message = json!({"role": "assistant", "content": m.content});
+                    if !m.reasoning_content.is_empty() {
+                        message["reasoning_content"] = json!(m.reasoning_content);
+                    }
+                    if !m.tool_calls.is_empty() {
+                        if m.content.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = tool_calls_json(&m.tool_calls, false);
+                    }
                     json!({
                         "index": i,
-                        "message": {"role": "assistant", "content": o.text},
+                        "message": message,
                         "logprobs": if shape.want_probs { chat_logprobs(&o.probs) } else { Value::Null },
-                        "finish_reason": o.done.stop_type.finish_reason(),
+                        "finish_reason": chat_finish_reason(o.done.stop_type, &m),
                     })
                 })
                 .collect();
@@ -491,6 +569,21 @@ fn native_final(d: Done, model: &str) -> Value {
     })
 }
 
+/// What of a partial parse was not sent yet: new reasoning and content, as a delta
+/// object (`{}` when nothing). `sent` is (reasoning bytes, content bytes) sent.
+fn chat_delta(m: &ParsedMessage, sent: &mut (usize, usize)) -> Value {
+    let mut delta = serde_json::Map::new();
+    let mut take = |text: &str, at: &mut usize, key: &str| {
+        if text.len() > *at && text.is_char_boundary(*at) {
+            delta.insert(key.into(), json!(text[*at..]));
+            *at = text.len();
+        }
+    };
+    take(&m.reasoning_content, &mut sent.0, "reasoning_content");
+    take(&m.content, &mut sent.1, "content");
+    Value::Object(delta)
+}
+
 /// Streams a run as server-sent events. A task turns engine events into SSE lines; when
 /// the client goes away the body (and the task's sender) is dropped, the task ends,
 /// and with it the engine's receivers, which cancels generation.
@@ -518,6 +611,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
         .iter()
         .map(|c| (c.prompt_index, c.prompt_tokens))
         .collect();
+    let thinking_open: Vec<bool> = choices.iter().map(|c| c.thinking_open).collect();
     let streams: Vec<BoxStream<'static, (usize, Event)>> = choices
         .into_iter()
         .enumerate()
@@ -561,6 +655,9 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
     let mut completion = 0;
     let mut cached = 0;
     let mut text_offsets = vec![0usize; n];
+    // Chat: each choice's text so far and how much of its parse was sent.
+    let mut full = vec![String::new(); n];
+    let mut sent = vec![(0usize, 0usize); n];
     while n_done < n {
         let next = tokio::select! {
             _ = tx.closed() => return,
@@ -572,11 +669,24 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
             Some((_, Event::Error(e))) => e.body().to_string(),
             Some((_, Event::Accepted { .. })) => continue,
             Some((i, Event::Delta(d))) => match shape.api {
-                Api::Chat => chunk(json!([{
-                    "index": i, "delta": {"content": d.text},
-                    "logprobs": if shape.want_probs { chat_logprobs(&d.probs) } else { Value::Null },
-                    "finish_reason": null,
-                }])),
+                Api::Chat => {
+                    let delta = match &shape.chat {
+                        Some(c) => {
+                            full[i].push_str(&d.text);
+                            let m = c.parse(&full[i], false, i, thinking_open[i]);
+                            chat_delta(&m, &mut sent[i])
+                        }
+                        None => json!({"content": d.text}),
+                    };
+                    if delta.as_object().is_some_and(|o| o.is_empty()) && !shape.want_probs {
+                        continue;
+                    }
+                    chunk(json!([{
+                        "index": i, "delta": delta,
+                        "logprobs": if shape.want_probs { chat_logprobs(&d.probs) } else { Value::Null },
+                        "finish_reason": null,
+                    }]))
+                }
                 Api::Completions => {
                     let lp = if shape.want_probs {
                         completion_logprobs(&d.probs, text_offsets[i])
@@ -603,9 +713,33 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                 cached += d.cached_tokens;
                 let reason = d.stop_type.finish_reason();
                 match shape.api {
-                    Api::Chat => chunk(json!([{
-                        "index": i, "delta": {}, "logprobs": null, "finish_reason": reason,
-                    }])),
+                    Api::Chat => {
+                        let (delta, reason) = match &shape.chat {
+                            Some(c) => {
+                                let m = c.parse(&full[i], true, i, thinking_open[i]);
+                                let mut delta = chat_delta(&m, &mut sent[i]);
+                                if !m.tool_calls.is_empty() {
+                                    delta["tool_calls"] = tool_calls_json(&m.tool_calls, true);
+                                }
+                                (delta, chat_finish_reason(d.stop_type, &m))
+                            }
+                            None => (json!({}), reason),
+                        };
+                        if !delta.as_object().is_some_and(|o| o.is_empty())
+                            && tx
+                                .send(chunk(json!([{
+                                    "index": i, "delta": delta, "logprobs": null,
+                                    "finish_reason": null,
+                                }])))
+                                .await
+                                .is_err()
+                        {
+                            return;
+                        }
+                        chunk(json!([{
+                            "index": i, "delta": {}, "logprobs": null, "finish_reason": reason,
+                        }]))
+                    }
                     Api::Completions => chunk(json!([{
                         "index": i, "text": "", "logprobs": null, "finish_reason": reason,
                     }])),
@@ -644,6 +778,7 @@ fn base_params(
         cache_prompt: req.cache_prompt.unwrap_or(true),
         deadline: st.deadline(),
         grammar: None,
+        grammar_triggers: Vec::new(),
     })
 }
 
@@ -651,25 +786,152 @@ async fn chat(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Res
     respond(chat_inner(st, headers, body).await)
 }
 
+fn chat_error(e: ChatError) -> ApiError {
+    let code = match e {
+        ChatError::UnknownFunction(_) => "unknown_function",
+        ChatError::BadSchema { .. } => "invalid_tool_schema",
+        ChatError::Invalid { .. } => "invalid_tools",
+    };
+    ApiError::invalid_param(e.param(), e.to_string()).with_code(code)
+}
+
+/// A chat request made ready: the conversation as the template will see it, the
+/// tools, and how the answer is to be read back.
+struct ChatSetup {
+    messages: Vec<ChatMessage>,
+    tools: Option<Value>,
+    out: ChatOut,
+}
+
+/// Tools, tool choice, response format and reasoning of a chat request: sets the
+/// grammar in `params` and says how to read the answer.
+fn chat_setup(
+    st: &AppState,
+    req: &GenRequest,
+    params: &mut GenParams,
+) -> Result<ChatSetup, ApiError> {
+    let limits = &st.0.config.schema_limits;
+    let mut messages = req.chat_messages()?;
+    let tools = Tools::from_request(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls.as_ref(),
+    )
+    .map_err(chat_error)?;
+    let reasoning = match req.reasoning_format.as_deref() {
+        None => st.0.config.reasoning_format,
+        Some(s) => ReasoningFormat::parse(s).ok_or_else(|| {
+            ApiError::invalid_param(
+                "reasoning_format",
+                format!("reasoning_format must be none, deepseek or auto, got {s:?}"),
+            )
+        })?,
+    };
+    let mut format = Format::for_answers(&st.0.info.chat_template_source);
+    match &tools {
+        Some(t) if t.choice != ToolChoice::None => {
+            let (grammar, schema) = req.constraint(true)?;
+            if grammar.is_some() {
+                return Err(ApiError::bad_request("Cannot specify grammar with tools"));
+            }
+            format = Format::detect(&st.0.info.chat_template_source);
+            let plan = format
+                .plan(t, schema.as_ref(), limits)
+                .map_err(chat_error)?;
+            params.grammar = plan.grammar;
+            params.grammar_triggers = plan.triggers;
+            if let Some(system) = plan.system {
+                add_system(&mut messages, &system);
+            }
+            if format == Format::Generic {
+                polyfill_history(&mut messages);
+            }
+        }
+        Some(t) => {
+            t.check_schemas(limits).map_err(chat_error)?;
+            params.grammar = req.grammar(true, limits)?;
+        }
+        None => params.grammar = req.grammar(true, limits)?,
+    }
+    Ok(ChatSetup {
+        messages,
+        tools: tools.map(|t| t.raw),
+        out: ChatOut {
+            format,
+            reasoning,
+            id_seed: ID_SEED
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9),
+        },
+    })
+}
+
+static ID_SEED: AtomicU64 = AtomicU64::new(0x51_7c_c1_b7);
+
+/// Prepends `text` to the first system message, or adds one.
+fn add_system(messages: &mut Vec<ChatMessage>, text: &str) {
+    match messages.first_mut() {
+        Some(m) if m.role == "system" => m.content = format!("{text}\n\n{}", m.content),
+        _ => messages.insert(0, ChatMessage::new("system", text)),
+    }
+}
+
+/// For templates without tools: earlier calls become the JSON the model is asked to
+/// write, and tool results user messages (llama.cpp's polyfills), so that templates
+/// that insist on alternating roles still render.
+fn polyfill_history(messages: &mut [ChatMessage]) {
+    for m in messages.iter_mut() {
+        if m.role == "assistant"
+            && let Some(calls) = m.tool_calls.take()
+        {
+            let calls: Vec<Value> = calls
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let f = &c["function"];
+                    let args = match &f["arguments"] {
+                        Value::String(s) => {
+                            serde_json::from_str(s).unwrap_or(Value::String(s.clone()))
+                        }
+                        other => other.clone(),
+                    };
+                    json!({"name": f["name"], "arguments": args, "id": c["id"]})
+                })
+                .collect();
+            m.content = json!({"tool_calls": calls}).to_string();
+        } else if m.role == "tool" {
+            m.role = "user".into();
+            m.content = json!({"tool_response": {
+                "tool": m.name, "tool_call_id": m.tool_call_id, "content": m.content,
+            }})
+            .to_string();
+            m.tool_call_id = None;
+        }
+    }
+}
+
 async fn chat_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
     let req: GenRequest = api::decode(&map)?;
     req.reject_unsupported()?;
-    let messages = req.chat_messages()?;
     let (want_probs, n_probs) = req.chat_logprobs()?;
     let mut params = base_params(&st, &req, &map)?;
     params.max_tokens = req.openai_max_tokens()?;
     params.want_probs = want_probs;
     params.n_probs = n_probs;
-    params.grammar = req.grammar(true, &st.0.config.schema_limits)?;
+    let setup = chat_setup(&st, &req, &mut params)?;
     let n = req.n()?;
-    let run = st
-        .start(vec![Prompt::Chat(messages)], n, params, "chatcmpl")
-        .await?;
+    let prompt = Prompt::Chat {
+        messages: setup.messages,
+        tools: setup.tools,
+    };
+    let run = st.start(vec![prompt], n, params, "chatcmpl").await?;
     let shape = Shape {
         api: Api::Chat,
         want_probs,
         include_usage: req.include_usage(),
+        chat: Some(setup.out),
     };
     finish_run(run, req.stream(), shape).await
 }
@@ -699,6 +961,7 @@ async fn completions_inner(
         api: Api::Completions,
         want_probs,
         include_usage: req.include_usage(),
+        chat: None,
     };
     finish_run(run, req.stream(), shape).await
 }
@@ -723,6 +986,7 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
         api: Api::Native,
         want_probs,
         include_usage: false,
+        chat: None,
     };
     finish_run(run, req.stream(), shape).await
 }
@@ -777,6 +1041,31 @@ async fn embeddings_inner(
         "usage": {"prompt_tokens": total, "total_tokens": total},
     }))
     .into_response())
+}
+
+async fn apply_template(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(apply_template_inner(st, headers, body).await)
+}
+
+/// llama-server's `/apply-template`: the prompt a chat request would be given (with
+/// its tools, and the tool-call instructions a template without tools gets), as text.
+async fn apply_template_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: GenRequest = api::decode(&map)?;
+    let mut params = GenParams::default();
+    let setup = chat_setup(&st, &req, &mut params)?;
+    let prompt = st
+        .ask(|reply| Command::ApplyTemplate {
+            messages: setup.messages,
+            tools: setup.tools,
+            reply,
+        })
+        .await??;
+    Ok(axum::Json(json!({"prompt": prompt})).into_response())
 }
 
 async fn tokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {

@@ -26,8 +26,12 @@ pub enum Prompt {
     Text { text: String, add_special: bool },
     /// Already tokenized; ids are checked against the vocabulary.
     Tokens(Vec<Token>),
-    /// A conversation rendered with the model's chat template.
-    Chat(Vec<ChatMessage>),
+    /// A conversation rendered with the model's chat template, with the request's
+    /// OpenAI `tools` given to the template.
+    Chat {
+        messages: Vec<ChatMessage>,
+        tools: Option<serde_json::Value>,
+    },
 }
 
 /// Everything about one generation besides its prompt.
@@ -47,6 +51,9 @@ pub struct GenParams {
     pub deadline: Option<Instant>,
     /// A GBNF grammar the output must follow.
     pub grammar: Option<String>,
+    /// With these, the grammar applies only from the first occurrence of one of them
+    /// in the output (a lazy grammar: tool calls after free text).
+    pub grammar_triggers: Vec<String>,
 }
 
 impl Default for GenParams {
@@ -61,6 +68,7 @@ impl Default for GenParams {
             cache_prompt: true,
             deadline: None,
             grammar: None,
+            grammar_triggers: Vec::new(),
         }
     }
 }
@@ -142,7 +150,12 @@ pub struct Done {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Accepted { prompt_tokens: usize },
+    /// `thinking_open`: the rendered chat prompt ends inside an opened `<think>` block
+    /// (DeepSeek R1's template opens it), so the answer starts with reasoning.
+    Accepted {
+        prompt_tokens: usize,
+        thinking_open: bool,
+    },
     Delta(Delta),
     Done(Done),
     Error(ApiError),
@@ -191,6 +204,12 @@ pub enum Command {
     Slots {
         reply: oneshot::Sender<Vec<SlotInfo>>,
     },
+    /// Renders a conversation with the chat template (`/apply-template`).
+    ApplyTemplate {
+        messages: Vec<ChatMessage>,
+        tools: Option<serde_json::Value>,
+        reply: oneshot::Sender<Result<String, ApiError>>,
+    },
 }
 
 /// Facts about the model the HTTP side needs without asking the thread.
@@ -203,6 +222,8 @@ pub struct EngineInfo {
     pub n_vocab: usize,
     pub n_slots: u32,
     pub n_embd: usize,
+    /// The chat template's source (tool-call formats are recognised from it).
+    pub chat_template_source: String,
 }
 
 /// Starts the engine thread. It ends when every `Sender` is dropped and its work is done.
@@ -219,6 +240,7 @@ pub fn spawn(
         n_vocab: engine.n_vocab(),
         n_slots: engine.n_seq_max().max(1),
         n_embd: engine.n_embd(),
+        chat_template_source: engine.chat_template_source(),
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let sched = Scheduler::new(engine, n_batch, metrics);
@@ -353,11 +375,12 @@ impl Scheduler {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Generate(job) => match self.prepare(&job) {
-                Ok((tokens, sampler)) => {
+                Ok((tokens, sampler, thinking_open)) => {
                     if job
                         .events
                         .send(Event::Accepted {
                             prompt_tokens: tokens.len(),
+                            thinking_open,
                         })
                         .is_ok()
                     {
@@ -373,6 +396,22 @@ impl Scheduler {
                     let _ = job.events.send(Event::Error(e));
                 }
             },
+            Command::ApplyTemplate {
+                messages,
+                tools,
+                reply,
+            } => {
+                let out = self
+                    .engine
+                    .apply_chat_template_with_tools(&messages, tools.as_ref(), true)
+                    .map_err(|e| match e {
+                        EngineError::Template(m) => {
+                            ApiError::invalid_param("messages", format!("chat template: {m}"))
+                        }
+                        other => ApiError::internal(other.to_string()),
+                    });
+                let _ = reply.send(out);
+            }
             Command::Tokenize {
                 text,
                 add_special,
@@ -427,23 +466,25 @@ impl Scheduler {
 
     /// Tokenizes and validates a job and builds its sampler: every client mistake is
     /// found here, before the request is queued.
-    fn prepare(&self, job: &Job) -> Result<(Vec<Token>, SamplerChain), ApiError> {
+    fn prepare(&self, job: &Job) -> Result<(Vec<Token>, SamplerChain, bool), ApiError> {
+        let mut thinking_open = false;
         let tokens = match &job.prompt {
             Prompt::Text { text, add_special } => self.engine.tokenize(text, *add_special, true),
             Prompt::Tokens(tokens) => {
                 self.check_tokens(tokens, "prompt")?;
                 tokens.clone()
             }
-            Prompt::Chat(messages) => {
-                let text =
-                    self.engine
-                        .apply_chat_template(messages, true)
-                        .map_err(|e| match e {
-                            EngineError::Template(m) => {
-                                ApiError::invalid_param("messages", format!("chat template: {m}"))
-                            }
-                            other => ApiError::internal(other.to_string()),
-                        })?;
+            Prompt::Chat { messages, tools } => {
+                let text = self
+                    .engine
+                    .apply_chat_template_with_tools(messages, tools.as_ref(), true)
+                    .map_err(|e| match e {
+                        EngineError::Template(m) => {
+                            ApiError::invalid_param("messages", format!("chat template: {m}"))
+                        }
+                        other => ApiError::internal(other.to_string()),
+                    })?;
+                thinking_open = text.trim_end().ends_with("<think>");
                 self.engine.tokenize(&text, true, true)
             }
         };
@@ -515,9 +556,12 @@ impl Scheduler {
                     Arc::new(TokenIndex::new(pieces, |t| engine.is_eog(t)))
                 })
                 .clone();
-            sampler.set_grammar(Some(Matcher::new(&grammar, vocab)));
+            sampler.set_lazy_grammar(
+                Some(Matcher::new(&grammar, vocab)),
+                job.params.grammar_triggers.clone(),
+            );
         }
-        Ok((tokens, sampler))
+        Ok((tokens, sampler, thinking_open))
     }
 
     fn embed(&mut self, inputs: Vec<EmbedInput>) -> Result<Embeddings, ApiError> {

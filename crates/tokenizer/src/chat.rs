@@ -88,6 +88,8 @@ pub struct ChatTemplate {
     /// Strip a leading BOS / trailing EOS text from the output (set when the model's tokenizer
     /// adds them itself, as llama.cpp's `common_chat_templates_apply` does).
     strip_bos: bool,
+    /// The Jinja source as given (tool-call formats are recognised from it).
+    source: String,
     strip_eos: bool,
 }
 
@@ -482,6 +484,7 @@ impl ChatTemplate {
             supports_system_role: true,
             strip_bos: false,
             strip_eos: false,
+            source: source.to_string(),
         };
         let needle = "<System Needle 7d1f>";
         let probe = [
@@ -514,6 +517,11 @@ impl ChatTemplate {
 
     /// Whether the template renders system messages itself (else they are folded into the
     /// first user message).
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub fn supports_system_role(&self) -> bool {
         self.supports_system_role
     }

@@ -76,6 +76,19 @@ impl Engine for ModelEngine {
             .render(messages, None, add_generation_prompt)
             .map_err(|e| EngineError::Template(e.to_string()))
     }
+    fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        self.template
+            .render(messages, tools, add_generation_prompt)
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+    fn chat_template_source(&self) -> String {
+        self.template.source().to_string()
+    }
     fn decode(&mut self, batch: &api::Batch) -> Result<(), EngineError> {
         let mut b = Batch::default();
         for e in batch.entries() {

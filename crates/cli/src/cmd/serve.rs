@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Requests that may wait for a free slot before the server answers 503.
     #[arg(long = "queue-size", default_value_t = 64)]
     pub queue_size: usize,
+    /// Where `<think>` reasoning goes in chat answers: `none` (left in the content),
+    /// `deepseek` or `auto` (moved to `reasoning_content`).
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["none", "deepseek", "auto"])]
+    pub reasoning_format: String,
 }
 
 impl ServeArgs {
@@ -51,6 +55,8 @@ impl ServeArgs {
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             max_body_bytes: self.max_body_bytes,
             schema_limits: Default::default(),
+            reasoning_format: lamina_chat::ReasoningFormat::parse(&self.reasoning_format)
+                .unwrap_or_default(),
             n_batch: self.batch_size.max(1),
             queue_size: self.queue_size,
         }
