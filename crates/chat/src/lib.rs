@@ -211,12 +211,14 @@ impl Tools {
     /// Checks that every tool's parameters convert to a grammar.
     pub fn check_schemas(&self, limits: &SchemaOptions) -> Result<(), ChatError> {
         for t in &self.tools {
-            lamina_grammar::json_schema::json_schema_to_grammar(&t.parameters, limits).map_err(
-                |e| ChatError::BadSchema {
-                    name: t.name.clone(),
-                    message: e.to_string(),
-                },
-            )?;
+            let bad = |message: String| ChatError::BadSchema {
+                name: t.name.clone(),
+                message,
+            };
+            let gbnf = lamina_grammar::json_schema::json_schema_to_grammar(&t.parameters, limits)
+                .map_err(|e| bad(e.to_string()))?;
+            lamina_grammar::Grammar::parse(&gbnf, "root", None)
+                .map_err(|e| bad(format!("no arguments satisfy it ({e})")))?;
         }
         Ok(())
     }

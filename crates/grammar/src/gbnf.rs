@@ -670,11 +670,15 @@ impl Grammar {
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (r, rule) in self.rules.iter().enumerate() {
             let mut count = 0usize;
-            for e in rule {
+            for (i, e) in rule.iter().enumerate() {
                 match *e {
                     Element::RuleRef(c) => {
                         count += 1;
                         users[c as usize].push(alt_rule.len());
+                    }
+                    Element::Char(_) if class_is_empty(&rule[i..]) => {
+                        // `[5-1]` matches nothing: this alternative derives nothing.
+                        count = usize::MAX / 2;
                     }
                     e if e.is_end_of_sequence() => {
                         alt_rule.push(r);
@@ -769,6 +773,32 @@ impl Grammar {
             }
         }
         None
+    }
+}
+
+/// Whether the positive class starting at `class[0]` matches no code point (every
+/// range is reversed).
+fn class_is_empty(class: &[Element]) -> bool {
+    let mut i = 0;
+    loop {
+        let lo = match class.get(i) {
+            Some(Element::Char(c)) if i == 0 => *c,
+            Some(Element::CharAlt(c)) if i > 0 => *c,
+            _ => return true,
+        };
+        let hi = match class.get(i + 1) {
+            Some(Element::CharRngUpper(h)) => {
+                i += 2;
+                *h
+            }
+            _ => {
+                i += 1;
+                lo
+            }
+        };
+        if lo <= hi {
+            return false;
+        }
     }
 }
 
@@ -874,6 +904,11 @@ mod tests {
             Err(GrammarError::NeverEnds(_))
         ));
         assert!(parse("root ::= \"a\" root | \"b\"\n").is_ok());
+        assert!(matches!(
+            parse("root ::= [5-1]\n"),
+            Err(GrammarError::NeverEnds(_))
+        ));
+        assert!(parse("root ::= [5-1] | [a-c9-1]\n").is_ok());
         let deep = format!("root ::= {}\"a\"{}\n", "(".repeat(5000), ")".repeat(5000));
         assert!(matches!(parse(&deep), Err(GrammarError::Syntax { .. })));
     }

@@ -276,12 +276,17 @@ impl GenRequest {
         } else {
             "response_format"
         };
-        json_schema_to_grammar(&schema, limits)
-            .map(Some)
-            .map_err(|e| {
-                ApiError::invalid_param(param, format!("invalid JSON schema: {e}"))
-                    .with_code("invalid_json_schema")
-            })
+        let gbnf = json_schema_to_grammar(&schema, limits).map_err(|e| {
+            ApiError::invalid_param(param, format!("invalid JSON schema: {e}"))
+                .with_code("invalid_json_schema")
+        })?;
+        // A schema no value satisfies (`minimum` above `maximum`, ...) gives a grammar
+        // that cannot end: refused here rather than generating into a dead end.
+        lamina_grammar::Grammar::parse(&gbnf, "root", None).map_err(|e| {
+            ApiError::invalid_param(param, format!("the JSON schema cannot be satisfied: {e}"))
+                .with_code("unsatisfiable_json_schema")
+        })?;
+        Ok(Some(gbnf))
     }
 
     /// The constraint as given: GBNF text, or a schema (an empty one made "any object").

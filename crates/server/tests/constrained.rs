@@ -147,6 +147,14 @@ async fn bad_constraints_are_400s() {
         json!({"prompt": "x", "json_schema": {"type": "array", "minItems": 100000000}}),
     )
     .await;
+    // Unsatisfiable schemas.
+    for schema in [
+        json!({"type": "integer", "minimum": 5, "maximum": 1}),
+        json!({"type": "string", "minLength": 5, "maxLength": 2}),
+    ] {
+        let v = expect_400(addr, NATIVE, json!({"prompt": "x", "json_schema": schema})).await;
+        assert_eq!(v["error"]["param"], "json_schema", "{v}");
+    }
     let mut deep = json!({"type": "string"});
     for _ in 0..200 {
         deep = json!({"type": "array", "items": deep});
@@ -197,4 +205,43 @@ async fn a_grammar_no_token_can_follow_stops_with_its_reason() {
     )
     .await;
     assert_eq!(v["error"]["param"], "grammar");
+}
+
+#[tokio::test]
+async fn schema_limits_are_configurable() {
+    let config = lamina_server::ServerConfig {
+        schema_limits: lamina_grammar::json_schema::SchemaOptions {
+            max_depth: 4,
+            max_repetition: 50,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let addr = start(4096, 1, config).await;
+    let nested = |n: usize| {
+        let mut s = json!({"type": "integer"});
+        for _ in 0..n {
+            s = json!({"type": "array", "items": s});
+        }
+        s
+    };
+    let r = post(
+        addr,
+        NATIVE,
+        json!({"prompt": "x", "json_schema": nested(2), "n_predict": 4}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    expect_400(
+        addr,
+        NATIVE,
+        json!({"prompt": "x", "json_schema": nested(8)}),
+    )
+    .await;
+    expect_400(
+        addr,
+        NATIVE,
+        json!({"prompt": "x", "json_schema": {"type": "string", "minLength": 60}}),
+    )
+    .await;
 }

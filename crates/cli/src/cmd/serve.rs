@@ -44,6 +44,16 @@ pub struct ServeArgs {
     /// `deepseek` or `auto` (moved to `reasoning_content`).
     #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["none", "deepseek", "auto"])]
     pub reasoning_format: String,
+    /// Deepest nesting of a request's JSON schema (`json_schema`, `response_format`,
+    /// tool parameters) before it is refused.
+    #[arg(long = "json-schema-max-depth", default_value_t = 64)]
+    pub json_schema_max_depth: usize,
+    /// Most grammar rules a JSON schema may turn into.
+    #[arg(long = "json-schema-max-rules", default_value_t = 10_000)]
+    pub json_schema_max_rules: usize,
+    /// Largest count a JSON schema may repeat (`minItems`, `maxLength`, `{m,n}`).
+    #[arg(long = "json-schema-max-repetition", default_value_t = 10_000)]
+    pub json_schema_max_repetition: usize,
 }
 
 impl ServeArgs {
@@ -54,7 +64,12 @@ impl ServeArgs {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             max_body_bytes: self.max_body_bytes,
-            schema_limits: Default::default(),
+            schema_limits: lamina_grammar::json_schema::SchemaOptions {
+                max_depth: self.json_schema_max_depth,
+                max_rules: self.json_schema_max_rules,
+                max_repetition: self.json_schema_max_repetition,
+                ..Default::default()
+            },
             reasoning_format: lamina_chat::ReasoningFormat::parse(&self.reasoning_format)
                 .unwrap_or_default(),
             n_batch: self.batch_size.max(1),
