@@ -21,7 +21,7 @@ for pair in "smollm2-135m-instruct-q4_1 SmolLM2-135M-Instruct.Q4_1.gguf" "gemma3
     python3 - "$root/crates/model/tests/data/grammar_reference.json" "$1" "$work/$1" "$bin/schema2gbnf" <<'PY'
 import json, os, subprocess, sys
 ref, key, out, s2g = sys.argv[1:]
-for c in json.load(open(ref))["models"][key]:
+for c in json.load(open(ref))["models"][key]["completions"]:
     d = os.path.join(out, c["name"]); os.makedirs(d, exist_ok=True)
     g = c.get("grammar")
     if g is None:

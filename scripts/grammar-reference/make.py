@@ -66,6 +66,25 @@ CASES = [
 ]
 
 
+S_PERSON = {"type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}},
+            "required": ["name", "age"]}
+CHAT_CASES = [
+    {"name": "chat-json-schema", "messages": [{"role": "user", "content": "Invent a person."}],
+     "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": S_PERSON}}},
+    {"name": "chat-json-object", "messages": [{"role": "user", "content": "Some JSON about cats."}],
+     "response_format": {"type": "json_object"}},
+    {"name": "chat-json-array", "messages": [{"role": "user", "content": "List some fruits."}],
+     "response_format": {"type": "json_schema", "json_schema": {"name": "l", "schema": {
+         "type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 4}}}},
+    {"name": "chat-system", "messages": [{"role": "system", "content": "Answer in JSON."},
+                                         {"role": "user", "content": "What is 2+2?"}],
+     "response_format": {"type": "json_object"}},
+    {"name": "chat-grammar", "messages": [{"role": "user", "content": "Is water wet? Answer yes or no."}],
+     "grammar": 'root ::= "yes" | "no"'},
+]
+
+
 def post(path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}",
                                  data=json.dumps(body).encode(),
@@ -99,7 +118,15 @@ def run_model(key, file):
             out.append({**case, "prompt_tokens": prompt_tokens, "tokens": r["tokens"],
                         "content": r["content"], "stop_type": r.get("stop_type")})
             print(key, case["name"], repr(r["content"])[:100], file=sys.stderr)
-        return out
+        chat = []
+        for case in CHAT_CASES:
+            body = {k: v for k, v in case.items() if k != "name"}
+            body.update({"temperature": 0, "max_tokens": 64, "cache_prompt": False})
+            r = post("/v1/chat/completions", body)
+            chat.append({**case, "content": r["choices"][0]["message"]["content"],
+                         "finish_reason": r["choices"][0]["finish_reason"]})
+            print(key, case["name"], repr(chat[-1]["content"])[:100], file=sys.stderr)
+        return {"completions": out, "chat": chat}
     finally:
         proc.terminate()
         proc.wait()

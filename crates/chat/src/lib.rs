@@ -10,6 +10,44 @@ mod formats;
 mod reasoning;
 
 pub use formats::Format;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_answers_lose_fences_and_space() {
+        assert_eq!(json_answer("  {\"a\": 1}\n", true), "{\"a\": 1}");
+        assert_eq!(json_answer("```json\n{\"a\": 1}\n```", true), "{\"a\": 1}");
+        assert_eq!(json_answer("``", false), "");
+        assert_eq!(json_answer("```json\n{\"a\": 1}\n`", false), "{\"a\": 1}");
+        let g = response_format_grammar(
+            &serde_json::json!({"type": "object"}),
+            &SchemaOptions::default(),
+        )
+        .unwrap();
+        let g = lamina_grammar::Grammar::parse(&g, "root", None).unwrap();
+        for (text, ok) in [
+            ("{}", true),
+            ("\n```json\n{\"a\": 1}\n```", true),
+            ("```json{}```", true),
+            ("```json{}```\n", false),
+            ("x{}", false),
+        ] {
+            let mut m = lamina_grammar::Matcher::new(
+                &g,
+                std::sync::Arc::new(lamina_grammar::TokenIndex::new(vec![b"x".to_vec()], |_| {
+                    false
+                })),
+            );
+            assert_eq!(
+                m.accept_str(text).is_ok() && m.is_accepting(),
+                ok,
+                "{text:?}"
+            );
+        }
+    }
+}
 pub use reasoning::{ReasoningFormat, split_reasoning};
 
 use lamina_grammar::json_schema::SchemaOptions;
@@ -257,6 +295,54 @@ pub struct Plan {
 impl Plan {
     pub fn is_lazy(&self) -> bool {
         !self.triggers.is_empty()
+    }
+}
+
+/// The grammar llama.cpp's chat parser builds for `response_format` on a template
+/// without reasoning: optional leading whitespace, then the JSON, bare or in a
+/// ```` ```json ```` fence, with whitespace around.
+pub fn response_format_grammar(
+    schema: &Value,
+    limits: &SchemaOptions,
+) -> Result<String, lamina_grammar::json_schema::SchemaError> {
+    use lamina_grammar::json_schema::{SchemaDocument, build_grammar};
+    let doc = SchemaDocument::parse(schema, limits)?;
+    let conv = build_grammar(limits, |b| {
+        let body = b.add_schema("response-format-schema", &doc, doc.root())?;
+        let answer = b.add_rule("response-format", &body)?;
+        b.add_rule(
+            "root",
+            &format!(
+                "space space (\"```json\" space {answer} space \"```\" | space {answer} space)"
+            ),
+        )?;
+        Ok(())
+    })?;
+    Ok(conv.grammar)
+}
+
+/// The JSON of an answer written under [`response_format_grammar`]: whitespace and
+/// the fence removed. While streaming (`!is_final`) what could still turn out to be
+/// fence or trailing whitespace is held back.
+pub fn json_answer(text: &str, is_final: bool) -> &str {
+    let t = text.trim_start();
+    let (t, fenced) = match t.strip_prefix("```json") {
+        Some(rest) => (rest.trim_start(), true),
+        None if !is_final && "```json".starts_with(t) => return "",
+        None => (t, false),
+    };
+    let t = if fenced {
+        match t.rfind("```") {
+            Some(end) => &t[..end],
+            None => t,
+        }
+    } else {
+        t
+    };
+    if is_final {
+        t.trim_end()
+    } else {
+        t.trim_end_matches(|c: char| c.is_whitespace() || c == '`')
     }
 }
 

@@ -499,3 +499,67 @@ fn run_follows_grammars_and_schemas() {
         assert!(stderr(&o).contains(message), "{extra:?}: {}", stderr(&o));
     }
 }
+
+/// `lamina serve` answers chat requests with `response_format` and `grammar` exactly as
+/// llama-server does (crates/model/tests/data/grammar_reference.json, "chat": the JSON
+/// answer grammar llama.cpp's chat parser builds, fences and spaces allowed and taken
+/// off again), on both test models.
+#[test]
+fn serve_chat_response_format_matches_llama_server() {
+    use std::io::{BufRead, BufReader};
+    let reference: serde_json::Value = serde_json::from_str(include_str!(
+        "../../model/tests/data/grammar_reference.json"
+    ))
+    .unwrap();
+    for (key, known) in [
+        ("smollm2-135m-instruct-q4_1", "smollm2-135m"),
+        ("gemma3-270m-q4_k_m", "gemma3-270m"),
+    ] {
+        let Some(path) = model_for_test(known) else {
+            return;
+        };
+        let mut server = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["serve", "-m", path.to_str().unwrap(), "--port", "0"])
+            .args(["-np", "1", "-c", "2048", "-t", "2"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("server exited").unwrap();
+            if let Some(url) = line.split("listening on ").nth(1) {
+                break url.trim().to_string();
+            }
+        };
+        let cases = reference["models"][key]["chat"].as_array().unwrap();
+        let script = r#"
+import json, sys, urllib.request
+url, cases = sys.argv[1], json.loads(sys.argv[2])
+out = []
+for c in cases:
+    body = {k: v for k, v in c.items() if k not in ("name", "content", "finish_reason")}
+    body.update({"temperature": 0, "max_tokens": 64, "cache_prompt": False})
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out.append(json.loads(urllib.request.urlopen(req, timeout=600).read())["choices"][0]["message"]["content"])
+print(json.dumps(out))
+"#;
+        let o = Command::new("python3")
+            .args(["-c", script, &url])
+            .arg(serde_json::to_string(cases).unwrap())
+            .output()
+            .unwrap();
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let got: Vec<String> = serde_json::from_str(stdout(&o).trim()).unwrap();
+        for (case, got) in cases.iter().zip(&got) {
+            assert_eq!(
+                got,
+                case["content"].as_str().unwrap(),
+                "{key} {}",
+                case["name"]
+            );
+        }
+    }
+}

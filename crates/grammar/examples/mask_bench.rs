@@ -56,7 +56,10 @@ fn main() {
         "{:<16} {:>5}  {:>22}  {:>22}  {:>22}",
         "case", "steps", "step p50/p99/max us", "mask p50/p99/max us", "cold p50/p99/max us"
     );
-    for case in reference["models"][&args[3]].as_array().unwrap() {
+    for case in reference["models"][&args[3]]["completions"]
+        .as_array()
+        .unwrap()
+    {
         let src = match case.get("grammar") {
             Some(g) => g.as_str().unwrap().to_string(),
             None => {

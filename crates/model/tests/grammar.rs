@@ -56,7 +56,7 @@ fn check_model(name: &str, known: &str) {
     .unwrap();
     let mut failures = Vec::new();
     let (mut n_exact, mut n_near_ties) = (0, 0);
-    for case in reference["models"][name].as_array().unwrap() {
+    for case in reference["models"][name]["completions"].as_array().unwrap() {
         let case_name = case["name"].as_str().unwrap();
         let src = match case.get("grammar") {
             Some(g) => g.as_str().unwrap().to_string(),

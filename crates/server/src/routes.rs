@@ -847,11 +847,28 @@ fn chat_setup(
                 polyfill_history(&mut messages);
             }
         }
-        Some(t) => {
-            t.check_schemas(limits).map_err(chat_error)?;
+        other => {
+            if let Some(t) = other {
+                t.check_schemas(limits).map_err(chat_error)?;
+            }
             params.grammar = req.grammar(true, limits)?;
+            if params.grammar.is_some() && req.constraint(true)?.1.is_some() {
+                // llama.cpp's chat answer to a schema: the JSON, possibly fenced and
+                // spaced, taken out of the fence again.
+                let (_, schema) = req.constraint(true)?;
+                let schema = schema.unwrap_or_default();
+                params.grammar = Some(
+                    lamina_chat::response_format_grammar(&schema, limits).map_err(|e| {
+                        ApiError::invalid_param(
+                            "response_format",
+                            format!("invalid JSON schema: {e}"),
+                        )
+                        .with_code("invalid_json_schema")
+                    })?,
+                );
+                format = Format::JsonAnswer;
+            }
         }
-        None => params.grammar = req.grammar(true, limits)?,
     }
     Ok(ChatSetup {
         messages,

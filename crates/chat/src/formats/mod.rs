@@ -26,6 +26,9 @@ use crate::{ChatError, ParsedMessage, Plan, Tool, ToolChoice, Tools};
 pub enum Format {
     /// Plain text (no tools in the request).
     ContentOnly,
+    /// A JSON answer under `response_format`: as llama.cpp's chat parser, leading
+    /// whitespace and an optional ```` ```json ```` fence around it are not content.
+    JsonAnswer,
     /// Templates without native tools: the model answers with one JSON object,
     /// `{"tool_call": …}` / `{"tool_calls": […]}` or `{"response": …}`, constrained by
     /// its schema (llama.cpp's generic format).
@@ -123,7 +126,7 @@ impl Format {
             return Ok(Plan::default());
         }
         match self {
-            Format::ContentOnly => Ok(Plan::default()),
+            Format::ContentOnly | Format::JsonAnswer => Ok(Plan::default()),
             Format::Generic => generic::plan(tools, json_schema, limits),
             Format::Hermes => hermes::plan(tools, limits),
             Format::Llama3 => llama3::plan(tools, limits),
@@ -166,6 +169,10 @@ impl Format {
         let mut m = match self {
             Format::ContentOnly => ParsedMessage {
                 content: rest.to_string(),
+                ..Default::default()
+            },
+            Format::JsonAnswer => ParsedMessage {
+                content: crate::json_answer(rest, is_final).to_string(),
                 ..Default::default()
             },
             Format::Generic => generic::parse(rest, is_final, id_seed),
