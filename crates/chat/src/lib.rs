@@ -285,7 +285,8 @@ pub struct Plan {
     /// GBNF constraining the output.
     pub grammar: Option<String>,
     /// The grammar starts constraining only once one of these appears in the output
-    /// (the model may answer in prose until it starts a call).
+    /// (the model may answer in prose until it starts a call); one written `^WORD`
+    /// only at the start of the output.
     pub triggers: Vec<String>,
     /// A system message to add (prepended to the first system message, or as one): how
     /// to call tools, for templates that do not describe tools themselves.

@@ -408,7 +408,7 @@ fn llama3_grammar() {
     let f = Format::Llama3;
     let p = plan(f, &tools("auto", false));
     assert!(p.triggers.contains(&"<|python_tag|>".to_string()));
-    assert!(p.triggers.contains(&"{\"name\"".to_string()));
+    assert!(p.triggers.contains(&"^{\"name\"".to_string()));
     check_grammar(
         &p,
         &[
@@ -1048,7 +1048,8 @@ fn functionary_v3_2_parses_and_constrains() {
     assert_eq!(s.content, "Hi");
 
     let p = plan(f, &tools("auto", true));
-    assert!(p.triggers.contains(&"special_function\n".to_string()));
+    assert!(p.triggers.contains(&"^special_function\n".to_string()));
+    assert!(p.triggers.contains(&">>>special_function\n".to_string()));
     check_grammar(
         &p,
         &[

@@ -148,7 +148,8 @@ impl SamplerChain {
 
     /// A grammar that applies only from the first occurrence of one of `triggers` in
     /// the output on (the text from the trigger's start is fed to it then); before
-    /// that the output is free. No triggers: it applies from the start.
+    /// that the output is free. A trigger `^WORD` counts only at the start of the
+    /// output (after whitespace). No triggers: it applies from the start.
     pub fn set_lazy_grammar(&mut self, matcher: Option<Matcher>, triggers: Vec<String>) {
         self.grammar = matcher.map(|matcher| Constraint {
             mask: vec![0; self.n_vocab.div_ceil(64)],
@@ -231,7 +232,7 @@ impl SamplerChain {
                     let found = a
                         .triggers
                         .iter()
-                        .filter_map(|t| find(&a.text, t.as_bytes()))
+                        .filter_map(|t| find_trigger(&a.text, t))
                         .min();
                     if let Some(at) = found {
                         let text = std::mem::take(&mut a.text);
@@ -298,6 +299,19 @@ impl SamplerChain {
             s.push(' ');
         }
         s
+    }
+}
+
+/// Where `trigger` occurs in `text`: anywhere, or, for a trigger written `^WORD`, only
+/// at the start of the output (after whitespace), as llama.cpp's anchored trigger
+/// patterns.
+fn find_trigger(text: &[u8], trigger: &str) -> Option<usize> {
+    match trigger.strip_prefix('^') {
+        Some(word) => {
+            let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
+            text[start..].starts_with(word.as_bytes()).then_some(start)
+        }
+        None => find(text, trigger.as_bytes()),
     }
 }
 

@@ -440,3 +440,42 @@ fn n_ctx_resolves_minus_one() {
     assert_eq!(p.penalty_last_n, 4096);
     assert_eq!(p.dry_penalty_last_n, 4096);
 }
+
+/// A lazy grammar leaves the output free until a trigger word appears, then constrains
+/// it from the trigger's start; a `^` trigger counts only at the start of the output.
+#[test]
+fn lazy_grammar_waits_for_its_trigger() {
+    use lamina_grammar::{Grammar, Matcher, TokenIndex};
+    use std::sync::Arc;
+    let pieces: Vec<Vec<u8>> = ["a", "b", "{", "x", "<t>", "</s>"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    let (a, brace, x, t, eos) = (0u32, 2u32, 3u32, 4u32, 5u32);
+    let vocab = Arc::new(TokenIndex::new(pieces, |id| id == 5));
+    let g = Grammar::parse("root ::= (\"<t>\" | \"{\") \"x\"", "root", None).unwrap();
+    // Logits that always prefer "a".
+    let logits = [5.0f32, 1.0, 1.0, 1.0, 1.0, 1.0];
+    let mut c = SamplerChain::greedy(6).unwrap();
+    c.set_lazy_grammar(Some(Matcher::new(&g, vocab.clone())), vec!["<t>".into()]);
+    assert_eq!(c.sample(&logits).unwrap(), a, "free before the trigger");
+    c.accept(a).unwrap();
+    c.accept(t).unwrap();
+    assert_eq!(c.sample(&logits).unwrap(), x, "constrained after it");
+    c.accept(x).unwrap();
+    assert_eq!(c.sample(&logits).unwrap(), eos);
+
+    let mut c = SamplerChain::greedy(6).unwrap();
+    c.set_lazy_grammar(Some(Matcher::new(&g, vocab.clone())), vec!["^{".into()]);
+    c.accept(a).unwrap();
+    c.accept(brace).unwrap();
+    assert_eq!(
+        c.sample(&logits).unwrap(),
+        a,
+        "`^{{` after text does not trigger"
+    );
+    let mut c = SamplerChain::greedy(6).unwrap();
+    c.set_lazy_grammar(Some(Matcher::new(&g, vocab)), vec!["^{".into()]);
+    c.accept(brace).unwrap();
+    assert_eq!(c.sample(&logits).unwrap(), x, "`^{{` at the start triggers");
+}

@@ -148,7 +148,11 @@ fn add_content(content: &mut String, text: &str) {
 
 pub(super) fn plan_v3_2(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, ChatError> {
     let docs = args_docs(tools, limits)?;
-    let triggers: Vec<String> = docs.iter().map(|(n, _)| format!("{n}\n")).collect();
+    // The first message's recipient starts the output; later ones follow `>>>`.
+    let triggers: Vec<String> = docs
+        .iter()
+        .flat_map(|(n, _)| [format!("^{n}\n"), format!(">>>{n}\n")])
+        .collect();
     let trigger_refs: Vec<&str> = triggers.iter().map(String::as_str).collect();
     make_plan(tools, limits, &trigger_refs, |b, _lazy| {
         let mut alts = Vec::new();

@@ -22,7 +22,8 @@ pub(super) fn plan(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, ChatEr
     make_plan(
         tools,
         limits,
-        &[PYTHON_TAG, "{\"name\"", "{\"type\": \"function\""],
+        // A bare JSON call counts only at the start: prose may contain `{"name"`.
+        &[PYTHON_TAG, "^{\"name\"", "^{\"type\": \"function\""],
         |b, _lazy| {
             let mut alts = Vec::new();
             for (name, doc) in &docs {
