@@ -11,7 +11,7 @@
 //! after the first token.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use crate::gbnf::{Element, Grammar};
@@ -513,11 +513,70 @@ pub struct Matcher {
     set_path: Vec<u32>,
     masks: FxMap<u32, Box<[u64]>>,
     /// Masks of truncated stack sets with the trie nodes they left undecided.
-    tmasks: FxMap<u32, (Box<[u64]>, Undecided)>,
-    /// The interval of each code point of the vocabulary's alphabet.
+    tmasks: FxMap<u32, Arc<TruncatedMask>>,
+    /// Hash of the grammar's elements: with a truncated set's stacks (as element
+    /// positions), the key of masks shared through the vocabulary across matchers.
+    program_hash: u64,
+    /// The interval of each trie node's code point.
     alpha_interval: Vec<u32>,
     trunc_depth: usize,
     node_path: Vec<u32>,
+}
+
+/// The mask of a truncated stack set and what it left undecided.
+#[derive(Debug)]
+pub(crate) struct TruncatedMask {
+    mask: Box<[u64]>,
+    undecided: Undecided,
+}
+
+/// A truncated set by content: the grammar (hash of its elements) and its stacks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SharedKey {
+    program: u64,
+    stacks: Box<[u32]>,
+}
+
+/// Truncated masks shared by every matcher of a vocabulary: requests with the same
+/// schema reuse each other's work. Bounded; the oldest entries go first.
+#[derive(Debug, Default)]
+pub(crate) struct SharedMasks {
+    inner: std::sync::Mutex<SharedMap>,
+}
+
+/// The shared masks and their insertion order (oldest first).
+type SharedMap = (
+    FxMap<SharedKey, Arc<TruncatedMask>>,
+    std::collections::VecDeque<SharedKey>,
+);
+
+/// Shared truncated masks kept per vocabulary (a Gemma 3 entry is about 150 KiB).
+const SHARED_MASKS: usize = 64;
+
+impl SharedMasks {
+    pub(crate) fn clear(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.clear();
+        g.1.clear();
+    }
+
+    fn get(&self, key: &SharedKey) -> Option<Arc<TruncatedMask>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.get(key).cloned()
+    }
+
+    fn insert(&self, key: SharedKey, value: Arc<TruncatedMask>) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *g;
+        if map.insert(key.clone(), value).is_none() {
+            order.push_back(key);
+            while order.len() > SHARED_MASKS {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// What a walk over truncated stacks could not decide, as bitsets over trie nodes:
@@ -548,6 +607,11 @@ const MAX_TRANS: usize = 1 << 25;
 impl Matcher {
     pub fn new(grammar: &Grammar, vocab: Arc<TokenIndex>) -> Matcher {
         let mut m = Machine::new(Program::new(grammar));
+        let program_hash = {
+            let mut h = FxHasher::default();
+            m.prog.elems.hash(&mut h);
+            h.finish()
+        };
         let cur = m.start(grammar.root);
         Matcher {
             m,
@@ -559,6 +623,7 @@ impl Matcher {
             set_path: Vec::new(),
             masks: FxMap::default(),
             tmasks: FxMap::default(),
+            program_hash,
             alpha_interval: Vec::new(),
             trunc_depth: TRUNC_DEPTH,
             node_path: Vec::new(),
@@ -667,26 +732,38 @@ impl Matcher {
             mask.fill(0);
             self.walk(cur, mask, None);
         } else {
-            if !self.tmasks.contains_key(&cut) {
-                mask.fill(0);
-                let words = self.vocab.n_nodes().div_ceil(64);
-                let mut open = vec![0u64; words];
-                let mut path = vec![0u64; words];
-                self.walk(cut, mask, Some((&mut open, &mut path)));
-                if self.tmasks.len() >= MASK_CACHE {
-                    self.tmasks.clear();
+            let t = match self.tmasks.get(&cut) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let key = self.shared_key(cut);
+                    let t = match self.vocab.shared_masks.get(&key) {
+                        Some(t) => t,
+                        None => {
+                            mask.fill(0);
+                            let words = self.vocab.n_nodes().div_ceil(64);
+                            let mut open = vec![0u64; words];
+                            let mut path = vec![0u64; words];
+                            self.walk(cut, mask, Some((&mut open, &mut path)));
+                            let t = Arc::new(TruncatedMask {
+                                mask: mask.to_vec().into_boxed_slice(),
+                                undecided: Undecided {
+                                    open: open.into_boxed_slice(),
+                                    path: path.into_boxed_slice(),
+                                },
+                            });
+                            self.vocab.shared_masks.insert(key, Arc::clone(&t));
+                            t
+                        }
+                    };
+                    if self.tmasks.len() >= MASK_CACHE {
+                        self.tmasks.clear();
+                    }
+                    self.tmasks.insert(cut, Arc::clone(&t));
+                    t
                 }
-                let undecided = Undecided {
-                    open: open.into_boxed_slice(),
-                    path: path.into_boxed_slice(),
-                };
-                self.tmasks
-                    .insert(cut, (mask.to_vec().into_boxed_slice(), undecided));
-            }
-            let (tmask, undecided) = self.tmasks.remove(&cut).unwrap_or_default();
-            mask.copy_from_slice(&tmask);
-            self.walk_undecided(cur, mask, &undecided);
-            self.tmasks.insert(cut, (tmask, undecided));
+            };
+            mask.copy_from_slice(&t.mask);
+            self.walk_undecided(cur, mask, &t.undecided);
         }
         if self.m.sets[cur as usize].has_empty {
             for &e in &self.vocab.eog {
@@ -697,6 +774,31 @@ impl Matcher {
             self.masks.clear();
         }
         self.masks.insert(cur, mask.to_vec().into_boxed_slice());
+    }
+
+    /// The grammar and the truncated set's stacks by content (ids differ between
+    /// matchers; positions in the same grammar do not).
+    fn shared_key(&self, set: u32) -> SharedKey {
+        let mut stacks: Vec<Vec<u32>> = self.m.sets[set as usize]
+            .stacks
+            .iter()
+            .map(|&s| {
+                let mut frames = Vec::new();
+                let mut s = s;
+                while s != EMPTY_STACK && s != TRUNC {
+                    let (pos, parent) = self.m.pop(s);
+                    frames.push(pos);
+                    s = parent;
+                }
+                frames.push(if s == TRUNC { u32::MAX - 1 } else { u32::MAX });
+                frames
+            })
+            .collect();
+        stacks.sort_unstable();
+        SharedKey {
+            program: self.program_hash,
+            stacks: stacks.concat().into_boxed_slice(),
+        }
     }
 
     /// Walks, with the real stacks, the trie nodes a truncated walk left undecided
@@ -733,7 +835,7 @@ impl Matcher {
                 }
             }
             let d = v.node_depth[i] as usize;
-            let s = m.step_interval(set_path[d - 1], alpha_interval[v.node_alpha[i] as usize]);
+            let s = m.step_interval(set_path[d - 1], alpha_interval[i]);
             if s == DEAD {
                 i = v.node_end[i] as usize;
                 continue;
@@ -744,12 +846,18 @@ impl Matcher {
         }
     }
 
+    /// The interval of every trie node's code point (computed once per matcher).
     fn ensure_intervals(&mut self, v: &TokenIndex) {
-        if self.alpha_interval.len() != v.alphabet.len() {
-            self.alpha_interval = v
+        if self.alpha_interval.len() != v.node_alpha.len() {
+            let by_alpha: Vec<u32> = v
                 .alphabet
                 .iter()
                 .map(|&c| self.m.prog.interval_of(c))
+                .collect();
+            self.alpha_interval = v
+                .node_alpha
+                .iter()
+                .map(|&a| by_alpha.get(a as usize).copied().unwrap_or(0))
                 .collect();
         }
     }
@@ -787,7 +895,7 @@ impl Matcher {
             path[0] |= 1;
         }
         // The hot loop: one step-table lookup per trie node, locals for every array.
-        let (depth, alpha, end) = (&v.node_depth[..], &v.node_alpha[..], &v.node_end[..]);
+        let (depth, end) = (&v.node_depth[..], &v.node_end[..]);
         let (tok, mid) = (&v.node_tok[..], &v.node_mid[..]);
         let (sorted, partial) = (&v.sorted[..], &v.sorted_partial[..]);
         Self::visit(m, &v, 0, root, mask);
@@ -795,7 +903,12 @@ impl Matcher {
         let mut i = 1;
         while i < n {
             let d = depth[i] as usize;
-            let s = m.step_interval(set_path[d - 1], alpha_interval[alpha[i] as usize]);
+            let parent = set_path[d - 1];
+            let iv = alpha_interval[i];
+            let mut s = m.trans[parent as usize * m.n_intervals + iv as usize];
+            if s == UNKNOWN {
+                s = m.step_interval(parent, iv);
+            }
             if s == DEAD {
                 i = end[i] as usize;
                 continue;

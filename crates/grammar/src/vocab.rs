@@ -29,6 +29,8 @@ pub struct TokenIndex {
     /// The distinct code points of the trie, sorted; `node_alpha[n]` indexes it.
     pub(crate) alphabet: Vec<u32>,
     pub(crate) node_alpha: Vec<u32>,
+    /// Masks of truncated stack sets, shared by the matchers of this vocabulary.
+    pub(crate) shared_masks: crate::matcher::SharedMasks,
 }
 
 impl TokenIndex {
@@ -82,6 +84,7 @@ impl TokenIndex {
             max_depth: 0,
             alphabet: Vec::new(),
             node_alpha: Vec::new(),
+            shared_masks: Default::default(),
         };
         // `path[d]` is the node at depth d on the current branch; `path_cp` its label.
         let mut path: Vec<u32> = vec![0];
@@ -123,6 +126,12 @@ impl TokenIndex {
             .collect();
         t.alphabet = alphabet;
         t
+    }
+
+    /// Forgets the masks matchers share through this vocabulary (for measuring the
+    /// uncached cost).
+    pub fn clear_shared_masks(&self) {
+        self.shared_masks.clear();
     }
 
     pub fn n_vocab(&self) -> usize {
