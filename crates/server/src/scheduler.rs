@@ -250,6 +250,17 @@ pub fn spawn(
     Ok((tx, info))
 }
 
+/// A template that refuses the conversation is the client's mistake; anything else the
+/// server's.
+fn template_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Template(m) => {
+            ApiError::invalid_param("messages", format!("chat template: {m}"))
+        }
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
 /// A request in a slot.
 struct Active {
     events: mpsc::UnboundedSender<Event>,
@@ -404,12 +415,7 @@ impl Scheduler {
                 let out = self
                     .engine
                     .apply_chat_template_with_tools(&messages, tools.as_ref(), true)
-                    .map_err(|e| match e {
-                        EngineError::Template(m) => {
-                            ApiError::invalid_param("messages", format!("chat template: {m}"))
-                        }
-                        other => ApiError::internal(other.to_string()),
-                    });
+                    .map_err(template_error);
                 let _ = reply.send(out);
             }
             Command::Tokenize {
@@ -478,12 +484,7 @@ impl Scheduler {
                 let text = self
                     .engine
                     .apply_chat_template_with_tools(messages, tools.as_ref(), true)
-                    .map_err(|e| match e {
-                        EngineError::Template(m) => {
-                            ApiError::invalid_param("messages", format!("chat template: {m}"))
-                        }
-                        other => ApiError::internal(other.to_string()),
-                    })?;
+                    .map_err(template_error)?;
                 thinking_open = text.trim_end().ends_with("<think>");
                 self.engine.tokenize(&text, true, true)
             }
