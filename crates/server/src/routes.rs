@@ -779,6 +779,7 @@ fn base_params(
         deadline: st.deadline(),
         grammar: None,
         grammar_triggers: Vec::new(),
+        render_special: false,
     })
 }
 
@@ -870,6 +871,7 @@ fn chat_setup(
             }
         }
     }
+    params.render_special = format.reads_control_tokens();
     Ok(ChatSetup {
         messages,
         tools: tools.map(|t| t.raw),

@@ -54,6 +54,9 @@ pub struct GenParams {
     /// With these, the grammar applies only from the first occurrence of one of them
     /// in the output (a lazy grammar: tool calls after free text).
     pub grammar_triggers: Vec<String>,
+    /// Render control tokens' text in the output (`<|channel|>`, `[TOOL_CALLS]`): the
+    /// answer is parsed by a format that looks for them.
+    pub render_special: bool,
 }
 
 impl Default for GenParams {
@@ -69,6 +72,7 @@ impl Default for GenParams {
             deadline: None,
             grammar: None,
             grammar_triggers: Vec::new(),
+            render_special: false,
         }
     }
 }
@@ -876,7 +880,14 @@ impl Scheduler {
         if engine.is_eog(tok) {
             return After::Finish(StopType::Eos, None);
         }
-        a.bytes.extend_from_slice(&engine.token_to_piece(tok));
+        // Tool-call formats need their control tokens' text to be parsed (llama-server
+        // renders a format's "preserved" tokens likewise).
+        if a.params.render_special {
+            a.bytes
+                .extend_from_slice(&engine.token_to_piece_special(tok));
+        } else {
+            a.bytes.extend_from_slice(&engine.token_to_piece(tok));
+        }
         a.pending_tokens.push(tok);
         if let Some((at, word)) = find_stop(&a.bytes, a.n_sent, &a.stops) {
             a.bytes.truncate(at);

@@ -83,6 +83,15 @@ impl Format {
         }
     }
 
+    /// Whether answers in this format are read with control tokens rendered as text
+    /// (markers like `<|channel|>` or `[TOOL_CALLS]` are often control tokens).
+    pub fn reads_control_tokens(self) -> bool {
+        !matches!(
+            self,
+            Format::ContentOnly | Format::JsonAnswer | Format::Generic
+        )
+    }
+
     pub fn detect(template_source: &str) -> Format {
         let src = template_source;
         if deepseek::detect_v3_1(src) {
