@@ -169,6 +169,43 @@ fn chat_answers_through_the_template() {
     // llama.cpp's greedy reply to this chat prompt (reference outputs) is "The answer is: 4" or
     // similar; SmolLM2 answers 4 either way.
     assert!(stdout(&o).contains('4'), "{}", stdout(&o));
+
+    // With a grammar every reply follows it from its start.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args([
+            "chat",
+            "-m",
+            path.to_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            "12",
+        ])
+        .args(["-t", "2", "--grammar", "root ::= (\"yes\" | \"no\") \".\""])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Is the sky blue?\nIs fire cold?\n/exit\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let replies: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(replies.len(), 2, "{}", stdout(&o));
+    assert!(
+        replies.iter().all(|r| *r == "yes." || *r == "no."),
+        "{replies:?}"
+    );
 }
 
 #[test]

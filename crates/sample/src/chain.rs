@@ -248,6 +248,18 @@ impl SamplerChain {
         Ok(())
     }
 
+    /// Puts the grammar back at its start (a new answer under the same grammar, as each
+    /// reply of a chat), leaving the other stages' history alone.
+    pub fn reset_grammar(&mut self) {
+        if let Some(g) = self.grammar.as_mut() {
+            g.matcher.reset();
+            g.awaiting = (!g.triggers.is_empty()).then(|| Awaiting {
+                triggers: g.triggers.clone(),
+                text: Vec::new(),
+            });
+        }
+    }
+
     /// Records a token the model was given rather than generated (the prompt) in the
     /// stateful stages only, as `common_sampler_accept(.., is_generated = false)`: the
     /// grammar constrains only what is generated.

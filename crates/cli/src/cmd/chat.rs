@@ -11,7 +11,7 @@ use lamina_model::{Batch, Context};
 use lamina_sample::SamplerChain;
 use lamina_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{LoadArgs, SamplingArgs, Utf8Stream, emit, load};
+use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, load};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -25,6 +25,9 @@ pub struct ChatArgs {
     pub n_predict: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Every reply follows this grammar or schema.
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
 }
 
 /// Set while a reply is being generated; Ctrl-C then stops the reply instead of the program.
@@ -46,6 +49,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let (mut ctx, tok) = (loaded.context, loaded.tokenizer);
     let template = ChatTemplate::from_tokenizer(&tok)?;
     let mut sampler = SamplerChain::new(&args.sampling.params(ctx.n_ctx()), tok.n_vocab())?;
+    sampler.set_grammar(args.grammar.matcher(&tok)?);
     let mut messages = Vec::new();
     if let Some(system) = &args.system_prompt {
         messages.push(ChatMessage::new("system", system.as_str()));
@@ -118,6 +122,7 @@ fn reply(
     ctx.decode(&Batch::sequence(&tokens[keep..], keep as i32, 0))?;
     cached.extend_from_slice(&tokens[keep..]);
 
+    sampler.reset_grammar();
     INTERRUPTED.store(false, Ordering::SeqCst);
     GENERATING.store(true, Ordering::SeqCst);
     let mut text = Vec::new();
@@ -126,7 +131,13 @@ fn reply(
     let mut batch = Batch::default();
     let result = (|| -> anyhow::Result<()> {
         while !INTERRUPTED.load(Ordering::SeqCst) && (n_predict < 0 || produced < n_predict) {
-            let token = sampler.sample(ctx.last_logits().context("no logits")?)?;
+            let token = match sampler.sample(ctx.last_logits().context("no logits")?) {
+                Err(lamina_sample::SampleError::GrammarDeadEnd) => {
+                    eprintln!("\n(the grammar allows no token here)");
+                    break;
+                }
+                t => t?,
+            };
             sampler.accept(token)?;
             if tok.is_eog(token) {
                 break;
