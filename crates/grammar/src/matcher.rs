@@ -518,7 +518,7 @@ pub struct Matcher {
     /// positions), the key of masks shared through the vocabulary across matchers.
     program_hash: u64,
     /// The interval of each trie node's code point.
-    alpha_interval: Vec<u32>,
+    alpha_interval: Arc<[u32]>,
     trunc_depth: usize,
     node_path: Vec<u32>,
 }
@@ -624,7 +624,7 @@ impl Matcher {
             masks: FxMap::default(),
             tmasks: FxMap::default(),
             program_hash,
-            alpha_interval: Vec::new(),
+            alpha_interval: Arc::from(Vec::new()),
             trunc_depth: TRUNC_DEPTH,
             node_path: Vec::new(),
         }
@@ -727,11 +727,10 @@ impl Matcher {
             return;
         }
         let cur = self.cur;
+        // A set no deeper than the cut is its own truncation: its walk decides
+        // everything, and is shared all the same.
         let cut = self.m.truncate_set(cur, self.trunc_depth);
-        if cut == cur {
-            mask.fill(0);
-            self.walk(cur, mask, None);
-        } else {
+        {
             let t = match self.tmasks.get(&cut) {
                 Some(t) => Arc::clone(t),
                 None => {
@@ -847,19 +846,36 @@ impl Matcher {
     }
 
     /// The interval of every trie node's code point (computed once per matcher).
+    /// Shared through the vocabulary for grammars with the same class boundaries (every
+    /// request with the same schema): for a large vocabulary it costs about a
+    /// millisecond.
     fn ensure_intervals(&mut self, v: &TokenIndex) {
-        if self.alpha_interval.len() != v.node_alpha.len() {
-            let by_alpha: Vec<u32> = v
-                .alphabet
-                .iter()
-                .map(|&c| self.m.prog.interval_of(c))
-                .collect();
-            self.alpha_interval = v
-                .node_alpha
-                .iter()
-                .map(|&a| by_alpha.get(a as usize).copied().unwrap_or(0))
-                .collect();
+        if self.alpha_interval.len() == v.node_alpha.len() {
+            return;
         }
+        let boundaries = &self.m.prog.boundaries;
+        {
+            let cached = v.intervals.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((b, iv)) = cached.as_ref()
+                && b == boundaries
+            {
+                self.alpha_interval = Arc::clone(iv);
+                return;
+            }
+        }
+        let by_alpha: Vec<u32> = v
+            .alphabet
+            .iter()
+            .map(|&c| self.m.prog.interval_of(c))
+            .collect();
+        let iv: Arc<[u32]> = v
+            .node_alpha
+            .iter()
+            .map(|&a| by_alpha.get(a as usize).copied().unwrap_or(0))
+            .collect();
+        *v.intervals.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((boundaries.clone(), Arc::clone(&iv)));
+        self.alpha_interval = iv;
     }
 
     /// The mask of stack set `root` over the whole trie. With `undecided`, `root` is a

@@ -31,7 +31,11 @@ pub struct TokenIndex {
     pub(crate) node_alpha: Vec<u32>,
     /// Masks of truncated stack sets, shared by the matchers of this vocabulary.
     pub(crate) shared_masks: crate::matcher::SharedMasks,
+    /// The last grammar's class boundaries and the interval of every node under them.
+    pub(crate) intervals: std::sync::Mutex<Option<NodeIntervals>>,
 }
+
+pub(crate) type NodeIntervals = (Vec<u32>, std::sync::Arc<[u32]>);
 
 impl TokenIndex {
     /// `pieces[id]` is token `id`'s text with special tokens rendered
@@ -85,6 +89,7 @@ impl TokenIndex {
             alphabet: Vec::new(),
             node_alpha: Vec::new(),
             shared_masks: Default::default(),
+            intervals: Default::default(),
         };
         // `path[d]` is the node at depth d on the current branch; `path_cp` its label.
         let mut path: Vec<u32> = vec![0];
@@ -132,6 +137,7 @@ impl TokenIndex {
     /// uncached cost).
     pub fn clear_shared_masks(&self) {
         self.shared_masks.clear();
+        *self.intervals.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub fn n_vocab(&self) -> usize {
