@@ -730,40 +730,32 @@ impl Matcher {
         // A set no deeper than the cut is its own truncation: its walk decides
         // everything, and is shared all the same.
         let cut = self.m.truncate_set(cur, self.trunc_depth);
-        {
-            let t = match self.tmasks.get(&cut) {
-                Some(t) => Arc::clone(t),
-                None => {
-                    let key = self.shared_key(cut);
-                    let t = match self.vocab.shared_masks.get(&key) {
-                        Some(t) => t,
-                        None => {
-                            mask.fill(0);
-                            let words = self.vocab.n_nodes().div_ceil(64);
-                            let mut open = vec![0u64; words];
-                            let mut path = vec![0u64; words];
-                            self.walk(cut, mask, Some((&mut open, &mut path)));
-                            let t = Arc::new(TruncatedMask {
-                                mask: mask.to_vec().into_boxed_slice(),
-                                undecided: Undecided {
-                                    open: open.into_boxed_slice(),
-                                    path: path.into_boxed_slice(),
-                                },
-                            });
-                            self.vocab.shared_masks.insert(key, Arc::clone(&t));
-                            t
-                        }
-                    };
-                    if self.tmasks.len() >= MASK_CACHE {
-                        self.tmasks.clear();
+        let t = match self.tmasks.get(&cut) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let key = self.shared_key(cut);
+                let t = match self.vocab.shared_masks.get(&key) {
+                    Some(t) => t,
+                    None => {
+                        mask.fill(0);
+                        let undecided = self.walk(cut, mask);
+                        let t = Arc::new(TruncatedMask {
+                            mask: mask.to_vec().into_boxed_slice(),
+                            undecided,
+                        });
+                        self.vocab.shared_masks.insert(key, Arc::clone(&t));
+                        t
                     }
-                    self.tmasks.insert(cut, Arc::clone(&t));
-                    t
+                };
+                if self.tmasks.len() >= MASK_CACHE {
+                    self.tmasks.clear();
                 }
-            };
-            mask.copy_from_slice(&t.mask);
-            self.walk_undecided(cur, mask, &t.undecided);
-        }
+                self.tmasks.insert(cut, Arc::clone(&t));
+                t
+            }
+        };
+        mask.copy_from_slice(&t.mask);
+        self.walk_undecided(cur, mask, &t.undecided);
         if self.m.sets[cur as usize].has_empty {
             for &e in &self.vocab.eog {
                 mask[e as usize / 64] |= 1 << (e % 64);
@@ -878,18 +870,18 @@ impl Matcher {
         self.alpha_interval = iv;
     }
 
-    /// The mask of stack set `root` over the whole trie. With `undecided`, `root` is a
-    /// truncated set: nodes where a stack reached the unknown rest are marked there,
-    /// with their ancestors, for [`Matcher::walk_undecided`].
-    fn walk(
-        &mut self,
-        root: u32,
-        mask: &mut [u64],
-        mut undecided: Option<(&mut Vec<u64>, &mut Vec<u64>)>,
-    ) {
+    /// The mask of stack set `root` (possibly truncated) over the whole trie, and the
+    /// nodes where a stack reached the unknown rest, with their ancestors, for
+    /// [`Matcher::walk_undecided`].
+    fn walk(&mut self, root: u32, mask: &mut [u64]) -> Undecided {
         let v = Arc::clone(&self.vocab);
+        let words = v.n_nodes().div_ceil(64);
+        let (mut open, mut path) = (vec![0u64; words], vec![0u64; words]);
         if root == DEAD {
-            return;
+            return Undecided {
+                open: open.into_boxed_slice(),
+                path: path.into_boxed_slice(),
+            };
         }
         self.ensure_intervals(&v);
         let Matcher {
@@ -904,9 +896,7 @@ impl Matcher {
         set_path[0] = root;
         node_path.clear();
         node_path.resize(v.max_depth + 1, 0);
-        if let Some((open, path)) = undecided.as_mut()
-            && m.sets[root as usize].has_trunc
-        {
+        if m.sets[root as usize].has_trunc {
             open[0] |= 1;
             path[0] |= 1;
         }
@@ -930,17 +920,15 @@ impl Matcher {
                 continue;
             }
             set_path[d] = s;
-            if let Some((open, path)) = undecided.as_mut() {
-                node_path[d] = i as u32;
-                if m.sets[s as usize].has_trunc {
-                    open[i / 64] |= 1 << (i % 64);
-                    for &a in node_path[..=d].iter().rev() {
-                        let (w, b) = (a as usize / 64, a % 64);
-                        if path[w] >> b & 1 == 1 {
-                            break;
-                        }
-                        path[w] |= 1 << b;
+            node_path[d] = i as u32;
+            if m.sets[s as usize].has_trunc {
+                open[i / 64] |= 1 << (i % 64);
+                for &a in node_path[..=d].iter().rev() {
+                    let (w, b) = (a as usize / 64, a % 64);
+                    if path[w] >> b & 1 == 1 {
+                        break;
                     }
+                    path[w] |= 1 << b;
                 }
             }
             for k in tok[i] as usize..mid[i] as usize {
@@ -954,6 +942,10 @@ impl Matcher {
                 Self::visit_token_tops(m, &v, i, s, mask);
             }
             i += 1;
+        }
+        Undecided {
+            open: open.into_boxed_slice(),
+            path: path.into_boxed_slice(),
         }
     }
 

@@ -228,11 +228,12 @@ impl SamplerChain {
             match g.awaiting.as_mut() {
                 None => g.matcher.accept(token)?,
                 Some(a) => {
+                    let seen = a.text.len();
                     a.text.extend_from_slice(g.matcher.vocab().piece(token));
                     let found = a
                         .triggers
                         .iter()
-                        .filter_map(|t| find_trigger(&a.text, t))
+                        .filter_map(|t| find_trigger(&a.text, seen, t))
                         .min();
                     if let Some(at) = found {
                         let text = std::mem::take(&mut a.text);
@@ -316,14 +317,18 @@ impl SamplerChain {
 
 /// Where `trigger` occurs in `text`: anywhere, or, for a trigger written `^WORD`, only
 /// at the start of the output (after whitespace), as llama.cpp's anchored trigger
-/// patterns.
-fn find_trigger(text: &[u8], trigger: &str) -> Option<usize> {
+/// patterns. `text[..seen]` was searched before without a match, so only occurrences
+/// reaching past it are looked for (no rescan of the whole output per token).
+fn find_trigger(text: &[u8], seen: usize, trigger: &str) -> Option<usize> {
     match trigger.strip_prefix('^') {
         Some(word) => {
             let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
             text[start..].starts_with(word.as_bytes()).then_some(start)
         }
-        None => find(text, trigger.as_bytes()),
+        None => {
+            let from = seen.saturating_sub(trigger.len().saturating_sub(1));
+            find(&text[from..], trigger.as_bytes()).map(|at| from + at)
+        }
     }
 }
 

@@ -478,4 +478,25 @@ fn lazy_grammar_waits_for_its_trigger() {
     c.set_lazy_grammar(Some(Matcher::new(&g, vocab)), vec!["^{".into()]);
     c.accept(brace).unwrap();
     assert_eq!(c.sample(&logits).unwrap(), x, "`^{{` at the start triggers");
+
+    // A trigger split over tokens, after some text.
+    let pieces: Vec<Vec<u8>> = ["a", "<", "t>", "x", "</s>"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    let vocab = Arc::new(TokenIndex::new(pieces, |id| id == 4));
+    let g = Grammar::parse("root ::= \"<t>\" \"x\"", "root", None).unwrap();
+    let logits = [5.0f32, 1.0, 1.0, 1.0, 1.0];
+    let mut c = SamplerChain::greedy(5).unwrap();
+    c.set_lazy_grammar(Some(Matcher::new(&g, vocab)), vec!["<t>".into()]);
+    for t in [0, 0, 1] {
+        assert_eq!(c.sample(&logits).unwrap(), 0, "free before the trigger");
+        c.accept(t).unwrap();
+    }
+    c.accept(2).unwrap();
+    assert_eq!(
+        c.sample(&logits).unwrap(),
+        3,
+        "constrained once `<` `t>` complete it"
+    );
 }

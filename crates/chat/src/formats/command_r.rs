@@ -31,18 +31,6 @@ pub(super) fn detect_plus(src: &str) -> bool {
     src.contains("Action:") && src.contains("```json") && src.contains(DIRECTLY_ANSWER)
 }
 
-fn array_schema(items: Vec<Value>, parallel: bool) -> Value {
-    let mut schema = json!({
-        "type": "array",
-        "items": if items.len() == 1 { items[0].clone() } else { json!({"anyOf": items}) },
-        "minItems": 1,
-    });
-    if !parallel {
-        schema["maxItems"] = json!(1);
-    }
-    schema
-}
-
 pub(super) fn plan_r7b(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, ChatError> {
     let items: Vec<Value> = tools
         .callable()
@@ -58,7 +46,7 @@ pub(super) fn plan_r7b(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, Ch
             })
         })
         .collect();
-    let doc = SchemaDocument::parse(&array_schema(items, tools.parallel), limits)
+    let doc = SchemaDocument::parse(&super::calls_array_schema(items, tools.parallel), limits)
         .map_err(super::grammar_error)?;
     make_plan(tools, limits, &[START_ACTION], |b, lazy| {
         let calls = b.add_schema("tool-calls", &doc, doc.root())?;
@@ -100,7 +88,7 @@ pub(super) fn plan_plus(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, C
             "required": ["tool_name", "parameters"],
         }));
     }
-    let doc = SchemaDocument::parse(&array_schema(items, tools.parallel), limits)
+    let doc = SchemaDocument::parse(&super::calls_array_schema(items, tools.parallel), limits)
         .map_err(super::grammar_error)?;
     make_plan(tools, limits, &[ACTION], |b, _lazy| {
         let calls = b.add_schema("tool-calls", &doc, doc.root())?;

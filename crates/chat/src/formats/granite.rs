@@ -5,7 +5,7 @@
 //! calls and is detected as such. Lazy trigger: `<|tool_call|>`.
 
 use lamina_grammar::json_schema::{SchemaDocument, SchemaOptions};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{Cx, JsonPrefix, call_schema, json_prefix, lit, make_plan};
 use crate::reasoning::{THINK_END, partial_marker_len};
@@ -21,14 +21,7 @@ pub(super) fn detect(src: &str) -> bool {
 
 pub(super) fn plan(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, ChatError> {
     let items: Vec<Value> = tools.callable().map(|t| call_schema(t, false)).collect();
-    let mut schema = json!({
-        "type": "array",
-        "items": if items.len() == 1 { items[0].clone() } else { json!({"anyOf": items}) },
-        "minItems": 1,
-    });
-    if !tools.parallel {
-        schema["maxItems"] = json!(1);
-    }
+    let schema = super::calls_array_schema(items, tools.parallel);
     let doc = SchemaDocument::parse(&schema, limits).map_err(super::grammar_error)?;
     make_plan(tools, limits, &[TOOL_CALL], |b, lazy| {
         let calls = b.add_schema("tool-calls", &doc, doc.root())?;

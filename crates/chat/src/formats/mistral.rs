@@ -49,14 +49,7 @@ pub(super) fn plan_nemo(tools: &Tools, limits: &SchemaOptions) -> Result<Plan, C
             })
         })
         .collect();
-    let mut schema = json!({
-        "type": "array",
-        "items": if items.len() == 1 { items[0].clone() } else { json!({"anyOf": items}) },
-        "minItems": 1,
-    });
-    if !tools.parallel {
-        schema["maxItems"] = json!(1);
-    }
+    let schema = super::calls_array_schema(items, tools.parallel);
     let doc = SchemaDocument::parse(&schema, limits).map_err(super::grammar_error)?;
     make_plan(tools, limits, &[TOOL_CALLS], |b, lazy| {
         let calls = b.add_schema("tool-calls", &doc, doc.root())?;

@@ -238,6 +238,21 @@ impl Cx {
     }
 }
 
+/// A JSON array of one call (or, when `parallel`, one or more), each matching one of
+/// `items`: the body of the formats that write their calls as an array.
+pub(crate) fn calls_array_schema(items: Vec<Value>, parallel: bool) -> Value {
+    let item = if items.len() == 1 {
+        items.into_iter().next().unwrap_or_default()
+    } else {
+        serde_json::json!({"anyOf": items})
+    };
+    let mut schema = serde_json::json!({"type": "array", "items": item, "minItems": 1});
+    if !parallel {
+        schema["maxItems"] = serde_json::json!(1);
+    }
+    schema
+}
+
 /// `{"name": {"const": NAME}, "arguments": PARAMETERS}`: the JSON object of one call.
 pub(crate) fn call_schema(tool: &crate::Tool, with_id: bool) -> Value {
     let mut props = serde_json::Map::new();

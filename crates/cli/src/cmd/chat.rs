@@ -11,7 +11,7 @@ use lamina_model::{Batch, Context};
 use lamina_sample::SamplerChain;
 use lamina_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, load};
+use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, grammar_matcher, load};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -45,11 +45,12 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     })
     .context("cannot install the Ctrl-C handler")?;
 
+    let gbnf = args.grammar.checked_gbnf()?;
     let loaded = load(&args.load)?;
     let (mut ctx, tok) = (loaded.context, loaded.tokenizer);
     let template = ChatTemplate::from_tokenizer(&tok)?;
     let mut sampler = SamplerChain::new(&args.sampling.params(ctx.n_ctx()), tok.n_vocab())?;
-    sampler.set_grammar(args.grammar.matcher(&tok)?);
+    sampler.set_grammar(grammar_matcher(gbnf.as_deref(), &tok)?);
     let mut messages = Vec::new();
     if let Some(system) = &args.system_prompt {
         messages.push(ChatMessage::new("system", system.as_str()));

@@ -291,20 +291,34 @@ impl GrammarArgs {
     }
 
     /// A matcher for the constraint over `tok`'s vocabulary, if one was given.
-    pub fn matcher(&self, tok: &Tokenizer) -> anyhow::Result<Option<lamina_grammar::Matcher>> {
-        let Some(src) = self.gbnf()? else {
-            return Ok(None);
-        };
-        let resolve = |text: &str| {
-            let t = tok.tokenize(text, false, true);
-            (t.len() == 1).then(|| t[0])
-        };
-        let grammar = lamina_grammar::Grammar::parse(&src, "root", Some(&resolve))?;
-        Ok(Some(lamina_grammar::Matcher::new(
-            &grammar,
-            std::sync::Arc::new(grammar_vocab(tok)),
-        )))
+    /// [`GrammarArgs::gbnf`] with its syntax checked (token names unresolved), so that a
+    /// bad grammar or schema is refused before the model loads.
+    pub fn checked_gbnf(&self) -> anyhow::Result<Option<String>> {
+        let src = self.gbnf()?;
+        if let Some(src) = &src {
+            lamina_grammar::Grammar::parse(src, "root", Some(&|_: &str| Some(0)))?;
+        }
+        Ok(src)
     }
+}
+
+/// A matcher for GBNF `src` over `tok`'s vocabulary, `<name>` tokens resolved by it.
+pub fn grammar_matcher(
+    src: Option<&str>,
+    tok: &Tokenizer,
+) -> anyhow::Result<Option<lamina_grammar::Matcher>> {
+    let Some(src) = src else {
+        return Ok(None);
+    };
+    let resolve = |text: &str| {
+        let t = tok.tokenize(text, false, true);
+        (t.len() == 1).then(|| t[0])
+    };
+    let grammar = lamina_grammar::Grammar::parse(src, "root", Some(&resolve))?;
+    Ok(Some(lamina_grammar::Matcher::new(
+        &grammar,
+        std::sync::Arc::new(grammar_vocab(tok)),
+    )))
 }
 
 /// The vocabulary as grammars see it: pieces with special tokens rendered.

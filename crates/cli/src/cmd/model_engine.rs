@@ -72,9 +72,7 @@ impl Engine for ModelEngine {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        self.template
-            .render(messages, None, add_generation_prompt)
-            .map_err(|e| EngineError::Template(e.to_string()))
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
     }
     fn apply_chat_template_with_tools(
         &self,

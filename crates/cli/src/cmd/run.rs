@@ -11,7 +11,7 @@ use lamina_model::{Batch, Context};
 use lamina_sample::{SampleError, SamplerChain};
 use lamina_tokenizer::Tokenizer;
 
-use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, load};
+use super::{GrammarArgs, LoadArgs, SamplingArgs, Utf8Stream, emit, grammar_matcher, load};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -47,10 +47,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let t_start = Instant::now();
-    // A bad grammar or schema is refused before the model loads.
-    if let Some(src) = args.grammar.gbnf()? {
-        lamina_grammar::Grammar::parse(&src, "root", Some(&|_: &str| Some(0)))?;
-    }
+    let gbnf = args.grammar.checked_gbnf()?;
     let loaded = load(&args.load)?;
     let t_loaded = Instant::now();
     let (mut ctx, tok) = (loaded.context, loaded.tokenizer);
@@ -70,7 +67,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     for &t in &tokens {
         sampler.accept_prompt(t);
     }
-    sampler.set_grammar(args.grammar.matcher(&tok)?);
+    sampler.set_grammar(grammar_matcher(gbnf.as_deref(), &tok)?);
 
     let mut out = Utf8Stream::default();
     if !args.no_display_prompt {
