@@ -15,6 +15,7 @@
 
 mod algo;
 mod chat;
+pub mod chat_legacy;
 mod hash;
 mod strtab;
 mod unicode;
