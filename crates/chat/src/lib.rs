@@ -48,7 +48,9 @@ mod tests {
         }
     }
 }
-pub use reasoning::{ReasoningFormat, split_reasoning};
+pub use reasoning::{
+    Reasoning, ReasoningFormat, close_thinking, split_reasoning, template_reasoning_markers,
+};
 
 use lamina_grammar::json_schema::SchemaOptions;
 use serde_json::Value;

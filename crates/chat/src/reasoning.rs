@@ -26,6 +26,65 @@ impl ReasoningFormat {
     }
 }
 
+/// llama-server's `--reasoning on|off|auto` (`-rea`): whether the template is asked to
+/// think (`enable_thinking`). `auto` leaves it to the template.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reasoning {
+    On,
+    Off,
+    #[default]
+    Auto,
+}
+
+impl Reasoning {
+    /// llama.cpp's truthy / falsy / auto spellings.
+    pub fn parse(s: &str) -> Option<Reasoning> {
+        match s.to_ascii_lowercase().as_str() {
+            "on" | "enabled" | "true" | "1" => Some(Reasoning::On),
+            "off" | "disabled" | "false" | "0" => Some(Reasoning::Off),
+            "auto" | "-1" => Some(Reasoning::Auto),
+            _ => None,
+        }
+    }
+
+    /// The template's `enable_thinking`.
+    pub fn enable_thinking(self) -> bool {
+        self != Reasoning::Off
+    }
+}
+
+/// The reasoning markers a template writes, found in its source: `<think>` /
+/// `</think>` (DeepSeek R1, QwQ, Qwen 3) or Command R7B's thinking tokens.
+pub fn template_reasoning_markers(source: &str) -> Option<(&'static str, &'static str)> {
+    if source.contains("<|START_THINKING|>") {
+        Some(("<|START_THINKING|>", "<|END_THINKING|>"))
+    } else if source.contains(THINK_START) {
+        Some((THINK_START, THINK_END))
+    } else {
+        None
+    }
+}
+
+/// The prompt with thinking turned off (`--reasoning off`), as llama.cpp renders it: a
+/// generation prompt that opens a reasoning block gets it closed at once, and Command
+/// R7B, whose prompt leaves the block to the model, gets an empty one. A template that
+/// closed the block itself (Qwen 3 with `enable_thinking: false`) is left alone.
+pub fn close_thinking(prompt: &mut String, source: &str) {
+    let Some((start, end)) = template_reasoning_markers(source) else {
+        return;
+    };
+    let tail = prompt.trim_end();
+    if tail.ends_with(end) {
+        return;
+    }
+    if tail.ends_with(start) {
+        prompt.push_str(end);
+    } else if start == "<|START_THINKING|>" && tail.ends_with("<|CHATBOT_TOKEN|>") {
+        prompt.push_str(start);
+        prompt.push_str(end);
+    }
+}
+
 pub const THINK_START: &str = "<think>";
 pub const THINK_END: &str = "</think>";
 
@@ -81,6 +140,29 @@ pub fn split_reasoning(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thinking_off_closes_the_block() {
+        let r1 = "{{'<｜Assistant｜><think>\\n'}}";
+        let mut p = "<｜Assistant｜><think>\n".to_string();
+        close_thinking(&mut p, r1);
+        assert_eq!(p, "<｜Assistant｜><think>\n</think>");
+        let mut p = "<|im_start|>assistant\n<think>\n\n</think>\n\n".to_string();
+        close_thinking(&mut p, "<think>");
+        assert_eq!(p, "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        let r7b = "<|START_THINKING|>";
+        let mut p = "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>".to_string();
+        close_thinking(&mut p, r7b);
+        assert_eq!(
+            p,
+            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"
+        );
+        let mut p = "<|im_start|>assistant\n".to_string();
+        close_thinking(&mut p, "no markers");
+        assert_eq!(p, "<|im_start|>assistant\n");
+        assert_eq!(Reasoning::parse("OFF"), Some(Reasoning::Off));
+        assert_eq!(Reasoning::parse("maybe"), None);
+    }
 
     #[test]
     fn splits_think_blocks() {

@@ -55,7 +55,7 @@ enum Command {
         #[command(flatten)]
         cache: cmd::CacheArgs,
         #[command(flatten)]
-        args: cmd::serve::ServeArgs,
+        args: Box<cmd::serve::ServeArgs>,
     },
     /// Tokenize text with a model's vocabulary (vocab-only files work too).
     Tokenize {
@@ -68,7 +68,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(cmd::serve::normalize_llama_flags(std::env::args_os()));
+    let args = cmd::serve::normalize_llama_flags(std::env::args_os());
+    if args.get(1).and_then(|a| a.to_str()) == Some("serve")
+        && let Some(flag) = cmd::serve::unsupported_llama_flag(&args[2..])
+    {
+        eprintln!(
+            "error: lamina serve does not support llama-server's flag {flag} (yet); see `lamina serve --help`"
+        );
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse_from(args);
     let command = match (cli.command, cli.list_devices) {
         (Some(c), _) => c,
         (None, true) => Command::Devices(cmd::devices::DevicesArgs::default()),
@@ -118,12 +127,24 @@ fn serve(
 ) -> anyhow::Result<()> {
     let mut params = lamina_model::ContextParams {
         n_ctx: args.ctx_size as usize,
-        n_ubatch: args.batch_size.max(1) as usize,
+        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
         n_seq_max: args.parallel.max(1) as usize,
         ..Default::default()
     };
     cache.apply(&mut params)?;
-    let loaded = cmd::load_with(model, threads, params, devices)?;
-    let engine = cmd::model_engine::ModelEngine::new(loaded.context, loaded.tokenizer)?;
-    cmd::serve::run(args, Box::new(engine))
+    let mut config = args.config()?;
+    let choice = cmd::model_engine::TemplateChoice::from_flags(args)?;
+    let path = if args.offline && !std::path::Path::new(model).is_file() {
+        // --offline: a known model must be in the cache already; nothing is fetched.
+        lamina_gguf::pull::cached_model_path(model).ok_or_else(|| {
+            anyhow::anyhow!("--offline: model {model:?} is not a file and not in the cache")
+        })?
+    } else {
+        cmd::resolve_model(model)?
+    };
+    config.model_path = path.display().to_string();
+    let loaded = cmd::load_with(&path.display().to_string(), threads, params, devices)?;
+    let engine =
+        cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?;
+    cmd::serve::run(args, config, Box::new(engine))
 }

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::engine::{ChatMessage, Token};
 use crate::error::ApiError;
-use crate::scheduler::{EmbedInput, Prompt};
+use crate::scheduler::{EmbedInput, MixedPart, Prompt};
 
 /// Most choices (`n` times the number of prompts) one request may ask for.
 pub const MAX_CHOICES: usize = 16;
@@ -87,8 +87,13 @@ pub fn decode<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiErr
 }
 
 /// Sampling settings from a request, with llama-server's names and defaults. Nulls
-/// mean "default"; `logit_bias` (OpenAI's map or llama's pairs) is decoded here.
-pub fn sampling(map: &Map<String, Value>, n_vocab: usize) -> Result<SamplingParams, ApiError> {
+/// mean "default"; `logit_bias` (OpenAI's map or llama's pairs) is decoded here: biases
+/// keyed by token id go into the parameters, biases keyed by text are returned, to be
+/// applied to the tokens of that text.
+pub fn sampling(
+    map: &Map<String, Value>,
+    n_vocab: usize,
+) -> Result<(SamplingParams, Vec<(String, f32)>), ApiError> {
     let mut m: Map<String, Value> = map
         .iter()
         .filter(|(_, v)| !v.is_null())
@@ -96,8 +101,9 @@ pub fn sampling(map: &Map<String, Value>, n_vocab: usize) -> Result<SamplingPara
         .collect();
     let bias = m.remove("logit_bias");
     let mut params: SamplingParams = decode(&m)?;
+    let mut text_bias = Vec::new();
     if let Some(bias) = bias {
-        params.logit_bias = logit_bias(&bias, n_vocab)?;
+        (params.logit_bias, text_bias) = logit_bias(&bias, n_vocab)?;
     }
     if params.n_probs > MAX_N_PROBS {
         return Err(ApiError::invalid_param(
@@ -105,20 +111,39 @@ pub fn sampling(map: &Map<String, Value>, n_vocab: usize) -> Result<SamplingPara
             format!("n_probs must be between 0 and {MAX_N_PROBS}"),
         ));
     }
-    Ok(params)
+    Ok((params, text_bias))
 }
 
-fn logit_bias(v: &Value, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+/// Most text-keyed `logit_bias` entries one request may give.
+const MAX_TEXT_BIASES: usize = 1024;
+
+/// A token id bias key, or a text one. In OpenAI's map form every key is a string: one
+/// that is a number is a token id (llama-server reads it so).
+enum BiasKey {
+    Token(u32),
+    Text(String),
+}
+
+#[allow(clippy::type_complexity)]
+fn logit_bias(
+    v: &Value,
+    n_vocab: usize,
+) -> Result<(Vec<(u32, f32)>, Vec<(String, f32)>), ApiError> {
     let bad = |msg: String| ApiError::invalid_param("logit_bias", msg);
-    let token = |t: &Value| -> Result<u32, ApiError> {
+    let key = |t: &Value, map_key: bool| -> Result<BiasKey, ApiError> {
         let id = match t {
-            Value::String(s) => s.parse::<u64>().ok(),
-            Value::Number(n) => n.as_u64(),
+            Value::String(s) if map_key => s.parse::<u64>().ok(),
+            Value::Number(n) => Some(
+                n.as_u64()
+                    .ok_or_else(|| bad(format!("{t} is not a token id")))?,
+            ),
             _ => None,
         };
-        match id {
-            Some(id) if (id as usize) < n_vocab => Ok(id as u32),
-            _ => Err(bad(format!("{t} is not a token id of this model"))),
+        match (id, t) {
+            (Some(id), _) if (id as usize) < n_vocab => Ok(BiasKey::Token(id as u32)),
+            (Some(_), _) => Err(bad(format!("{t} is not a token id of this model"))),
+            (None, Value::String(s)) => Ok(BiasKey::Text(s.clone())),
+            _ => Err(bad(format!("{t} is neither a token id nor a text"))),
         }
     };
     let bias = |b: &Value| -> Result<f32, ApiError> {
@@ -132,22 +157,36 @@ fn logit_bias(v: &Value, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
             _ => Err(bad(format!("bad bias {b}"))),
         }
     };
-    match v {
+    let pairs: Vec<(BiasKey, f32)> = match v {
         Value::Object(m) => m
             .iter()
-            .map(|(k, b)| Ok((token(&Value::String(k.clone()))?, bias(b)?)))
-            .collect(),
+            .map(|(k, b)| Ok((key(&Value::String(k.clone()), true)?, bias(b)?)))
+            .collect::<Result<_, ApiError>>()?,
         Value::Array(items) => items
             .iter()
             .map(|item| match item.as_array().map(Vec::as_slice) {
-                Some([t, b]) => Ok((token(t)?, bias(b)?)),
+                Some([t, b]) => Ok((key(t, false)?, bias(b)?)),
                 _ => Err(bad("each entry must be [token, bias]".into())),
             })
-            .collect(),
-        _ => Err(bad(
-            "logit_bias must be an object or an array of pairs".into()
-        )),
+            .collect::<Result<_, ApiError>>()?,
+        _ => {
+            return Err(bad(
+                "logit_bias must be an object or an array of pairs".into()
+            ));
+        }
+    };
+    let mut ids = Vec::new();
+    let mut texts = Vec::new();
+    for (k, b) in pairs {
+        match k {
+            BiasKey::Token(t) => ids.push((t, b)),
+            BiasKey::Text(s) => texts.push((s, b)),
+        }
     }
+    if texts.len() > MAX_TEXT_BIASES {
+        return Err(bad(format!("at most {MAX_TEXT_BIASES} text keys")));
+    }
+    Ok((ids, texts))
 }
 
 #[derive(Deserialize)]
@@ -192,6 +231,14 @@ pub struct GenRequest {
     pub response_format: Option<Value>,
     pub grammar: Option<Value>,
     pub json_schema: Option<Value>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<Value>,
+    pub chat_template_kwargs: Option<Value>,
+    pub reasoning_effort: Option<String>,
+    pub response_fields: Option<Vec<String>>,
+    pub return_tokens: Option<bool>,
+    pub verbose: Option<bool>,
+    pub return_progress: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -522,10 +569,16 @@ impl GenRequest {
                     }
                     Some(Content::Text(t)) => t.clone(),
                     Some(Content::Parts(parts)) => {
+                        // llama.cpp joins text parts with a blank line.
                         let mut text = String::new();
                         for (j, p) in parts.iter().enumerate() {
                             match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
+                                ("text", Some(t)) => {
+                                    if !text.is_empty() {
+                                        text.push_str("\n\n");
+                                    }
+                                    text.push_str(t);
+                                }
                                 _ => {
                                     return Err(ApiError::invalid_param(
                                         format!("messages[{i}].content[{j}]"),
@@ -564,15 +617,11 @@ impl GenRequest {
             }
         };
         match prompt {
-            Value::String(s) => Ok(vec![text_prompt(s)]),
             Value::Array(items) if items.is_empty() => Err(ApiError::invalid_param(
                 "prompt",
                 "prompt must not be empty",
             )),
-            Value::Array(items) if items.iter().all(Value::is_number) => {
-                Ok(vec![Prompt::Tokens(token_list(items, "prompt")?)])
-            }
-            Value::Array(items) => {
+            Value::Array(items) if !is_mixed_sequence(items) => {
                 if items.len() > MAX_CHOICES {
                     return Err(ApiError::invalid_param(
                         "prompt",
@@ -582,24 +631,98 @@ impl GenRequest {
                 let ps = items
                     .iter()
                     .enumerate()
-                    .map(|(i, item)| match item {
-                        Value::String(s) => Ok(text_prompt(s)),
-                        Value::Array(toks) if !toks.is_empty() => {
-                            Ok(Prompt::Tokens(token_list(toks, &format!("prompt[{i}]"))?))
-                        }
-                        _ => Err(ApiError::invalid_param(
-                            format!("prompt[{i}]"),
-                            "each prompt must be a string or a non-empty array of token ids",
-                        )),
-                    })
+                    .map(|(i, item)| one_prompt(item, &format!("prompt[{i}]")))
                     .collect::<Result<Vec<_>, _>>()?;
                 many(ps)
             }
-            _ => Err(ApiError::invalid_param(
-                "prompt",
-                "prompt must be a string, an array of token ids, or an array of those",
-            )),
+            other => Ok(vec![one_prompt(other, "prompt")?]),
         }
+    }
+}
+
+/// One embedding input: what a prompt may be, or `{"content": [text parts]}` (the parts
+/// joined as they are).
+fn embed_input(v: &Value, param: &str) -> Result<EmbedInput, ApiError> {
+    if let Value::Object(o) = v
+        && let Some(content) = o.get("content")
+    {
+        let parts = content.as_array().ok_or_else(|| {
+            ApiError::invalid_param(
+                format!("{param}.content"),
+                "content must be an array of parts",
+            )
+        })?;
+        let mut text = String::new();
+        for (j, p) in parts.iter().enumerate() {
+            match (
+                p.get("type").and_then(Value::as_str),
+                p.get("text").and_then(Value::as_str),
+            ) {
+                (Some("text"), Some(t)) => text.push_str(t),
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        format!("{param}.content[{j}]"),
+                        "only text parts are supported",
+                    ));
+                }
+            }
+        }
+        return Ok(EmbedInput::Text(text));
+    }
+    match one_prompt(v, param)? {
+        Prompt::Text { text, .. } => Ok(EmbedInput::Text(text)),
+        Prompt::Tokens(t) => Ok(EmbedInput::Tokens(t)),
+        Prompt::Mixed(p) => Ok(EmbedInput::Mixed(p)),
+        Prompt::Chat(_) => Err(ApiError::invalid_param(param, "not an embedding input")),
+    }
+}
+
+/// An array of token ids and strings, read as one prompt (llama-server's "mixed"
+/// prompt), as opposed to an array of prompts.
+fn is_mixed_sequence(items: &[Value]) -> bool {
+    items.iter().any(Value::is_number) && items.iter().all(|v| v.is_number() || v.is_string())
+}
+
+/// One prompt: a string, token ids mixed with strings, or llama-server's JSON prompt
+/// object (`{"prompt_string": ...}`; media in `multimodal_data` needs a multimodal model).
+fn one_prompt(v: &Value, param: &str) -> Result<Prompt, ApiError> {
+    match v {
+        Value::String(s) => Ok(text_prompt(s)),
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_number) => {
+            Ok(Prompt::Tokens(token_list(items, param)?))
+        }
+        Value::Array(items) if is_mixed_sequence(items) => {
+            let mut parts = Vec::with_capacity(items.len());
+            for (j, item) in items.iter().enumerate() {
+                parts.push(match item {
+                    Value::String(s) => MixedPart::Text(s.clone()),
+                    _ => MixedPart::Token(
+                        token_list(std::slice::from_ref(item), &format!("{param}[{j}]"))?[0],
+                    ),
+                });
+            }
+            Ok(Prompt::Mixed(parts))
+        }
+        Value::Object(o) => {
+            if o.get("multimodal_data").is_some_and(|m| !m.is_null()) {
+                return Err(ApiError::invalid_param(
+                    format!("{param}.multimodal_data"),
+                    "this model takes no images or audio (multimodal_data)",
+                )
+                .with_code("multimodal_not_supported"));
+            }
+            match o.get("prompt_string") {
+                Some(Value::String(s)) => Ok(text_prompt(s)),
+                _ => Err(ApiError::invalid_param(
+                    format!("{param}.prompt_string"),
+                    "a JSON prompt needs a prompt_string",
+                )),
+            }
+        }
+        _ => Err(ApiError::invalid_param(
+            param,
+            "a prompt must be a string, an array of token ids (and strings), or {\"prompt_string\": ...}",
+        )),
     }
 }
 
@@ -666,14 +789,10 @@ impl EmbeddingsRequest {
             return Err(ApiError::invalid_param("input", "input is required"));
         };
         let inputs = match input {
-            Value::String(s) => vec![EmbedInput::Text(s.clone())],
             Value::Array(items) if items.is_empty() => {
                 return Err(ApiError::invalid_param("input", "input must not be empty"));
             }
-            Value::Array(items) if items.iter().all(Value::is_number) => {
-                vec![EmbedInput::Tokens(token_list(items, "input")?)]
-            }
-            Value::Array(items) => {
+            Value::Array(items) if !is_mixed_sequence(items) => {
                 if items.len() > MAX_EMBED_INPUTS {
                     return Err(ApiError::invalid_param(
                         "input",
@@ -683,24 +802,10 @@ impl EmbeddingsRequest {
                 items
                     .iter()
                     .enumerate()
-                    .map(|(i, item)| match item {
-                        Value::String(s) => Ok(EmbedInput::Text(s.clone())),
-                        Value::Array(t) => {
-                            Ok(EmbedInput::Tokens(token_list(t, &format!("input[{i}]"))?))
-                        }
-                        _ => Err(ApiError::invalid_param(
-                            format!("input[{i}]"),
-                            "each input must be a string or an array of token ids",
-                        )),
-                    })
+                    .map(|(i, item)| embed_input(item, &format!("input[{i}]")))
                     .collect::<Result<Vec<_>, _>>()?
             }
-            _ => {
-                return Err(ApiError::invalid_param(
-                    "input",
-                    "input must be a string, an array of strings, or token ids",
-                ));
-            }
+            other => vec![embed_input(other, "input")?],
         };
         if let Some(i) = inputs
             .iter()

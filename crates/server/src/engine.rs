@@ -149,6 +149,19 @@ pub trait Engine: Send + 'static {
         let _ = tools;
         self.apply_chat_template(messages, add_generation_prompt)
     }
+    /// [`Engine::apply_chat_template_with_tools`] with extra template variables
+    /// (`enable_thinking`, a request's `chat_template_kwargs`); engines whose templates
+    /// take no variables ignore them.
+    fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, EngineError> {
+        let _ = kwargs;
+        self.apply_chat_template_with_tools(messages, tools, add_generation_prompt)
+    }
     /// The chat template's source (empty if unknown): tool-call formats are recognised
     /// from it.
     fn chat_template_source(&self) -> String {
@@ -220,6 +233,15 @@ impl Engine for Box<dyn Engine> {
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
         (**self).apply_chat_template_with_tools(messages, tools, add_generation_prompt)
+    }
+    fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, EngineError> {
+        (**self).apply_chat_template_with(messages, tools, add_generation_prompt, kwargs)
     }
     fn chat_template_source(&self) -> String {
         (**self).chat_template_source()

@@ -13,6 +13,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Numbers llama-server adds to some errors (`n_prompt_tokens`, `n_ctx`).
+    pub details: Vec<(&'static str, u64)>,
 }
 
 impl ApiError {
@@ -23,6 +25,7 @@ impl ApiError {
             kind,
             param: None,
             code: None,
+            details: Vec::new(),
         }
     }
 
@@ -73,16 +76,25 @@ impl ApiError {
         self
     }
 
+    pub fn with_detail(mut self, key: &'static str, value: u64) -> ApiError {
+        self.details.push((key, value));
+        self
+    }
+
     /// The JSON body (also sent as an SSE event when a stream fails midway).
     pub fn body(&self) -> serde_json::Value {
-        json!({
+        let mut v = json!({
             "error": {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
                 "code": self.code,
             }
-        })
+        });
+        for (k, n) in &self.details {
+            v["error"][*k] = json!(n);
+        }
+        v
     }
 }
 

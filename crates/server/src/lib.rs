@@ -8,6 +8,7 @@
 //! cancellation on client disconnect and per-request timeouts. [`fake::FakeEngine`] is a
 //! deterministic stand-in model for tests and load tests.
 
+pub mod anthropic;
 pub mod api;
 pub mod engine;
 pub mod error;
@@ -27,10 +28,39 @@ pub use error::ApiError;
 /// How the server runs (everything but the model).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// Addresses to listen on, comma-separated (llama-server's `--host 127.0.0.1,::1`).
     pub host: String,
     pub port: u16,
-    /// When set, every endpoint but `/`, `/health` needs `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
+    /// When non-empty, every endpoint but `/`, `/health` needs `Authorization: Bearer <key>`
+    /// (or `X-Api-Key: <key>`) with one of these keys.
+    pub api_keys: Vec<String>,
+    /// Names the model answers to (`-a a,b`); `/v1/models` reports the first in sorted
+    /// order as the id, as llama-server does. Empty: the model's own name.
+    pub aliases: Vec<String>,
+    /// `--tags`, reported by `/v1/models`.
+    pub tags: Vec<String>,
+    /// The model file, for `/props`.
+    pub model_path: String,
+    /// Request defaults from the command line (`--temp`, `--seed`, `--top-k`, ...), under
+    /// the request field names; a request's own value wins.
+    pub default_params: serde_json::Map<String, serde_json::Value>,
+    /// `-n`: the default and the most tokens one request may generate.
+    pub n_predict: Option<u32>,
+    /// `/slots` answers (`--slots`, the default; `--no-slots` makes it 501).
+    pub slots_endpoint: bool,
+    /// `/metrics` answers (`--metrics`; off by default, as in llama-server).
+    pub metrics_endpoint: bool,
+    /// The chat page at `/` (`--no-ui` turns it off).
+    pub web_ui: bool,
+    /// Cross-origin requests (`--cors-*`).
+    pub cors: Cors,
+    /// `--verbose`: responses carry llama-server's `__verbose` object (the prompt, ...).
+    pub verbose: bool,
+    /// Chat templates run as Jinja (`--jinja`, the default); off, llama.cpp's built-in
+    /// formats are used and tools are refused.
+    pub jinja: bool,
+    /// `--reasoning on|off|auto`: whether templates are asked to think.
+    pub reasoning: lamina_chat::Reasoning,
     /// Longest time one request may take, waiting in the queue included.
     pub timeout: Option<Duration>,
     /// Largest request body accepted (413 above).
@@ -50,7 +80,19 @@ impl Default for ServerConfig {
         ServerConfig {
             host: "127.0.0.1".into(),
             port: 8080,
-            api_key: None,
+            api_keys: Vec::new(),
+            aliases: Vec::new(),
+            tags: Vec::new(),
+            model_path: String::new(),
+            default_params: serde_json::Map::new(),
+            n_predict: None,
+            slots_endpoint: true,
+            metrics_endpoint: false,
+            web_ui: true,
+            cors: Cors::default(),
+            verbose: false,
+            jinja: true,
+            reasoning: lamina_chat::Reasoning::Auto,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),
@@ -61,21 +103,126 @@ impl Default for ServerConfig {
     }
 }
 
+/// llama-server's CORS settings.
+#[derive(Clone, Debug)]
+pub struct Cors {
+    /// `*` (any origin), `localhost` (only origins on localhost, 127.0.0.1 or ::1 are
+    /// reflected) or the literal `Access-Control-Allow-Origin` value.
+    pub origins: String,
+    pub methods: String,
+    pub headers: String,
+    pub credentials: bool,
+}
+
+impl Default for Cors {
+    fn default() -> Self {
+        Cors {
+            origins: "*".into(),
+            methods: "GET, POST, DELETE, OPTIONS".into(),
+            headers: "*".into(),
+            credentials: true,
+        }
+    }
+}
+
 /// Starts the engine thread for `engine` and returns the HTTP routes in front of it.
 /// The thread ends once the router (and every clone of it) is dropped.
 pub fn router(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<axum::Router> {
     routes::build(engine, config)
 }
 
-/// Binds `config.host:config.port` and serves until Ctrl-C.
+/// Binds every address of `config.host` (comma-separated) at `config.port` and serves
+/// until Ctrl-C.
 pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await?;
-    let addr = listener.local_addr()?;
-    eprintln!("lamina serve: listening on http://{addr}");
-    serve_on(listener, engine, &config, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
+    let hosts: Vec<&str> = config
+        .host
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .collect();
+    if hosts.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "--host needs at least one address",
+        ));
+    }
+    let mut listeners = Vec::with_capacity(hosts.len());
+    for host in &hosts {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let listener = tokio::net::TcpListener::bind((host, config.port))
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {host}: {e}")))?;
+        eprintln!(
+            "lamina serve: listening on http://{}",
+            listener.local_addr()?
+        );
+        listeners.push(listener);
+    }
+    let app = router(engine, &config)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let mut stop = stop_rx.clone();
+        let app = app.clone();
+        servers.spawn(serve_http1(listener, app, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }));
+    }
+    drop(app);
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        Some(r) = servers.join_next() => {
+            let _ = stop_tx.send(true);
+            r.map_err(std::io::Error::other)??;
+        }
+    }
+    let _ = stop_tx.send(true);
+    while let Some(r) = servers.join_next().await {
+        r.map_err(std::io::Error::other)??;
+    }
+    Ok(())
+}
+
+/// Serves HTTP/1.1 connections from `listener` with `app` until `shutdown` completes, then
+/// lets the open connections finish. Header names go out title-cased
+/// (`Access-Control-Allow-Origin`), as llama-server writes them: clients that copy the
+/// headers into a plain dictionary look them up that way.
+async fn serve_http1(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::Interrupted
+                ) => continue,
+                Err(_) => {
+                    // Out of file descriptors or the like: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// Serves on an already bound listener until `shutdown` completes (tests bind
@@ -87,12 +234,7 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(engine, config)?;
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    serve_http1(listener, app, shutdown).await
 }
 
 /// Starts a server on an ephemeral loopback port in the current runtime and returns its
@@ -104,9 +246,7 @@ pub async fn spawn_local(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let app = router(engine, &config)?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    tokio::spawn(serve_http1(listener, app, std::future::pending()));
     Ok(addr)
 }
 

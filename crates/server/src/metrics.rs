@@ -1,5 +1,5 @@
 //! Counters behind `/metrics` (Prometheus text format, llama-server's metric names under
-//! a `lamina:` prefix). The engine thread and the HTTP handlers update them lock-free.
+//! llama-server's `llamacpp:` prefix, so its dashboards work unchanged). The engine thread and the HTTP handlers update them lock-free.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
+    /// Prompt tokens whose KV cells were reused (they cost no decode).
+    pub prompt_tokens_cached_total: AtomicU64,
+    /// The most tokens one decode step held.
+    pub n_tokens_max: AtomicU64,
     pub prompt_ms_total: AtomicU64,
     pub tokens_predicted_total: AtomicU64,
     pub predicted_ms_total: AtomicU64,
@@ -42,12 +46,43 @@ impl Metrics {
                 n as f64 * 1e3 / ms as f64
             }
         };
-        let rows: [(&str, &str, &str, f64); 11] = [
+        let rows: [(&str, &str, &str, f64); 16] = [
             (
                 "prompt_tokens_total",
                 "counter",
                 "Number of prompt tokens processed.",
                 get(&self.prompt_tokens_total) as f64,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens taken from the cache.",
+                get(&self.prompt_tokens_cached_total) as f64,
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "Largest observed n_tokens.",
+                get(&self.n_tokens_max) as f64,
+            ),
+            // Lamina has no speculative decoding: llama-server's counters, at zero.
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Number of draft tokens.",
+                0.0,
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Number of accepted draft tokens.",
+                0.0,
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Number of drafts.",
+                0.0,
             ),
             (
                 "prompt_seconds_total",
@@ -116,28 +151,28 @@ impl Metrics {
         ];
         let mut out = String::new();
         for (name, kind, help, value) in rows {
-            let _ = writeln!(out, "# HELP lamina:{name} {help}");
-            let _ = writeln!(out, "# TYPE lamina:{name} {kind}");
-            let _ = writeln!(out, "lamina:{name} {value}");
+            let _ = writeln!(out, "# HELP llamacpp:{name} {help}");
+            let _ = writeln!(out, "# TYPE llamacpp:{name} {kind}");
+            let _ = writeln!(out, "llamacpp:{name} {value}");
         }
         let _ = writeln!(
             out,
-            "# HELP lamina:prompt_tokens_seconds Average prompt throughput in tokens/s."
+            "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s."
         );
-        let _ = writeln!(out, "# TYPE lamina:prompt_tokens_seconds gauge");
+        let _ = writeln!(out, "# TYPE llamacpp:prompt_tokens_seconds gauge");
         let _ = writeln!(
             out,
-            "lamina:prompt_tokens_seconds {}",
+            "llamacpp:prompt_tokens_seconds {}",
             per_sec(get(&self.prompt_tokens_total), prompt_ms)
         );
         let _ = writeln!(
             out,
-            "# HELP lamina:predicted_tokens_seconds Average generation throughput in tokens/s."
+            "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s."
         );
-        let _ = writeln!(out, "# TYPE lamina:predicted_tokens_seconds gauge");
+        let _ = writeln!(out, "# TYPE llamacpp:predicted_tokens_seconds gauge");
         let _ = writeln!(
             out,
-            "lamina:predicted_tokens_seconds {}",
+            "llamacpp:predicted_tokens_seconds {}",
             per_sec(get(&self.tokens_predicted_total), predicted_ms)
         );
         out

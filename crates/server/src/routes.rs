@@ -27,7 +27,7 @@ use crate::engine::{Engine, Token};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{
-    self, Command, Done, EngineInfo, Event, GenParams, Job, Prompt, TokenProbs, TopProb,
+    self, ChatPrompt, Command, Done, EngineInfo, Event, GenParams, Job, Prompt, TokenProbs, TopProb,
 };
 use lamina_chat::{ChatError, Format, ParsedMessage, ReasoningFormat, ToolCall, ToolChoice, Tools};
 
@@ -71,6 +71,10 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
         .route("/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/apply-template", post(apply_template))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/chat/completions/input_tokens", post(input_tokens))
+        .route("/v1/chat/completions/input_tokens", post(input_tokens))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
         .route("/models", get(models))
@@ -78,14 +82,25 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
         .route("/slots", get(slots))
         .route("/metrics", get(metrics_text))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Ok(Router::new()
-        .route("/", get(page))
+    let mut app = Router::new()
         .route("/health", get(health))
-        .route("/v1/health", get(health))
+        .route("/v1/health", get(health));
+    if config.web_ui {
+        app = app.route("/", get(page));
+    }
+    Ok(app
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state))
+}
+
+/// llama-server's answer for an endpoint turned off by a flag.
+fn not_supported(message: &str) -> Response {
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_supported_error", message)
+        .with_code("not_supported")
+        .into_response()
 }
 
 fn unix_now() -> u64 {
@@ -95,18 +110,86 @@ fn unix_now() -> u64 {
 }
 
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.0.config.api_key {
+    let keys = &st.0.config.api_keys;
+    if !keys.is_empty() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
             .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+        // Every key is compared, so the time taken does not say which one nearly matched.
+        let ok = given.is_some_and(|g| {
+            keys.iter().fold(false, |ok, k| {
+                ok | constant_time_eq(g.as_bytes(), k.as_bytes())
+            })
+        });
+        if !ok {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
+}
+
+/// llama-server's CORS: the allowed origin on every response (reflected for `*` with
+/// credentials, reflected only for localhost origins with `localhost`, else the
+/// configured value), and `OPTIONS` preflights answered here, before the API-key check
+/// (browsers send no credentials with them).
+async fn cors(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let c = &st.0.config.cors;
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let allow = if c.credentials && c.origins == "*" {
+        Some(origin.clone())
+    } else if c.origins == "localhost" {
+        (!origin.is_empty() && origin_is_localhost(&origin)).then(|| origin.clone())
+    } else {
+        Some(c.origins.clone())
+    };
+    let preflight = req.method() == axum::http::Method::OPTIONS;
+    let mut resp = if preflight {
+        let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "text/html")], "").into_response();
+        let h = r.headers_mut();
+        let set = |h: &mut HeaderMap, name: header::HeaderName, v: &str| {
+            if let Ok(v) = axum::http::HeaderValue::from_str(v) {
+                h.insert(name, v);
+            }
+        };
+        set(
+            h,
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            if c.credentials { "true" } else { "false" },
+        );
+        set(h, header::ACCESS_CONTROL_ALLOW_METHODS, &c.methods);
+        set(h, header::ACCESS_CONTROL_ALLOW_HEADERS, &c.headers);
+        r
+    } else {
+        next.run(req).await
+    };
+    if let Some(v) = allow.and_then(|a| axum::http::HeaderValue::from_str(&a).ok()) {
+        resp.headers_mut()
+            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    resp
+}
+
+/// Whether an `Origin` (`scheme://host[:port]`) is on this machine.
+fn origin_is_localhost(origin: &str) -> bool {
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split_once(']').map_or("", |(h, _)| h)
+    } else {
+        authority.split(':').next().unwrap_or("")
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -149,6 +232,8 @@ struct Run {
     id: String,
     created: u64,
     model: String,
+    /// llama-server's `generation_settings` of the request.
+    settings: Value,
 }
 
 struct Choice {
@@ -156,9 +241,20 @@ struct Choice {
     prompt_index: usize,
     prompt_tokens: usize,
     thinking_open: bool,
+    /// The prompt as text (llama-server's `prompt` field).
+    prompt: String,
 }
 
 impl AppState {
+    /// A request's token limit under the server's `-n`, which is both the default and
+    /// the cap (llama-server's slot `n_predict`).
+    fn token_limit(&self, asked: Option<u32>) -> Option<u32> {
+        match (asked, self.0.config.n_predict) {
+            (Some(a), Some(cap)) => Some(a.min(cap)),
+            (a, cap) => a.or(cap),
+        }
+    }
+
     fn deadline(&self) -> Option<Instant> {
         self.0.config.timeout.map(|t| Instant::now() + t)
     }
@@ -213,6 +309,7 @@ impl AppState {
                     prompt_index,
                     prompt_tokens: 0,
                     thinking_open: false,
+                    prompt: String::new(),
                 });
             }
         }
@@ -221,9 +318,11 @@ impl AppState {
                 Some(Event::Accepted {
                     prompt_tokens,
                     thinking_open,
+                    prompt,
                 }) => {
                     c.prompt_tokens = prompt_tokens;
                     c.thinking_open = thinking_open;
+                    c.prompt = prompt;
                 }
                 Some(Event::Error(e)) => return Err(e),
                 _ => return Err(ApiError::internal("the engine stopped")),
@@ -237,7 +336,8 @@ impl AppState {
                 self.0.next_id.fetch_add(1, Ordering::Relaxed)
             ),
             created: unix_now(),
-            model: self.0.info.model_name.clone(),
+            model: model_id(self),
+            settings: generation_settings(&params),
         })
     }
 
@@ -256,8 +356,9 @@ impl AppState {
 }
 
 /// Which response shapes to produce.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 enum Api {
+    #[default]
     Chat,
     Completions,
     Native,
@@ -298,7 +399,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Output, ApiEr
                 return Ok(out);
             }
             Some(Event::Error(e)) => return Err(e),
-            Some(Event::Accepted { .. }) => {}
+            Some(Event::Accepted { .. } | Event::Progress(_)) => {}
             None => return Err(ApiError::internal("the engine stopped")),
         }
     }
@@ -362,6 +463,68 @@ fn native_probs(probs: &[TokenProbs]) -> Value {
         .collect()
 }
 
+/// llama-server's `generation_settings`: the sampling and limits a request ran with.
+fn generation_settings(p: &GenParams) -> Value {
+    let s = &p.sampling;
+    let samplers: Vec<&str> = s
+        .samplers
+        .iter()
+        .map(|t| {
+            use lamina_sample::SamplerType as T;
+            match t {
+                T::Penalties => "penalties",
+                T::Dry => "dry",
+                T::TopNSigma => "top_n_sigma",
+                T::TopK => "top_k",
+                T::TypicalP => "typ_p",
+                T::TopP => "top_p",
+                T::MinP => "min_p",
+                T::Xtc => "xtc",
+                T::Temperature => "temperature",
+            }
+        })
+        .collect();
+    let n_predict = p.max_tokens.map_or(-1, i64::from);
+    json!({
+        "seed": s.seed,
+        "temperature": s.temp,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typ_p,
+        "repeat_last_n": s.penalty_last_n,
+        "repeat_penalty": s.penalty_repeat,
+        "presence_penalty": s.penalty_present,
+        "frequency_penalty": s.penalty_freq,
+        "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": s.dry_penalty_last_n,
+        "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau,
+        "mirostat_eta": s.mirostat_eta,
+        // Lamina has no adaptive-p sampler: llama.cpp's "disabled" values.
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "n_discard": 0,
+        "ignore_eos": p.ignore_eos,
+        "n_probs": p.n_probs,
+        "min_keep": s.min_keep,
+        "stop": p.stop,
+        "samplers": samplers,
+        "logit_bias": s.logit_bias.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
+        "grammar": p.grammar.clone().unwrap_or_default(),
+    })
+}
+
 fn timings(d: &Done) -> Value {
     let per = |n: usize, ms: f64| {
         if n == 0 || ms <= 0.0 {
@@ -370,15 +533,18 @@ fn timings(d: &Done) -> Value {
             n as f64 * 1e3 / ms
         }
     };
+    let per_token = |n: usize, ms: f64| if n == 0 { 0.0 } else { ms / n as f64 };
     let prompt_n = d.prompt_tokens - d.cached_tokens;
     json!({
+        "cache_n": d.cached_tokens,
         "prompt_n": prompt_n,
         "prompt_ms": d.prompt_ms,
+        "prompt_per_token_ms": per_token(prompt_n, d.prompt_ms),
         "prompt_per_second": per(prompt_n, d.prompt_ms),
         "predicted_n": d.completion_tokens,
         "predicted_ms": d.predicted_ms,
+        "predicted_per_token_ms": per_token(d.completion_tokens, d.predicted_ms),
         "predicted_per_second": per(d.completion_tokens, d.predicted_ms),
-        "cache_n": d.cached_tokens,
     })
 }
 
@@ -401,13 +567,19 @@ fn usage(prompt_tokens: &[(usize, usize)], completion: usize, cached: usize) -> 
 }
 
 /// Per-endpoint options that shape the output.
-#[derive(Clone, Copy)]
+#[derive(Clone, Default)]
 struct Shape {
     api: Api,
     want_probs: bool,
     include_usage: bool,
     /// Chat answers are taken apart (reasoning, tool calls).
     chat: Option<ChatOut>,
+    /// `/completion`: the generated token ids too (`return_tokens`).
+    return_tokens: bool,
+    /// `/completion`: only these fields (`response_fields`, `/`-separated paths).
+    response_fields: Vec<String>,
+    /// `--verbose`: OpenAI-shaped answers carry llama-server's `__verbose` object.
+    verbose: bool,
 }
 
 /// How a chat answer is read back.
@@ -461,11 +633,18 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
     if stream {
         return Ok(stream_response(run, shape));
     }
+    let (body, _) = finish_json(run, shape).await?;
+    Ok(axum::Json(body).into_response())
+}
+
+/// The whole answer of a run that does not stream, and each choice's stop word.
+async fn finish_json(run: Run, shape: Shape) -> Result<(Value, Vec<String>), ApiError> {
     let Run {
         choices,
         id,
         created,
         model,
+        settings,
         _permit,
     } = run;
     let prompt_tokens: Vec<(usize, usize)> = choices
@@ -473,6 +652,7 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
         .map(|c| (c.prompt_index, c.prompt_tokens))
         .collect();
     let thinking_open: Vec<bool> = choices.iter().map(|c| c.thinking_open).collect();
+    let prompts: Vec<String> = choices.iter().map(|c| c.prompt.clone()).collect();
     let outs = futures_util::future::join_all(choices.into_iter().map(|c| collect(c.rx))).await;
     let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
     let completion: usize = outs.iter().map(|o| o.done.completion_tokens).sum();
@@ -508,13 +688,17 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
                     })
                 })
                 .collect();
-            json!({
+            let mut v = json!({
                 "id": id, "object": "chat.completion", "created": created, "model": model,
-                "system_fingerprint": "lamina",
+                "system_fingerprint": FINGERPRINT,
                 "choices": choices,
                 "usage": usage(&prompt_tokens, completion, cached),
                 "timings": timings(&outs[0].done),
-            })
+            });
+            if shape.verbose {
+                v["__verbose"] = native_result(&outs[0], &model, &settings, &prompts[0], &shape);
+            }
+            v
         }
         Api::Completions => {
             let choices: Vec<Value> = outs
@@ -529,29 +713,79 @@ async fn finish_run(run: Run, stream: bool, shape: Shape) -> Result<Response, Ap
                     })
                 })
                 .collect();
-            json!({
+            let mut v = json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": "lamina",
+                "system_fingerprint": FINGERPRINT,
                 "choices": choices,
                 "usage": usage(&prompt_tokens, completion, cached),
                 "timings": timings(&outs[0].done),
-            })
-        }
-        Api::Native => {
-            let o = &outs[0];
-            let mut v = native_final(o.done.clone(), &model);
-            v["content"] = json!(o.text);
-            v["tokens"] = json!(o.tokens);
-            if shape.want_probs {
-                v["completion_probabilities"] = native_probs(&o.probs);
+            });
+            if shape.verbose {
+                v["__verbose"] = native_result(&outs[0], &model, &settings, &prompts[0], &shape);
             }
             v
         }
+        Api::Native => {
+            let mut results: Vec<Value> = outs
+                .iter()
+                .zip(&prompts)
+                .enumerate()
+                .map(|(i, (o, prompt))| {
+                    let mut v = native_result(o, &model, &settings, prompt, &shape);
+                    v["index"] = json!(i);
+                    select_fields(v, &shape.response_fields)
+                })
+                .collect();
+            if results.len() == 1 {
+                results.pop().unwrap_or_default()
+            } else {
+                Value::Array(results)
+            }
+        }
     };
-    Ok(axum::Json(body).into_response())
+    Ok((
+        body,
+        outs.into_iter().map(|o| o.done.stopping_word).collect(),
+    ))
 }
 
-fn native_final(d: Done, model: &str) -> Value {
+/// Stands in for llama-server's build tag (`b<build>-<commit>`), which clients read.
+const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-lamina");
+
+/// llama-server's whole `/completion` result for one prompt.
+fn native_result(o: &Output, model: &str, settings: &Value, prompt: &str, shape: &Shape) -> Value {
+    let mut v = native_final(o.done.clone(), model, settings, prompt);
+    v["content"] = json!(o.text);
+    v["has_new_line"] = json!(o.text.contains('\n'));
+    if shape.return_tokens {
+        v["tokens"] = json!(o.tokens);
+    }
+    if shape.want_probs {
+        v["completion_probabilities"] = native_probs(&o.probs);
+    }
+    v
+}
+
+/// llama-server's `response_fields`: just the named fields, each under its full
+/// `a/b` path (nested objects are reached through the slashes); unknown ones are left out.
+fn select_fields(v: Value, fields: &[String]) -> Value {
+    if fields.is_empty() {
+        return v;
+    }
+    let mut out = serde_json::Map::new();
+    for f in fields {
+        let mut cur = Some(&v);
+        for part in f.split('/') {
+            cur = cur.and_then(|c| c.get(part));
+        }
+        if let Some(x) = cur {
+            out.insert(f.clone(), x.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+fn native_final(d: Done, model: &str, settings: &Value, prompt: &str) -> Value {
     json!({
         "index": 0,
         "content": "",
@@ -561,10 +795,13 @@ fn native_final(d: Done, model: &str) -> Value {
         "model": model,
         "tokens_predicted": d.completion_tokens,
         "tokens_evaluated": d.prompt_tokens,
-        "tokens_cached": d.cached_tokens,
+        "generation_settings": settings,
+        "prompt": prompt,
+        "has_new_line": false,
         "truncated": false,
         "stop_type": d.stop_type.name(),
         "stopping_word": d.stopping_word,
+        "tokens_cached": d.cached_tokens,
         "timings": timings(&d),
     })
 }
@@ -604,8 +841,11 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
         id,
         created,
         model,
+        settings,
         _permit,
     } = run;
+    let prompts: Vec<String> = choices.iter().map(|c| c.prompt.clone()).collect();
+    let mut has_new_line = vec![false; choices.len()];
     let n = choices.len();
     let prompt_tokens: Vec<(usize, usize)> = choices
         .iter()
@@ -633,7 +873,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
         };
         let mut v = json!({
             "id": id, "object": object, "created": created, "model": model,
-            "system_fingerprint": "lamina", "choices": choices,
+            "system_fingerprint": FINGERPRINT, "choices": choices,
         });
         if usage_null {
             v["usage"] = Value::Null;
@@ -643,7 +883,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
     if shape.api == Api::Chat {
         for i in 0..n {
             let first = chunk(json!([{
-                "index": i, "delta": {"role": "assistant", "content": ""},
+                "index": i, "delta": {"role": "assistant", "content": null},
                 "logprobs": null, "finish_reason": null,
             }]));
             if tx.send(first).await.is_err() {
@@ -652,6 +892,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
         }
     }
     let mut n_done = 0;
+    let mut last_done: Option<Done> = None;
     let mut completion = 0;
     let mut cached = 0;
     let mut text_offsets = vec![0usize; n];
@@ -668,6 +909,24 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
             None => ApiError::internal("the engine stopped").body().to_string(),
             Some((_, Event::Error(e))) => e.body().to_string(),
             Some((_, Event::Accepted { .. })) => continue,
+            Some((i, Event::Progress(p))) => {
+                let progress = json!({"total": p.total, "cache": p.cache,
+                                      "processed": p.processed, "time_ms": p.time_ms});
+                let mut v: Value = match shape.api {
+                    Api::Chat => serde_json::from_str(&chunk(json!([{
+                        "index": i, "delta": {"role": "assistant", "content": null},
+                        "logprobs": null, "finish_reason": null,
+                    }])))
+                    .unwrap_or_default(),
+                    Api::Completions => serde_json::from_str(&chunk(json!([{
+                        "index": i, "text": "", "logprobs": null, "finish_reason": null,
+                    }])))
+                    .unwrap_or_default(),
+                    Api::Native => json!({"index": i, "content": "", "tokens": [], "stop": false}),
+                };
+                v["prompt_progress"] = progress;
+                v.to_string()
+            }
             Some((i, Event::Delta(d))) => match shape.api {
                 Api::Chat => {
                     let delta = match &shape.chat {
@@ -699,8 +958,9 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                     }]))
                 }
                 Api::Native => {
-                    let mut v =
-                        json!({"index": 0, "content": d.text, "tokens": d.tokens, "stop": false});
+                    has_new_line[i] |= d.text.contains('\n');
+                    let mut v = json!({"index": i, "content": d.text, "tokens": d.tokens,
+                                       "stop": false});
                     if shape.want_probs {
                         v["completion_probabilities"] = native_probs(&d.probs);
                     }
@@ -711,6 +971,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                 n_done += 1;
                 completion += d.completion_tokens;
                 cached += d.cached_tokens;
+                last_done = Some(d.clone());
                 let reason = d.stop_type.finish_reason();
                 match shape.api {
                     Api::Chat => {
@@ -743,7 +1004,12 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                     Api::Completions => chunk(json!([{
                         "index": i, "text": "", "logprobs": null, "finish_reason": reason,
                     }])),
-                    Api::Native => native_final(d, &model).to_string(),
+                    Api::Native => {
+                        let mut v = native_final(d, &model, &settings, &prompts[i]);
+                        v["index"] = json!(i);
+                        v["has_new_line"] = json!(has_new_line[i]);
+                        select_fields(v, &shape.response_fields).to_string()
+                    }
                 }
             }
         };
@@ -754,6 +1020,9 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
     if shape.include_usage && shape.api != Api::Native {
         let mut v: Value = serde_json::from_str(&chunk(json!([]))).unwrap_or_default();
         v["usage"] = usage(&prompt_tokens, completion, cached);
+        if let Some(d) = &last_done {
+            v["timings"] = timings(d);
+        }
         if tx.send(v.to_string()).await.is_err() {
             return;
         }
@@ -768,8 +1037,24 @@ fn base_params(
     req: &GenRequest,
     map: &serde_json::Map<String, Value>,
 ) -> Result<GenParams, ApiError> {
+    let defaults = &st.0.config.default_params;
+    let merged;
+    let map = if defaults.is_empty() {
+        map
+    } else {
+        let mut m = defaults.clone();
+        m.extend(
+            map.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        merged = m;
+        &merged
+    };
+    let (sampling, text_bias) = api::sampling(map, st.0.info.n_vocab)?;
     Ok(GenParams {
-        sampling: api::sampling(map, st.0.info.n_vocab)?,
+        sampling,
+        text_bias,
         max_tokens: None,
         stop: req.stops()?,
         n_probs: 0,
@@ -780,6 +1065,7 @@ fn base_params(
         grammar: None,
         grammar_triggers: Vec::new(),
         render_special: false,
+        return_progress: req.return_progress.unwrap_or(false) && req.stream(),
     })
 }
 
@@ -796,12 +1082,106 @@ fn chat_error(e: ChatError) -> ApiError {
     ApiError::invalid_param(e.param(), e.to_string()).with_code(code)
 }
 
-/// A chat request made ready: the conversation as the template will see it, the
-/// tools, and how the answer is to be read back.
+/// A chat request made ready: the conversation as the template will see it and how
+/// the answer is to be read back.
 struct ChatSetup {
-    messages: Vec<ChatMessage>,
-    tools: Option<Value>,
+    prompt: ChatPrompt,
     out: ChatOut,
+}
+
+/// The template side of a chat request, as llama-server reads it: the generation
+/// prompt, assistant prefill (a final assistant message is continued),
+/// `continue_final_message`, `chat_template_kwargs`, and whether to think
+/// (`--reasoning`, `enable_thinking`, `reasoning_effort: "none"`).
+fn chat_prompt(
+    st: &AppState,
+    req: &GenRequest,
+    mut messages: Vec<ChatMessage>,
+    tools: Option<Value>,
+) -> Result<ChatPrompt, ApiError> {
+    let mut add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+    let mut continue_final = match &req.continue_final_message {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(Value::String(s)) if matches!(s.as_str(), "auto" | "content" | "reasoning") => {
+            Some(true)
+        }
+        Some(Value::String(s)) if s == "none" => Some(false),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "continue_final_message",
+                format!("continue_final_message must be a boolean, got {other}"),
+            ));
+        }
+    };
+    let last_is_assistant = messages.last().is_some_and(|m| m.role == "assistant");
+    if continue_final.is_none() && last_is_assistant {
+        if messages.len() >= 2 && messages[messages.len() - 2].role == "assistant" {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "Cannot have 2 or more assistant messages at the end of the list.",
+            ));
+        }
+        continue_final = Some(true);
+        add_generation_prompt = false;
+    }
+    let continue_final = continue_final.unwrap_or(false);
+    if continue_final && add_generation_prompt {
+        return Err(ApiError::bad_request(
+            "Cannot set both add_generation_prompt and continue_final_message to true.",
+        ));
+    }
+    let mut continuation = None;
+    if continue_final && last_is_assistant {
+        if messages.last().is_some_and(|m| m.tool_calls.is_some()) {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "Cannot continue an assistant message that contains tool calls.",
+            ));
+        }
+        continuation = messages.pop().map(|m| m.content);
+    }
+    let mut kwargs = serde_json::Map::new();
+    let mut enable_thinking = st.0.config.reasoning.enable_thinking();
+    match &req.chat_template_kwargs {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => kwargs.extend(m.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs",
+                "chat_template_kwargs must be an object",
+            ));
+        }
+    }
+    match kwargs.get("enable_thinking") {
+        Some(Value::Bool(b)) => enable_thinking = *b,
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs",
+                "invalid type for \"enable_thinking\" (expected boolean, got string)",
+            ));
+        }
+        _ => {}
+    }
+    match req.reasoning_effort.as_deref() {
+        Some("none") => {
+            enable_thinking = false;
+            kwargs.remove("reasoning_effort");
+        }
+        Some(e) if !e.is_empty() => {
+            kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+        _ => {}
+    }
+    kwargs.insert("enable_thinking".into(), json!(enable_thinking));
+    Ok(ChatPrompt {
+        messages,
+        tools,
+        add_generation_prompt,
+        kwargs,
+        close_thinking: !enable_thinking,
+        continuation,
+    })
 }
 
 /// Tools, tool choice, response format and reasoning of a chat request: sets the
@@ -813,6 +1193,28 @@ fn chat_setup(
 ) -> Result<ChatSetup, ApiError> {
     let limits = &st.0.config.schema_limits;
     let mut messages = req.chat_messages()?;
+    if !st.0.config.jinja {
+        let has_tools = req
+            .tools
+            .as_ref()
+            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+        if has_tools {
+            return Err(ApiError::invalid_param(
+                "tools",
+                "tools param requires --jinja flag",
+            ));
+        }
+        if req
+            .tool_choice
+            .as_ref()
+            .is_some_and(|c| c != "auto" && !c.is_null())
+        {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice param requires --jinja flag",
+            ));
+        }
+    }
     let tools = Tools::from_request(
         req.tools.as_ref(),
         req.tool_choice.as_ref(),
@@ -873,8 +1275,7 @@ fn chat_setup(
     }
     params.render_special = format.reads_control_tokens();
     Ok(ChatSetup {
-        messages,
-        tools: tools.map(|t| t.raw),
+        prompt: chat_prompt(st, req, messages, tools.map(|t| t.raw))?,
         out: ChatOut {
             format,
             reasoning,
@@ -932,27 +1333,140 @@ fn polyfill_history(messages: &mut [ChatMessage]) {
 
 async fn chat_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
-    let req: GenRequest = api::decode(&map)?;
+    let (run, stream, shape) = start_chat(&st, &map).await?;
+    finish_run(run, stream, shape).await
+}
+
+/// A chat request (OpenAI's shape) checked, rendered and submitted: its run, whether it
+/// streams, and how its answer is shaped.
+async fn start_chat(
+    st: &AppState,
+    map: &serde_json::Map<String, Value>,
+) -> Result<(Run, bool, Shape), ApiError> {
+    let req: GenRequest = api::decode(map)?;
     req.reject_unsupported()?;
     let (want_probs, n_probs) = req.chat_logprobs()?;
-    let mut params = base_params(&st, &req, &map)?;
-    params.max_tokens = req.openai_max_tokens()?;
+    let mut params = base_params(st, &req, map)?;
+    params.max_tokens = st.token_limit(req.openai_max_tokens()?);
     params.want_probs = want_probs;
     params.n_probs = n_probs;
-    let setup = chat_setup(&st, &req, &mut params)?;
+    let setup = chat_setup(st, &req, &mut params)?;
     let n = req.n()?;
-    let prompt = Prompt::Chat {
-        messages: setup.messages,
-        tools: setup.tools,
-    };
+    let prompt = Prompt::Chat(setup.prompt);
     let run = st.start(vec![prompt], n, params, "chatcmpl").await?;
     let shape = Shape {
         api: Api::Chat,
         want_probs,
         include_usage: req.include_usage(),
         chat: Some(setup.out),
+        verbose: st.0.config.verbose || req.verbose == Some(true),
+        ..Default::default()
     };
-    finish_run(run, req.stream(), shape).await
+    Ok((run, req.stream(), shape))
+}
+
+async fn messages(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(messages_inner(st, headers, body).await)
+}
+
+/// Anthropic's Messages API (`/v1/messages`), as llama-server serves it: the request
+/// becomes a chat request, and the chat answer (or its stream) an Anthropic message
+/// (or Anthropic's named events).
+async fn messages_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let chat = crate::anthropic::to_openai_chat(&map)?;
+    let (run, stream, shape) = start_chat(&st, &chat).await?;
+    if !stream {
+        let (v, stops) = finish_json(run, shape).await?;
+        let word = stops.first().filter(|w| !w.is_empty()).map(String::as_str);
+        return Ok(axum::Json(crate::anthropic::from_openai_response(&v, word)).into_response());
+    }
+    let prompt_tokens = run.choices.first().map_or(0, |c| c.prompt_tokens) as u64;
+    let mut conv = crate::anthropic::StreamConverter::new(&run.model, prompt_tokens, 0);
+    let (tx, mut rx) = mpsc::channel::<String>(32);
+    tokio::spawn(drive_stream(run, shape, tx));
+    let (out_tx, out_rx) = mpsc::channel::<SseEvent>(32);
+    tokio::spawn(async move {
+        let send = |events: Vec<(&'static str, Value)>| {
+            let out_tx = out_tx.clone();
+            async move {
+                for (name, data) in events {
+                    let e = SseEvent::default().event(name).data(data.to_string());
+                    if out_tx.send(e).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        while let Some(line) = rx.recv().await {
+            if line == "[DONE]" {
+                break;
+            }
+            let Ok(chunk) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if chunk.get("error").is_some() {
+                let _ = send(vec![("error", chunk["error"].clone())]).await;
+                return;
+            }
+            if !send(conv.on_chunk(&chunk)).await {
+                return;
+            }
+        }
+        let _ = send(conv.finish()).await;
+    });
+    let body = stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Ok(Sse::new(body).into_response())
+}
+
+async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(count_tokens_inner(st, headers, body, true).await)
+}
+
+async fn input_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(count_tokens_inner(st, headers, body, false).await)
+}
+
+/// `/v1/messages/count_tokens` (an Anthropic request) and
+/// `/chat/completions/input_tokens` (an OpenAI one): the tokens of the prompt the
+/// request would be given.
+async fn count_tokens_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+    anthropic: bool,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let chat = if anthropic {
+        crate::anthropic::count_tokens_request(&map)?
+    } else {
+        map
+    };
+    let req: GenRequest = api::decode(&chat)?;
+    let mut params = GenParams::default();
+    let setup = chat_setup(&st, &req, &mut params)?;
+    let prompt = st
+        .ask(|reply| Command::ApplyTemplate {
+            chat: setup.prompt,
+            reply,
+        })
+        .await??;
+    let tokens = st
+        .ask(|reply| Command::Tokenize {
+            text: prompt,
+            add_special: true,
+            parse_special: true,
+            reply,
+        })
+        .await?;
+    Ok(axum::Json(crate::anthropic::count_tokens_response(tokens.len())).into_response())
 }
 
 async fn completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -970,7 +1484,7 @@ async fn completions_inner(
     let prompts = req.prompts(true)?;
     let (want_probs, n_probs) = req.completion_logprobs()?;
     let mut params = base_params(&st, &req, &map)?;
-    params.max_tokens = req.openai_max_tokens()?;
+    params.max_tokens = st.token_limit(req.openai_max_tokens()?);
     params.want_probs = want_probs;
     params.n_probs = n_probs;
     params.grammar = req.grammar(false, &st.0.config.schema_limits)?;
@@ -981,6 +1495,8 @@ async fn completions_inner(
         want_probs,
         include_usage: req.include_usage(),
         chat: None,
+        verbose: st.0.config.verbose || req.verbose == Some(true),
+        ..Default::default()
     };
     finish_run(run, req.stream(), shape).await
 }
@@ -993,9 +1509,9 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
     let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
     let req: GenRequest = api::decode(&map)?;
     req.reject_unsupported()?;
-    let prompts = req.prompts(false)?;
+    let prompts = req.prompts(true)?;
     let mut params = base_params(&st, &req, &map)?;
-    params.max_tokens = req.native_max_tokens()?;
+    params.max_tokens = st.token_limit(req.native_max_tokens()?);
     params.n_probs = params.sampling.n_probs;
     params.want_probs = params.n_probs > 0;
     params.grammar = req.grammar(false, &st.0.config.schema_limits)?;
@@ -1006,6 +1522,9 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
         want_probs,
         include_usage: false,
         chat: None,
+        return_tokens: req.return_tokens.unwrap_or(false),
+        response_fields: req.response_fields.clone().unwrap_or_default(),
+        verbose: false,
     };
     finish_run(run, req.stream(), shape).await
 }
@@ -1079,8 +1598,7 @@ async fn apply_template_inner(
     let setup = chat_setup(&st, &req, &mut params)?;
     let prompt = st
         .ask(|reply| Command::ApplyTemplate {
-            messages: setup.messages,
-            tools: setup.tools,
+            chat: setup.prompt,
             reply,
         })
         .await??;
@@ -1150,15 +1668,31 @@ async fn detokenize_inner(
     Ok(axum::Json(json!({ "content": content })).into_response())
 }
 
+/// The name a request's `model` is reported under: the first alias in sorted order
+/// (llama-server keeps its aliases in a sorted set), else the model's own name.
+fn model_id(st: &AppState) -> String {
+    let mut aliases = st.0.config.aliases.clone();
+    aliases.sort();
+    aliases
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| st.0.info.model_name.clone())
+}
+
 async fn models(State(st): State<AppState>) -> Response {
     let i = &st.0.info;
+    let mut aliases = st.0.config.aliases.clone();
+    aliases.sort();
+    aliases.dedup();
     axum::Json(json!({
         "object": "list",
         "data": [{
-            "id": i.model_name,
+            "id": model_id(&st),
             "object": "model",
             "created": st.0.created,
-            "owned_by": "lamina",
+            "owned_by": "llamacpp",
+            "aliases": aliases,
+            "tags": st.0.config.tags,
             "meta": {"n_vocab": i.n_vocab, "n_ctx_train": i.n_ctx_train, "n_embd": i.n_embd},
         }],
     }))
@@ -1167,18 +1701,41 @@ async fn models(State(st): State<AppState>) -> Response {
 
 async fn props(State(st): State<AppState>) -> Response {
     let i = &st.0.info;
+    let params = base_params(&st, &GenRequest::default(), &serde_json::Map::new())
+        .map(|mut p| {
+            p.max_tokens = st.token_limit(None);
+            generation_settings(&p)
+        })
+        .unwrap_or_default();
     axum::Json(json!({
-        "default_generation_settings": {"n_ctx": i.n_ctx_seq, "params": {"n_predict": -1}},
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": i.n_ctx_seq,
+            "speculative": false,
+            "is_processing": false,
+            "params": params,
+        },
         "total_slots": i.n_slots,
+        "model_alias": model_id(&st),
+        "model_path": st.0.config.model_path,
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": i.chat_template_source,
         "n_ctx": i.n_ctx,
-        "model_alias": i.model_name,
-        "model_path": i.model_name,
-        "build_info": concat!("lamina ", env!("CARGO_PKG_VERSION")),
+        "build_info": FINGERPRINT,
+        "is_sleeping": false,
+        "endpoint_slots": st.0.config.slots_endpoint,
+        "endpoint_metrics": st.0.config.metrics_endpoint,
+        "webui": st.0.config.web_ui,
     }))
     .into_response()
 }
 
 async fn slots(State(st): State<AppState>) -> Response {
+    if !st.0.config.slots_endpoint {
+        return not_supported(
+            "This server does not support slots endpoint. Start it with `--slots`",
+        );
+    }
     respond(
         st.ask(|reply| Command::Slots { reply })
             .await
@@ -1187,8 +1744,22 @@ async fn slots(State(st): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(st): State<AppState>) -> Response {
+    if !st.0.config.metrics_endpoint {
+        return not_supported(
+            "This server does not support metrics endpoint. Start it with `--metrics`",
+        );
+    }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.0.created.to_string(),
+            ),
+        ],
         st.0.metrics.render(),
     )
         .into_response()

@@ -26,18 +26,61 @@ pub enum Prompt {
     Text { text: String, add_special: bool },
     /// Already tokenized; ids are checked against the vocabulary.
     Tokens(Vec<Token>),
-    /// A conversation rendered with the model's chat template, with the request's
-    /// OpenAI `tools` given to the template.
-    Chat {
-        messages: Vec<ChatMessage>,
-        tools: Option<serde_json::Value>,
-    },
+    /// Token ids and texts in one sequence; the first text, if it comes first, gets
+    /// BOS as the model says (llama-server's mixed prompts).
+    Mixed(Vec<MixedPart>),
+    /// A conversation rendered with the model's chat template.
+    Chat(ChatPrompt),
+}
+
+#[derive(Clone, Debug)]
+pub enum MixedPart {
+    Text(String),
+    Token(Token),
+}
+
+/// A conversation to render with the chat template, as llama-server prepares it.
+#[derive(Clone, Debug, Default)]
+pub struct ChatPrompt {
+    pub messages: Vec<ChatMessage>,
+    /// The request's OpenAI `tools`, given to the template.
+    pub tools: Option<serde_json::Value>,
+    pub add_generation_prompt: bool,
+    /// Template variables: `chat_template_kwargs`, `enable_thinking`, `reasoning_effort`.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Thinking is off: a reasoning block the generation prompt opens is closed at once.
+    pub close_thinking: bool,
+    /// Continue this final assistant text (assistant prefill): the conversation before
+    /// it is rendered with its generation prompt, then this is appended.
+    pub continuation: Option<String>,
+}
+
+impl ChatPrompt {
+    /// The prompt text, rendered by `engine`'s template.
+    pub fn render(&self, engine: &dyn Engine) -> Result<String, crate::EngineError> {
+        let add_generation_prompt = self.add_generation_prompt || self.continuation.is_some();
+        let mut text = engine.apply_chat_template_with(
+            &self.messages,
+            self.tools.as_ref(),
+            add_generation_prompt,
+            &self.kwargs,
+        )?;
+        if self.close_thinking && add_generation_prompt {
+            lamina_chat::close_thinking(&mut text, &engine.chat_template_source());
+        }
+        if let Some(c) = &self.continuation {
+            text.push_str(c);
+        }
+        Ok(text)
+    }
 }
 
 /// Everything about one generation besides its prompt.
 #[derive(Clone, Debug)]
 pub struct GenParams {
     pub sampling: SamplingParams,
+    /// `logit_bias` entries keyed by text: the bias goes to each token of the text.
+    pub text_bias: Vec<(String, f32)>,
     /// `None`: until end of generation or the context is full.
     pub max_tokens: Option<u32>,
     pub stop: Vec<String>,
@@ -57,12 +100,15 @@ pub struct GenParams {
     /// Render control tokens' text in the output (`<|channel|>`, `[TOOL_CALLS]`): the
     /// answer is parsed by a format that looks for them.
     pub render_special: bool,
+    /// Report prompt progress ([`Event::Progress`]).
+    pub return_progress: bool,
 }
 
 impl Default for GenParams {
     fn default() -> Self {
         GenParams {
             sampling: SamplingParams::default(),
+            text_bias: Vec::new(),
             max_tokens: None,
             stop: Vec::new(),
             n_probs: 0,
@@ -73,6 +119,7 @@ impl Default for GenParams {
             grammar: None,
             grammar_triggers: Vec::new(),
             render_special: false,
+            return_progress: false,
         }
     }
 }
@@ -156,13 +203,27 @@ pub struct Done {
 pub enum Event {
     /// `thinking_open`: the rendered chat prompt ends inside an opened `<think>` block
     /// (DeepSeek R1's template opens it), so the answer starts with reasoning.
+    /// `prompt`: the prompt's tokens as text, control tokens rendered.
     Accepted {
         prompt_tokens: usize,
         thinking_open: bool,
+        prompt: String,
     },
     Delta(Delta),
+    /// How far the prompt is (`return_progress`): once when it is admitted, then after
+    /// each batch that evaluated part of it.
+    Progress(Progress),
     Done(Done),
     Error(ApiError),
+}
+
+/// llama-server's `prompt_progress`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
+    pub time_ms: u64,
 }
 
 /// What `/slots` shows.
@@ -184,6 +245,7 @@ pub type Embeddings = Vec<(Vec<f32>, usize)>;
 pub enum EmbedInput {
     Text(String),
     Tokens(Vec<Token>),
+    Mixed(Vec<MixedPart>),
 }
 
 // Commands are moved once through the channel; boxing the large variant buys nothing.
@@ -210,8 +272,7 @@ pub enum Command {
     },
     /// Renders a conversation with the chat template (`/apply-template`).
     ApplyTemplate {
-        messages: Vec<ChatMessage>,
-        tools: Option<serde_json::Value>,
+        chat: ChatPrompt,
         reply: oneshot::Sender<Result<String, ApiError>>,
     },
 }
@@ -396,6 +457,13 @@ impl Scheduler {
                         .send(Event::Accepted {
                             prompt_tokens: tokens.len(),
                             thinking_open,
+                            prompt: {
+                                let mut bytes = Vec::new();
+                                for &t in &tokens {
+                                    bytes.extend(self.engine.token_to_piece_special(t));
+                                }
+                                String::from_utf8_lossy(&bytes).into_owned()
+                            },
                         })
                         .is_ok()
                     {
@@ -411,15 +479,8 @@ impl Scheduler {
                     let _ = job.events.send(Event::Error(e));
                 }
             },
-            Command::ApplyTemplate {
-                messages,
-                tools,
-                reply,
-            } => {
-                let out = self
-                    .engine
-                    .apply_chat_template_with_tools(&messages, tools.as_ref(), true)
-                    .map_err(template_error);
+            Command::ApplyTemplate { chat, reply } => {
+                let out = chat.render(&self.engine).map_err(template_error);
                 let _ = reply.send(out);
             }
             Command::Tokenize {
@@ -484,11 +545,19 @@ impl Scheduler {
                 self.check_tokens(tokens, "prompt")?;
                 tokens.clone()
             }
-            Prompt::Chat { messages, tools } => {
-                let text = self
-                    .engine
-                    .apply_chat_template_with_tools(messages, tools.as_ref(), true)
-                    .map_err(template_error)?;
+            Prompt::Mixed(parts) => {
+                let mut tokens = Vec::new();
+                for (i, p) in parts.iter().enumerate() {
+                    match p {
+                        MixedPart::Text(t) => tokens.extend(self.engine.tokenize(t, i == 0, true)),
+                        MixedPart::Token(t) => tokens.push(*t),
+                    }
+                }
+                self.check_tokens(&tokens, "prompt")?;
+                tokens
+            }
+            Prompt::Chat(chat) => {
+                let text = chat.render(&self.engine).map_err(template_error)?;
                 thinking_open = text.trim_end().ends_with("<think>");
                 self.engine.tokenize(&text, true, true)
             }
@@ -499,12 +568,19 @@ impl Scheduler {
             );
         }
         if tokens.len() >= self.n_ctx_seq {
-            return Err(ApiError::bad_request(format!(
-                "the prompt has {} tokens, the context of a slot holds {}",
-                tokens.len(),
-                self.n_ctx_seq
-            ))
-            .with_code("context_length_exceeded"));
+            return Err(ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "exceed_context_size_error",
+                format!(
+                    "the request exceeds the available context size: the prompt has {} tokens, \
+                     the context of a slot holds {}; try increasing it",
+                    tokens.len(),
+                    self.n_ctx_seq
+                ),
+            )
+            .with_code("context_length_exceeded")
+            .with_detail("n_prompt_tokens", tokens.len() as u64)
+            .with_detail("n_ctx", u64::from(self.n_ctx_seq as u32)));
         }
         let mut sampling = job
             .params
@@ -520,6 +596,12 @@ impl Scheduler {
                 "logit_bias",
                 format!("token id {} is outside the vocabulary", bad.0),
             ));
+        }
+        for (text, bias) in &job.params.text_bias {
+            let tokens = self.engine.tokenize(text, false, false);
+            sampling
+                .logit_bias
+                .extend(tokens.into_iter().map(|t| (t, *bias)));
         }
         if job.params.ignore_eos {
             sampling
@@ -575,6 +657,19 @@ impl Scheduler {
             let tokens = match input {
                 EmbedInput::Text(text) => self.engine.tokenize(&text, true, true),
                 EmbedInput::Tokens(tokens) => {
+                    self.check_tokens(&tokens, &format!("input[{i}]"))?;
+                    tokens
+                }
+                EmbedInput::Mixed(parts) => {
+                    let mut tokens = Vec::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match p {
+                            MixedPart::Text(t) => {
+                                tokens.extend(self.engine.tokenize(t, j == 0, true))
+                            }
+                            MixedPart::Token(t) => tokens.push(*t),
+                        }
+                    }
                     self.check_tokens(&tokens, &format!("input[{i}]"))?;
                     tokens
                 }
@@ -702,7 +797,27 @@ impl Scheduler {
         Metrics::add(&self.metrics.n_decode_total, 1);
         Metrics::add(&self.metrics.n_busy_slots_total, busy);
         Metrics::add(&self.metrics.prompt_tokens_total, n_prompt as u64);
+        self.metrics.n_tokens_max.fetch_max(
+            self.batch.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
 
+        for e in self.batch.entries() {
+            let slot = &self.slots[e.seq_id as usize];
+            if let Some(a) = &slot.active
+                && a.params.return_progress
+                && e.pos as usize + 1 == slot.cache.len()
+                && (e.pos as usize) < a.prompt.len()
+                && slot.cache.len() > a.cached_tokens
+            {
+                let _ = a.events.send(Event::Progress(Progress {
+                    total: a.prompt.len(),
+                    cache: a.cached_tokens,
+                    processed: slot.cache.len().min(a.prompt.len()),
+                    time_ms: a.t_admit.elapsed().as_millis() as u64,
+                }));
+            }
+        }
         let rows = std::mem::take(&mut self.rows);
         for (row, &i) in rows.iter().enumerate() {
             self.sample_slot(i, row);
@@ -785,6 +900,15 @@ impl Scheduler {
                 .filter(|s| !s.is_empty())
                 .map(|s| s.as_bytes().to_vec())
                 .collect();
+            Metrics::add(&self.metrics.prompt_tokens_cached_total, keep as u64);
+            if q.job.params.return_progress {
+                let _ = q.job.events.send(Event::Progress(Progress {
+                    total: q.tokens.len(),
+                    cache: keep,
+                    processed: keep,
+                    time_ms: 0,
+                }));
+            }
             slot.active = Some(Active {
                 events: q.job.events,
                 params: q.job.params,

@@ -100,7 +100,11 @@ async fn wrong_types() {
             json!({"messages": [{"role": "user", "content": 7}]}),
             "messages[0].content",
         ),
-        (CMPL, json!({"prompt": {"text": "x"}}), "prompt"),
+        (
+            CMPL,
+            json!({"prompt": {"text": "x"}}),
+            "prompt.prompt_string",
+        ),
         (CMPL, json!({"prompt": "x", "n": 1.5}), "n"),
         (CMPL, json!({"prompt": "x", "logprobs": "many"}), "logprobs"),
         (
@@ -334,7 +338,7 @@ async fn oversized_chunked_body() {
 #[tokio::test]
 async fn wrong_api_key() {
     let config = ServerConfig {
-        api_key: Some("right".into()),
+        api_keys: vec!["right".into()],
         ..ServerConfig::default()
     };
     let addr = start(4096, 1, config).await;

@@ -53,7 +53,7 @@ fn run_jobs(
             let mut text = String::new();
             loop {
                 match rx.blocking_recv().expect("event") {
-                    Event::Accepted { .. } => {}
+                    Event::Accepted { .. } | Event::Progress(_) => {}
                     Event::Delta(d) => text.push_str(&d.text),
                     Event::Done(d) => {
                         return Outcome {
@@ -235,7 +235,7 @@ fn prompt_cache_reuses_the_common_prefix() {
                 Event::Delta(d) => out.push_str(&d.text),
                 Event::Done(d) => return (out, d.cached_tokens),
                 Event::Error(e) => panic!("{e}"),
-                Event::Accepted { .. } => {}
+                Event::Accepted { .. } | Event::Progress(_) => {}
             }
         }
     };

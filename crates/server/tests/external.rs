@@ -331,7 +331,7 @@ async fn official_openai_package_against_the_server() {
         return;
     }
     let config = ServerConfig {
-        api_key: Some("test-key".into()),
+        api_keys: vec!["test-key".into()],
         ..ServerConfig::default()
     };
     let addr = start(4096, 2, config).await;
@@ -377,6 +377,7 @@ async fn short_load_test_has_no_failures() {
     let stats = engine.stats();
     let config = ServerConfig {
         queue_size: 16,
+        metrics_endpoint: true,
         ..ServerConfig::default()
     };
     let addr = lamina_server::spawn_local(Box::new(engine), config)
@@ -395,12 +396,15 @@ async fn short_load_test_has_no_failures() {
     // Everything finished: no slot is left busy, nothing waits.
     let metrics = get(addr, "/metrics").await.text();
     assert!(
-        metrics.contains("lamina:requests_processing 0"),
+        metrics.contains("llamacpp:requests_processing 0"),
         "{metrics}"
     );
-    assert!(metrics.contains("lamina:requests_deferred 0"), "{metrics}");
     assert!(
-        metrics.contains("lamina:requests_rejected_total 0"),
+        metrics.contains("llamacpp:requests_deferred 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("llamacpp:requests_rejected_total 0"),
         "{metrics}"
     );
 }

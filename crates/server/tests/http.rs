@@ -13,7 +13,11 @@ use serde_json::{Value, json};
 
 #[tokio::test]
 async fn health_models_props_slots_metrics() {
-    let addr = start(4096, 3, ServerConfig::default()).await;
+    let config = ServerConfig {
+        metrics_endpoint: true,
+        ..ServerConfig::default()
+    };
+    let addr = start(4096, 3, config).await;
     let h = get(addr, "/health").await;
     assert_eq!((h.status, h.json()), (200, json!({"status": "ok"})));
 
@@ -47,10 +51,10 @@ async fn health_models_props_slots_metrics() {
             .starts_with("text/plain")
     );
     let text = metrics.text();
-    assert!(text.contains("# TYPE lamina:prompt_tokens_total counter"));
+    assert!(text.contains("# TYPE llamacpp:prompt_tokens_total counter"));
     let predicted: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("lamina:tokens_predicted_total "))
+        .find_map(|l| l.strip_prefix("llamacpp:tokens_predicted_total "))
         .unwrap()
         .parse()
         .unwrap();
@@ -511,7 +515,7 @@ async fn embeddings_float_and_base64() {
 #[tokio::test]
 async fn api_key_is_required_where_it_matters() {
     let config = ServerConfig {
-        api_key: Some("sekrit".into()),
+        api_keys: vec!["sekrit".into()],
         ..ServerConfig::default()
     };
     let addr = start(4096, 1, config).await;
@@ -519,7 +523,7 @@ async fn api_key_is_required_where_it_matters() {
     for auth in [
         None,
         Some("Bearer wrong"),
-        Some("sekrit"),
+        Some("Bearer  sekrit"),
         Some("Bearer sekri"),
     ] {
         let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
@@ -616,6 +620,7 @@ async fn busy_slots(addr: std::net::SocketAddr) -> usize {
 async fn queue_full_gives_503_and_disconnect_frees_the_slot() {
     let config = ServerConfig {
         queue_size: 1,
+        metrics_endpoint: true,
         ..ServerConfig::default()
     };
     let addr = start_slow(1, config).await;
@@ -633,7 +638,7 @@ async fn queue_full_gives_503_and_disconnect_frees_the_slot() {
         get(addr, "/metrics")
             .await
             .text()
-            .contains("lamina:requests_deferred 1")
+            .contains("llamacpp:requests_deferred 1")
     })
     .await;
     let r = post(
@@ -653,7 +658,7 @@ async fn queue_full_gives_503_and_disconnect_frees_the_slot() {
     assert_eq!(done.json()["usage"]["completion_tokens"], 3);
     wait_until("idle slots", async || busy_slots(addr).await == 0).await;
     let m = get(addr, "/metrics").await.text();
-    assert!(m.contains("lamina:requests_cancelled_total 1"), "{m}");
+    assert!(m.contains("llamacpp:requests_cancelled_total 1"), "{m}");
 }
 
 fn assert_client_error_5xx(r: &HttpResponse) -> Value {
@@ -730,21 +735,59 @@ fn serve_args_parse_like_llama_server() {
         "1000",
         "-b",
         "256",
+        "--temp",
+        "0.5",
+        "--seed",
+        "42",
+        "-n",
+        "64",
+        "-a",
+        "b,a",
+        "--tags",
+        "chat",
+        "--no-slots",
+        "--metrics",
+        "--no-ui",
+        "--cors-origins",
+        "localhost",
+        "-rea",
+        "off",
+        "--no-jinja",
     ];
     let argv = serve_cmd::normalize_llama_flags(argv.iter().map(std::ffi::OsString::from));
     let cli = Cli::try_parse_from(argv).unwrap();
-    let config = cli.serve.config();
+    let config = cli.serve.config().unwrap();
+    assert_eq!(config.default_params["temperature"], 0.5);
+    assert_eq!(config.default_params["seed"], 42);
+    assert_eq!(config.n_predict, Some(64));
+    assert_eq!(config.aliases, ["b", "a"]);
+    assert_eq!(config.tags, ["chat"]);
+    assert!(!config.slots_endpoint && config.metrics_endpoint && !config.web_ui);
+    assert_eq!(config.cors.origins, "localhost");
+    assert_eq!(config.reasoning, lamina_chat::Reasoning::Off);
+    assert!(!config.jinja);
     assert_eq!(config.host, "0.0.0.0");
     assert_eq!(config.port, 9000);
     assert_eq!(cli.serve.ctx_size, 8192);
     assert_eq!(cli.serve.parallel, 4);
-    assert_eq!(config.api_key.as_deref(), Some("k"));
+    assert_eq!(config.api_keys, ["k"]);
     assert_eq!(config.timeout, Some(Duration::from_secs(30)));
     assert_eq!(config.max_body_bytes, 1000);
     assert_eq!(config.n_batch, 256);
     let defaults = Cli::try_parse_from(["lamina"]).unwrap();
-    assert_eq!(defaults.serve.config().port, 8080);
-    assert_eq!(defaults.serve.config().host, "127.0.0.1");
+    let d = defaults.serve.config().unwrap();
+    assert_eq!(d.port, 8080);
+    assert_eq!(d.host, "127.0.0.1");
+    assert!(d.slots_endpoint && !d.metrics_endpoint && d.web_ui && d.jinja);
+    assert!(d.default_params.is_empty() && d.n_predict.is_none());
+    // Flags Lamina does not implement are refused by name.
+    let args: Vec<std::ffi::OsString> = ["--lora", "x.gguf"].iter().map(Into::into).collect();
+    assert_eq!(
+        serve_cmd::unsupported_llama_flag(&args).as_deref(),
+        Some("--lora")
+    );
+    let args: Vec<std::ffi::OsString> = ["--port=1"].iter().map(Into::into).collect();
+    assert_eq!(serve_cmd::unsupported_llama_flag(&args), None);
 }
 
 /// An engine that panics on `!` and fails on `#` in a batch: the request in flight gets

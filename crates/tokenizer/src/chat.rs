@@ -500,13 +500,22 @@ impl ChatTemplate {
     /// The model's own template (`tokenizer.chat_template`), or ChatML when it has none (as
     /// llama.cpp's common chat code falls back), with the model's BOS/EOS texts.
     pub fn from_tokenizer(tok: &crate::Tokenizer) -> Result<ChatTemplate, TemplateError> {
+        ChatTemplate::from_tokenizer_with(tok, None)
+    }
+
+    /// [`ChatTemplate::from_tokenizer`] with `source` in place of the model's template
+    /// (llama.cpp's `--chat-template` / `--chat-template-file`; `chatml` means ChatML).
+    pub fn from_tokenizer_with(
+        tok: &crate::Tokenizer,
+        source: Option<&str>,
+    ) -> Result<ChatTemplate, TemplateError> {
         let text = |id: Option<crate::TokenId>| {
             id.map(|id| String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned())
                 .unwrap_or_default()
         };
         // llama.cpp: the default template, else the "tool_use" one, else ChatML.
-        let source = tok
-            .chat_template()
+        let source = source
+            .or(tok.chat_template())
             .or(tok.chat_template_tool_use())
             .unwrap_or(CHATML_TEMPLATE);
         let mut t = ChatTemplate::new(source, &text(tok.bos()), &text(tok.eos()))?;
@@ -616,7 +625,8 @@ impl ChatTemplate {
             enable_thinking => true,
             // Variables llama.cpp provides for templates that read them (FireFunction).
             functions => tools.map_or(String::new(), |t| serde_json::to_string_pretty(t).unwrap_or_default()),
-            datetime => strftime_now("%b %d %Y %H:%M:%S GMT".to_string()),
+            datetime => strftime_now("%b %d %Y".to_string()),
+            date_string => strftime_now("%d %b %Y".to_string()),
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };

@@ -1,20 +1,88 @@
 //! The server's [`Engine`] over a real model: a [`Context`] with one KV sequence per slot, the
 //! model's tokenizer and its chat template.
 
+use anyhow::Context as _;
 use lamina_model::{Batch, Context, ModelError};
 use lamina_server::engine::{self as api, ChatMessage, Engine, EngineError, SeqId, Token};
-use lamina_tokenizer::{ChatTemplate, Tokenizer};
+use lamina_tokenizer::chat_legacy::LegacyTemplate;
+use lamina_tokenizer::{CHATML_TEMPLATE, ChatTemplate, Tokenizer};
+
+/// How chat conversations become prompts.
+enum Template {
+    Jinja(Box<ChatTemplate>),
+    /// llama.cpp's built-in formats (`--no-jinja`), with the source they were read from.
+    Legacy(LegacyTemplate, String),
+}
+
+/// Which chat template to use: llama-server's `--jinja` / `--no-jinja` and
+/// `--chat-template(-file)`.
+#[derive(Clone, Debug, Default)]
+pub struct TemplateChoice {
+    pub legacy: bool,
+    /// Replaces the model's template: Jinja source, or a built-in name.
+    pub source: Option<String>,
+}
+
+impl TemplateChoice {
+    /// From `lamina serve`'s flags: `--chat-template-file` (read here) or
+    /// `--chat-template`, and `--no-jinja`.
+    pub fn from_flags(args: &super::serve::ServeArgs) -> anyhow::Result<TemplateChoice> {
+        let source = match (&args.chat_template_file, &args.chat_template) {
+            (Some(f), _) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("cannot read --chat-template-file {}", f.display()))?,
+            ),
+            (None, t) => t.clone(),
+        };
+        Ok(TemplateChoice {
+            legacy: args.no_jinja,
+            source,
+        })
+    }
+}
 
 pub struct ModelEngine {
     ctx: Context,
     tokenizer: Tokenizer,
-    template: ChatTemplate,
+    template: Template,
     name: String,
 }
 
 impl ModelEngine {
-    pub fn new(ctx: Context, tokenizer: Tokenizer) -> anyhow::Result<ModelEngine> {
-        let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+    /// As llama-server resolves templates: with Jinja, the given source (empty or
+    /// `chatml`: ChatML) is the template; without, the source must be a built-in name or
+    /// a template llama.cpp recognises, else it is refused (a supplied one at start-up).
+    pub fn with_template(
+        ctx: Context,
+        tokenizer: Tokenizer,
+        choice: &TemplateChoice,
+    ) -> anyhow::Result<ModelEngine> {
+        let template = if choice.legacy {
+            let source = choice
+                .source
+                .clone()
+                .or_else(|| tokenizer.chat_template().map(str::to_string))
+                .or_else(|| tokenizer.chat_template_tool_use().map(str::to_string))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "chatml".to_string());
+            let source = if source == "chatml" {
+                CHATML_TEMPLATE.to_string()
+            } else {
+                source
+            };
+            let kind = LegacyTemplate::resolve(&source).with_context(|| {
+                format!(
+                    "the chat template is not supported without --jinja: {}",
+                    source.chars().take(200).collect::<String>()
+                )
+            })?;
+            Template::Legacy(kind, source)
+        } else {
+            Template::Jinja(Box::new(
+                ChatTemplate::from_tokenizer_with(&tokenizer, choice.source.as_deref())
+                    .context("the chat template is not supported")?,
+            ))
+        };
         let name = ctx.model().name();
         Ok(ModelEngine {
             ctx,
@@ -80,12 +148,39 @@ impl Engine for ModelEngine {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        self.template
-            .render(messages, tools, add_generation_prompt)
-            .map_err(|e| EngineError::Template(e.to_string()))
+        self.apply_chat_template_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
+    }
+    fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, EngineError> {
+        match &self.template {
+            Template::Jinja(t) => t
+                .render_with(messages, tools, add_generation_prompt, kwargs)
+                .map_err(|e| EngineError::Template(e.to_string())),
+            Template::Legacy(kind, _) => {
+                let chat: Vec<(&str, &str)> = messages
+                    .iter()
+                    .map(|m| (m.role.as_str(), m.content.as_str()))
+                    .collect();
+                kind.apply(&chat, add_generation_prompt)
+                    .map_err(|e| EngineError::Template(e.to_string()))
+            }
+        }
     }
     fn chat_template_source(&self) -> String {
-        self.template.source().to_string()
+        match &self.template {
+            Template::Jinja(t) => t.source().to_string(),
+            Template::Legacy(_, source) => source.clone(),
+        }
     }
     fn decode(&mut self, batch: &api::Batch) -> Result<(), EngineError> {
         let mut b = Batch::default();

@@ -25,9 +25,121 @@ pub struct ServeArgs {
     /// Parallel slots (`-np`): requests decoded together in each batch.
     #[arg(long = "parallel", default_value_t = 1)]
     pub parallel: u32,
-    /// Require `Authorization: Bearer KEY` (all endpoints but `/` and `/health`).
+    /// Require `Authorization: Bearer KEY` (all endpoints but `/` and `/health`); several
+    /// keys may be given, comma-separated.
     #[arg(long = "api-key", env = "LAMINA_API_KEY")]
     pub api_key: Option<String>,
+    /// A file of API keys, one per line (`#` starts a comment line).
+    #[arg(long = "api-key-file", value_name = "FNAME")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Names the model answers to, comma-separated (`/v1/models` reports them).
+    #[arg(short = 'a', long = "alias")]
+    pub alias: Option<String>,
+    /// Tags reported by `/v1/models`, comma-separated.
+    #[arg(long = "tags")]
+    pub tags: Option<String>,
+    /// Default temperature of requests that give none.
+    #[arg(long = "temp", visible_alias = "temperature")]
+    pub temp: Option<f32>,
+    /// Default seed of requests that give none (-1: random).
+    #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
+    pub seed: Option<i64>,
+    /// Default top-k of requests that give none.
+    #[arg(long = "top-k")]
+    pub top_k: Option<i32>,
+    /// Default top-p of requests that give none.
+    #[arg(long = "top-p")]
+    pub top_p: Option<f32>,
+    /// Default min-p of requests that give none.
+    #[arg(long = "min-p")]
+    pub min_p: Option<f32>,
+    /// Default repeat penalty of requests that give none.
+    #[arg(long = "repeat-penalty")]
+    pub repeat_penalty: Option<f32>,
+    /// Default penalty window of requests that give none (-1: the context).
+    #[arg(long = "repeat-last-n", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i32>,
+    /// Default presence penalty of requests that give none.
+    #[arg(long = "presence-penalty")]
+    pub presence_penalty: Option<f32>,
+    /// Default frequency penalty of requests that give none.
+    #[arg(long = "frequency-penalty")]
+    pub frequency_penalty: Option<f32>,
+    /// Tokens to generate when a request says nothing, and the most any request may
+    /// ask for (-1: no limit).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "predict",
+        allow_negative_numbers = true
+    )]
+    pub n_predict: Option<i64>,
+    /// Serve `/slots` (the default).
+    #[arg(long = "slots", overrides_with = "no_slots")]
+    pub slots: bool,
+    /// Answer `/slots` with 501.
+    #[arg(long = "no-slots")]
+    pub no_slots: bool,
+    /// Serve Prometheus metrics at `/metrics` (off by default, as in llama-server).
+    #[arg(long = "metrics")]
+    pub metrics: bool,
+    /// Do not serve the chat page at `/`.
+    #[arg(long = "no-ui", visible_alias = "no-webui")]
+    pub no_ui: bool,
+    /// Serve the chat page at `/` (the default).
+    #[arg(long = "ui", visible_alias = "webui", overrides_with = "no_ui")]
+    pub ui: bool,
+    /// Allowed CORS origins: `*` (any), `localhost`, or the header's literal value.
+    #[arg(long = "cors-origins", default_value = "*")]
+    pub cors_origins: String,
+    /// Methods a CORS preflight allows.
+    #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
+    pub cors_methods: String,
+    /// Headers a CORS preflight allows.
+    #[arg(long = "cors-headers", default_value = "*")]
+    pub cors_headers: String,
+    /// Do not allow credentials in cross-origin requests.
+    #[arg(long = "no-cors-credentials")]
+    pub no_cors_credentials: bool,
+    /// Allow credentials in cross-origin requests (the default).
+    #[arg(long = "cors-credentials", overrides_with = "no_cors_credentials")]
+    pub cors_credentials: bool,
+    /// Run chat templates as Jinja (the default).
+    #[arg(long = "jinja", overrides_with = "no_jinja")]
+    pub jinja: bool,
+    /// Use llama.cpp's built-in chat formats instead of Jinja (tools are then refused).
+    #[arg(long = "no-jinja")]
+    pub no_jinja: bool,
+    /// Chat template: Jinja source or one of llama.cpp's built-in names (`chatml`,
+    /// `llama3`, `gemma`, ...; with `--no-jinja`, any built-in name).
+    #[arg(long = "chat-template", value_name = "JINJA_TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// Chat template read from a file.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
+    /// Thinking in chat answers: `on`, `off` or `auto` (as the template decides).
+    #[arg(long = "reasoning", default_value = "auto")]
+    pub reasoning: String,
+    /// Print more, and add llama-server's `__verbose` object to OpenAI-shaped answers.
+    #[arg(short = 'v', long = "verbose", visible_alias = "log-verbose")]
+    pub verbose: bool,
+    /// Never reach the network: models must be in the cache already.
+    #[arg(long = "offline")]
+    pub offline: bool,
+    /// Continuous batching is how the server always runs; accepted for llama-server's
+    /// command lines.
+    #[arg(long = "cont-batching")]
+    pub cont_batching: bool,
+    /// Lamina loads no multimodal projector; accepted for llama-server's command lines.
+    #[arg(long = "no-mmproj")]
+    pub no_mmproj: bool,
+    /// Embeddings are always served at `/v1/embeddings`; accepted for llama-server's
+    /// command lines.
+    #[arg(long = "embedding", visible_alias = "embeddings")]
+    pub embedding: bool,
+    /// How embeddings pool the hidden states: `mean` (the one Lamina has).
+    #[arg(long = "pooling", value_parser = ["mean"])]
+    pub pooling: Option<String>,
     /// Seconds one request may take, queueing included (0: no limit).
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -37,6 +149,9 @@ pub struct ServeArgs {
     /// Most tokens per decode step.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: u32,
+    /// Most tokens per forward pass (`-ub`; default: `--batch-size`).
+    #[arg(long = "ubatch-size")]
+    pub ubatch_size: Option<u32>,
     /// Requests that may wait for a free slot before the server answers 503.
     #[arg(long = "queue-size", default_value_t = 64)]
     pub queue_size: usize,
@@ -57,11 +172,73 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    pub fn config(&self) -> ServerConfig {
-        ServerConfig {
+    pub fn config(&self) -> anyhow::Result<ServerConfig> {
+        use anyhow::Context as _;
+        let csv = |s: &Option<String>| -> Vec<String> {
+            s.iter()
+                .flat_map(|s| s.split(','))
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect()
+        };
+        let mut api_keys = csv(&self.api_key);
+        if let Some(f) = &self.api_key_file {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read --api-key-file {}", f.display()))?;
+            api_keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(String::from),
+            );
+        }
+        let reasoning = lamina_chat::Reasoning::parse(&self.reasoning).with_context(|| {
+            format!(
+                "unknown value for --reasoning: {:?} (on, off or auto)",
+                self.reasoning
+            )
+        })?;
+        let mut defaults = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<serde_json::Value>| {
+            if let Some(v) = v {
+                defaults.insert(k.to_string(), v);
+            }
+        };
+        put("temperature", self.temp.map(Into::into));
+        put("seed", self.seed.map(Into::into));
+        put("top_k", self.top_k.map(Into::into));
+        put("top_p", self.top_p.map(Into::into));
+        put("min_p", self.min_p.map(Into::into));
+        put("repeat_penalty", self.repeat_penalty.map(Into::into));
+        put("repeat_last_n", self.repeat_last_n.map(Into::into));
+        put("presence_penalty", self.presence_penalty.map(Into::into));
+        put("frequency_penalty", self.frequency_penalty.map(Into::into));
+        let n_predict = match self.n_predict {
+            None => None,
+            Some(n) if n < 0 => None,
+            Some(n) => Some(u32::try_from(n).context("--n-predict is too large")?),
+        };
+        Ok(ServerConfig {
             host: self.host.clone(),
             port: self.port,
-            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            api_keys,
+            aliases: csv(&self.alias),
+            tags: csv(&self.tags),
+            model_path: String::new(),
+            default_params: defaults,
+            n_predict,
+            slots_endpoint: !self.no_slots,
+            metrics_endpoint: self.metrics,
+            web_ui: !self.no_ui,
+            cors: lamina_server::Cors {
+                origins: self.cors_origins.clone(),
+                methods: self.cors_methods.clone(),
+                headers: self.cors_headers.clone(),
+                credentials: !self.no_cors_credentials,
+            },
+            verbose: self.verbose,
+            jinja: !self.no_jinja,
+            reasoning,
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             max_body_bytes: self.max_body_bytes,
             schema_limits: lamina_grammar::json_schema::SchemaOptions {
@@ -74,12 +251,15 @@ impl ServeArgs {
                 .unwrap_or_default(),
             n_batch: self.batch_size.max(1),
             queue_size: self.queue_size,
-        }
+        })
     }
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 12] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 15] = [
+    ("-cb", "--cont-batching"),
+    ("-rea", "--reasoning"),
+    ("-to", "--timeout"),
     ("-jf", "--json-schema-file"),
     ("-np", "--parallel"),
     ("-pg", "--n-gen-prompt"),
@@ -116,9 +296,132 @@ pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<Os
         .collect()
 }
 
+/// llama-server flags Lamina does not implement: refused by name at start-up rather than
+/// accepted and ignored.
+const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
+    "--lora",
+    "--lora-scaled",
+    "--lora-init-without-apply",
+    "--control-vector",
+    "--control-vector-scaled",
+    "--control-vector-layer-range",
+    "-md",
+    "--model-draft",
+    "--spec-type",
+    "--spec-draft-n-max",
+    "--spec-draft-n-min",
+    "--draft",
+    "--draft-max",
+    "--draft-min",
+    "--spec-synth-len",
+    "--spec-synth-rates",
+    "-hf",
+    "-hfr",
+    "--hf-repo",
+    "-hff",
+    "--hf-file",
+    "-hft",
+    "--hf-token",
+    "-mu",
+    "--model-url",
+    "-dr",
+    "--docker-repo",
+    "-mm",
+    "--mmproj",
+    "-mmu",
+    "--mmproj-url",
+    "--media-path",
+    "-gan",
+    "--grp-attn-n",
+    "-gaw",
+    "--grp-attn-w",
+    "--slot-save-path",
+    "--context-shift",
+    "--cache-reuse",
+    "-cram",
+    "--cache-ram",
+    "-kvu",
+    "--kv-unified",
+    "--swa-full",
+    "--sleep-idle-seconds",
+    "--models-dir",
+    "--models-max",
+    "--models-preset",
+    "--models-autoload",
+    "--no-models-autoload",
+    "--tools",
+    "--tools-runtime",
+    "--mcp-servers-config",
+    "--mcp-servers-json",
+    "--ui-mcp-proxy",
+    "--webui-mcp-proxy",
+    "--rerank",
+    "--reranking",
+    "--ssl-key-file",
+    "--ssl-cert-file",
+    "--api-prefix",
+    "--path",
+    "--props",
+    "--reasoning-budget",
+    "--reasoning-budget-message",
+    "--chat-template-kwargs",
+    "--spm-infill",
+    "--keep",
+    "--rope-scaling",
+    "--rope-scale",
+    "--rope-freq-base",
+    "--rope-freq-scale",
+    "--override-kv",
+    "-ot",
+    "--override-tensor",
+    "--numa",
+    "--mlock",
+    "--no-mmap",
+    "-tb",
+    "--threads-batch",
+    "--threads-http",
+    "--rpc",
+    "--samplers",
+    "--sampling-seq",
+    "--dry-multiplier",
+    "--mirostat",
+    "--xtc-probability",
+    "--dynatemp-range",
+    "--grammar",
+    "--grammar-file",
+    "--json-schema",
+    "--ignore-eos",
+    "--backend_sampling",
+    "--backend-sampling",
+    "--no-cont-batching",
+    "-nocb",
+    "--log-file",
+    "--log-disable",
+    "--embd-normalize",
+    "--reuse-port",
+    "--sse-ping-interval",
+    "--no-context-shift",
+    "--no-cache-idle-slots",
+    "--cache-idle-slots",
+    "--prefill-assistant",
+    "--no-prefill-assistant",
+    "--skip-chat-parsing",
+    "--reasoning-effort",
+];
+
+/// The first of `args` that is a llama-server flag Lamina does not implement.
+pub fn unsupported_llama_flag(args: &[OsString]) -> Option<String> {
+    args.iter().filter_map(|a| a.to_str()).find_map(|a| {
+        let name = a.split_once('=').map_or(a, |(n, _)| n);
+        UNSUPPORTED_LLAMA_FLAGS
+            .contains(&name)
+            .then(|| name.to_string())
+    })
+}
+
 /// Serves `engine` until Ctrl-C. The engine decides the slot count and context; the
 /// flags only say what was asked for, so a mismatch is reported, not fatal.
-pub fn run(args: &ServeArgs, engine: Box<dyn Engine>) -> anyhow::Result<()> {
+pub fn run(args: &ServeArgs, config: ServerConfig, engine: Box<dyn Engine>) -> anyhow::Result<()> {
     if engine.n_seq_max() != args.parallel {
         eprintln!(
             "lamina serve: the engine has {} sequences, --parallel asked for {}",
@@ -132,6 +435,6 @@ pub fn run(args: &ServeArgs, engine: Box<dyn Engine>) -> anyhow::Result<()> {
         engine.n_seq_max(),
         engine.n_ctx_seq()
     );
-    lamina_server::serve_blocking(engine, args.config())?;
+    lamina_server::serve_blocking(engine, config)?;
     Ok(())
 }
