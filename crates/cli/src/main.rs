@@ -143,8 +143,15 @@ fn serve(
         cmd::resolve_model(model)?
     };
     config.model_path = path.display().to_string();
-    let loaded = cmd::load_with(&path.display().to_string(), threads, params, devices)?;
+    let path = path.display().to_string();
+    let loaded = cmd::load_with(&path, threads, params.clone(), devices)?;
+    let devices = devices.clone();
+    // After --sleep-idle-seconds the context is dropped; this loads it again.
+    let reload: cmd::model_engine::Reload =
+        Box::new(move || Ok(cmd::load_with(&path, threads, params.clone(), &devices)?.context));
     let engine =
-        cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?;
+        cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?
+            .kv_unified(args.kv_unified)
+            .with_reload(reload);
     cmd::serve::run(args, config, Box::new(engine))
 }

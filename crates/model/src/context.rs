@@ -533,6 +533,26 @@ impl Context {
     /// llama-server returns for mean pooling). Runs in a sequence of its own that is removed
     /// afterwards, so no other sequence's cache is touched.
     pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let rows = self.embed_rows(tokens)?;
+        let n_embd = self.model.hparams.n_embd as usize;
+        let mut sum = vec![0f64; n_embd];
+        for row in &rows {
+            sum.iter_mut()
+                .zip(row)
+                .for_each(|(s, &v)| *s += f64::from(v));
+        }
+        let mean: Vec<f64> = sum.iter().map(|s| s / tokens.len() as f64).collect();
+        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt();
+        Ok(mean
+            .iter()
+            .map(|v| if norm > 0.0 { (v / norm) as f32 } else { 0.0 })
+            .collect())
+    }
+
+    /// The model's final-normed hidden state of every one of `tokens` (llama.cpp's
+    /// embeddings with pooling `none`; the other poolings are taken from these rows), in a
+    /// sequence of its own that is removed afterwards.
+    pub fn embed_rows(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
         const SCRATCH_SEQ: usize = MAX_SEQUENCES - 1;
         let hp = &self.model.hparams;
         let n_embd = hp.n_embd as usize;
@@ -560,17 +580,11 @@ impl Context {
                 logits: true,
             })
             .collect();
-        let mut sum = vec![0f64; n_embd];
+        let mut out = Vec::with_capacity(tokens.len());
         let mut result = Ok(());
         for ubatch in batch.chunks(self.params.n_ubatch) {
             match self.decode_ubatch(ubatch, true) {
-                Ok(rows) => {
-                    for row in rows.chunks_exact(n_embd) {
-                        sum.iter_mut()
-                            .zip(row)
-                            .for_each(|(s, &v)| *s += f64::from(v));
-                    }
-                }
+                Ok(rows) => out.extend(rows.chunks_exact(n_embd).map(<[f32]>::to_vec)),
                 Err(e) => {
                     result = Err(e);
                     break;
@@ -579,12 +593,7 @@ impl Context {
         }
         self.kv.seq_rm(Some(SCRATCH_SEQ), None, None);
         result?;
-        let mean: Vec<f64> = sum.iter().map(|s| s / tokens.len() as f64).collect();
-        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt();
-        Ok(mean
-            .iter()
-            .map(|v| if norm > 0.0 { (v / norm) as f32 } else { 0.0 })
-            .collect())
+        Ok(out)
     }
 
     /// Logits of the `i`-th token of the last batch, if it asked for them.

@@ -179,6 +179,13 @@ impl SamplerChain {
     /// the chain picks a token; if the grammar rejects it, the logits are masked by the
     /// grammar and the whole chain runs again (drawing again from the RNG, as
     /// llama.cpp's does).
+    /// The candidates the last [`SamplerChain::sample`] left, with the probabilities it
+    /// sampled from (llama.cpp's `common_sampler_get_candidates`, for
+    /// `post_sampling_probs`).
+    pub fn candidates(&self) -> &Candidates {
+        &self.cur
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.len() != self.n_vocab {
             return Err(SampleError::LogitsLen {

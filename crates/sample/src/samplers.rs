@@ -413,6 +413,9 @@ impl Dist {
         }
         cur.selected = Some(0);
         if cur.data.len() == 1 {
+            // llama.cpp draws here too, keeping the random sequence the same whatever
+            // the truncation left (its backend sampling draws once per output).
+            self.rng.uniform_f64();
             cur.data[0].p = 1.0;
             return;
         }
@@ -693,5 +696,30 @@ impl TokenData {
     /// Natural log of `p` (-inf for 0), what OpenAI-style `logprobs` report.
     pub fn logprob(&self) -> f32 {
         self.p.ln()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lone candidate still takes a draw (llama.cpp 0c1e570's dist sampler), so what
+    /// follows is sampled with the same random numbers as llama.cpp's.
+    #[test]
+    fn dist_draws_for_a_lone_candidate() {
+        let mut a = Dist::new(42);
+        let mut b = Dist::new(42);
+        let mut one = Candidates::from_logits(&[1.0]);
+        a.apply(&mut one);
+        assert_eq!(one.selected, Some(0));
+        b.rng.uniform_f64();
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        for _ in 0..20 {
+            let mut x = Candidates::from_logits(&logits);
+            let mut y = Candidates::from_logits(&logits);
+            a.apply(&mut x);
+            b.apply(&mut y);
+            assert_eq!(x.selected, y.selected);
+        }
     }
 }

@@ -239,6 +239,8 @@ pub struct GenRequest {
     pub return_tokens: Option<bool>,
     pub verbose: Option<bool>,
     pub return_progress: Option<bool>,
+    pub timings_per_token: Option<bool>,
+    pub post_sampling_probs: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -535,12 +537,7 @@ impl GenRequest {
         let Some(messages) = &self.messages else {
             return Err(ApiError::invalid_param("messages", "messages is required"));
         };
-        if messages.is_empty() {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "messages must not be empty",
-            ));
-        }
+        // llama-server takes an empty conversation: the prompt is the generation prompt.
         messages
             .iter()
             .enumerate()
@@ -578,6 +575,15 @@ impl GenRequest {
                                         text.push_str("\n\n");
                                     }
                                     text.push_str(t);
+                                }
+                                ("image_url" | "input_audio" | "image", _) => {
+                                    // llama-server's answer without a multimodal projector.
+                                    return Err(ApiError::new(
+                                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                                        "server_error",
+                                        "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj",
+                                    )
+                                    .with_param(format!("messages[{i}].content[{j}]")));
                                 }
                                 _ => {
                                     return Err(ApiError::invalid_param(

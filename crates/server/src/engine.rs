@@ -66,6 +66,47 @@ impl Batch {
     }
 }
 
+/// How an embedding is taken from the hidden states of a text (llama.cpp's `--pooling`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the tokens.
+    #[default]
+    Mean,
+    /// The first token's state.
+    Cls,
+    /// The last token's state.
+    Last,
+    /// Every token's state (no pooling).
+    None,
+    /// A relevance score (`--reranking`): for a model without a classification head,
+    /// as llama.cpp computes it for a causal model, the last token's state, of which the
+    /// score is the first value.
+    Rank,
+}
+
+impl Pooling {
+    pub fn parse(s: &str) -> Option<Pooling> {
+        match s {
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            "none" => Some(Pooling::None),
+            "rank" => Some(Pooling::Rank),
+            _ => None,
+        }
+    }
+}
+
+/// The special tokens a prompt is framed with, and which of them the vocabulary adds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub eos: Option<Token>,
+    pub sep: Option<Token>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub add_sep: bool,
+}
+
 /// Why the engine could not do what was asked.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
@@ -111,6 +152,13 @@ pub trait Engine: Send + 'static {
     /// Width of embedding vectors returned by [`Engine::embed`].
     fn n_embd(&self) -> usize;
     fn bos(&self) -> Option<Token>;
+    /// EOS/SEP and the vocabulary's add flags (rerank prompts are framed with them).
+    fn special_tokens(&self) -> SpecialTokens {
+        SpecialTokens {
+            add_bos: self.bos().is_some(),
+            ..SpecialTokens::default()
+        }
+    }
     /// End-of-generation tokens (EOS, EOT, `<|im_end|>`, ...).
     fn is_eog(&self, token: Token) -> bool;
     /// `add_special` adds BOS/EOS as the model's metadata says; `parse_special` lets
@@ -177,6 +225,27 @@ pub trait Engine: Send + 'static {
     /// Mean-pooled last hidden state of `tokens`, evaluated on its own, without touching
     /// any sequence's KV cells (the server calls it between decode steps).
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError>;
+    /// Frees what the engine can (weights, KV cache) while the server sleeps
+    /// (`--sleep-idle-seconds`); every sequence's cache is gone afterwards.
+    fn sleep(&mut self) {}
+    /// Makes the engine ready again after [`Engine::sleep`].
+    fn wake(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
+    /// `tokens`' embedding rows under `pooling`: one row, or one per token for
+    /// [`Pooling::None`]. Engines that can only mean-pool refuse the others.
+    fn embed_pooled(
+        &mut self,
+        tokens: &[Token],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        match pooling {
+            Pooling::Mean => Ok(vec![self.embed(tokens)?]),
+            _ => Err(EngineError::Unsupported(
+                "this engine can only mean-pool embeddings",
+            )),
+        }
+    }
 }
 
 impl Engine for Box<dyn Engine> {
@@ -257,5 +326,21 @@ impl Engine for Box<dyn Engine> {
     }
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
         (**self).embed(tokens)
+    }
+    fn embed_pooled(
+        &mut self,
+        tokens: &[Token],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        (**self).embed_pooled(tokens, pooling)
+    }
+    fn special_tokens(&self) -> SpecialTokens {
+        (**self).special_tokens()
+    }
+    fn sleep(&mut self) {
+        (**self).sleep()
+    }
+    fn wake(&mut self) -> Result<(), EngineError> {
+        (**self).wake()
     }
 }

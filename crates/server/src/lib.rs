@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod fake;
 pub mod metrics;
+pub mod responses;
 mod routes;
 pub mod scheduler;
 pub mod testing;
@@ -22,7 +23,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use engine::{Batch, BatchEntry, ChatMessage, Engine, EngineError, Pos, SeqId, Token};
+pub use engine::{Batch, BatchEntry, ChatMessage, Engine, EngineError, Pooling, Pos, SeqId, Token};
 pub use error::ApiError;
 
 /// How the server runs (everything but the model).
@@ -44,7 +45,7 @@ pub struct ServerConfig {
     /// Request defaults from the command line (`--temp`, `--seed`, `--top-k`, ...), under
     /// the request field names; a request's own value wins.
     pub default_params: serde_json::Map<String, serde_json::Value>,
-    /// `-n`: the default and the most tokens one request may generate.
+    /// `-n`: how many tokens a request that says nothing may generate.
     pub n_predict: Option<u32>,
     /// `/slots` answers (`--slots`, the default; `--no-slots` makes it 501).
     pub slots_endpoint: bool,
@@ -59,6 +60,14 @@ pub struct ServerConfig {
     /// Chat templates run as Jinja (`--jinja`, the default); off, llama.cpp's built-in
     /// formats are used and tools are refused.
     pub jinja: bool,
+    /// How embeddings are pooled (`--pooling`; `--reranking` makes it [`Pooling::Rank`],
+    /// which turns `/rerank` on and embeddings off).
+    pub pooling: Pooling,
+    /// `--sleep-idle-seconds`: idle this long, the model is unloaded until the next
+    /// request that needs it.
+    pub sleep_idle: Option<Duration>,
+    /// Vertex AI's prediction routes (`AIP_MODE=PREDICTION`).
+    pub vertex: Option<Vertex>,
     /// `--reasoning on|off|auto`: whether templates are asked to think.
     pub reasoning: lamina_chat::Reasoning,
     /// Longest time one request may take, waiting in the queue included.
@@ -93,6 +102,9 @@ impl Default for ServerConfig {
             verbose: false,
             jinja: true,
             reasoning: lamina_chat::Reasoning::Auto,
+            pooling: Pooling::Mean,
+            vertex: None,
+            sleep_idle: None,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),
@@ -100,6 +112,39 @@ impl Default for ServerConfig {
             n_batch: 512,
             queue_size: 64,
         }
+    }
+}
+
+/// Vertex AI's custom-container routes, as llama-server serves them under
+/// `AIP_MODE=PREDICTION`.
+#[derive(Clone, Debug)]
+pub struct Vertex {
+    /// `AIP_PREDICT_ROUTE` (default `/predict`).
+    pub predict_route: String,
+    /// `AIP_HEALTH_ROUTE`: another `/health`.
+    pub health_route: Option<String>,
+}
+
+impl Vertex {
+    /// From the environment Vertex AI sets (`AIP_MODE`, `AIP_PREDICT_ROUTE`,
+    /// `AIP_HEALTH_ROUTE`; the port, `AIP_HTTP_PORT`, is the caller's), if in prediction mode.
+    pub fn from_env() -> Option<Vertex> {
+        if std::env::var("AIP_MODE").ok().as_deref() != Some("PREDICTION") {
+            return None;
+        }
+        let route = |name: &str| {
+            std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| {
+                if v.starts_with('/') {
+                    v
+                } else {
+                    format!("/{v}")
+                }
+            })
+        };
+        Some(Vertex {
+            predict_route: route("AIP_PREDICT_ROUTE").unwrap_or_else(|| "/predict".into()),
+            health_route: route("AIP_HEALTH_ROUTE"),
+        })
     }
 }
 

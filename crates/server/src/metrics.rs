@@ -11,9 +11,11 @@ pub struct Metrics {
     pub prompt_tokens_cached_total: AtomicU64,
     /// The most tokens one decode step held.
     pub n_tokens_max: AtomicU64,
-    pub prompt_ms_total: AtomicU64,
+    /// Microseconds spent on prompts.
+    pub prompt_us_total: AtomicU64,
     pub tokens_predicted_total: AtomicU64,
-    pub predicted_ms_total: AtomicU64,
+    /// Microseconds spent generating.
+    pub predicted_us_total: AtomicU64,
     pub n_decode_total: AtomicU64,
     /// Sum over decode steps of the slots in that step's batch.
     pub n_busy_slots_total: AtomicU64,
@@ -22,6 +24,9 @@ pub struct Metrics {
     pub requests_cancelled_total: AtomicU64,
     pub requests_processing: AtomicU64,
     pub requests_deferred: AtomicU64,
+    /// (prompt tokens, prompt µs, predicted tokens, predicted µs) at the last scrape: the
+    /// throughput gauges cover what happened since (llama-server's metric buckets).
+    last_scrape: std::sync::Mutex<[u64; 4]>,
 }
 
 impl Metrics {
@@ -37,13 +42,28 @@ impl Metrics {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let decodes = get(&self.n_decode_total);
         let busy = get(&self.n_busy_slots_total);
-        let prompt_ms = get(&self.prompt_ms_total);
-        let predicted_ms = get(&self.predicted_ms_total);
-        let per_sec = |n: u64, ms: u64| {
-            if ms == 0 {
+        let prompt_us = get(&self.prompt_us_total);
+        let predicted_us = get(&self.predicted_us_total);
+        let now = [
+            get(&self.prompt_tokens_total),
+            prompt_us,
+            get(&self.tokens_predicted_total),
+            predicted_us,
+        ];
+        let since = {
+            let mut last = self
+                .last_scrape
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let d = std::array::from_fn::<u64, 4, _>(|i| now[i].saturating_sub(last[i]));
+            *last = now;
+            d
+        };
+        let per_sec = |n: u64, us: u64| {
+            if us == 0 {
                 0.0
             } else {
-                n as f64 * 1e3 / ms as f64
+                n as f64 * 1e6 / us as f64
             }
         };
         let rows: [(&str, &str, &str, f64); 16] = [
@@ -88,7 +108,7 @@ impl Metrics {
                 "prompt_seconds_total",
                 "counter",
                 "Prompt process time.",
-                prompt_ms as f64 / 1e3,
+                prompt_us as f64 / 1e6,
             ),
             (
                 "tokens_predicted_total",
@@ -100,7 +120,7 @@ impl Metrics {
                 "tokens_predicted_seconds_total",
                 "counter",
                 "Predict process time.",
-                predicted_ms as f64 / 1e3,
+                predicted_us as f64 / 1e6,
             ),
             (
                 "n_decode_total",
@@ -163,7 +183,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "llamacpp:prompt_tokens_seconds {}",
-            per_sec(get(&self.prompt_tokens_total), prompt_ms)
+            per_sec(since[0], since[1])
         );
         let _ = writeln!(
             out,
@@ -173,7 +193,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "llamacpp:predicted_tokens_seconds {}",
-            per_sec(get(&self.tokens_predicted_total), predicted_ms)
+            per_sec(since[2], since[3])
         );
         out
     }

@@ -49,7 +49,7 @@ struct Inner {
 
 pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<Router> {
     let metrics = Arc::new(Metrics::default());
-    let (cmd, info) = scheduler::spawn(engine, config.n_batch, metrics.clone())?;
+    let (cmd, info) = scheduler::spawn(engine, config.n_batch, metrics.clone(), config.sleep_idle)?;
     let capacity = info.n_slots as usize + config.queue_size;
     let state = AppState(Arc::new(Inner {
         cmd,
@@ -68,12 +68,21 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
         .route("/completion", post(native_completion))
         .route("/completions", post(native_completion))
         .route("/v1/embeddings", post(embeddings))
-        .route("/embeddings", post(embeddings))
+        .route("/embeddings", post(native_embeddings))
+        .route("/embedding", post(native_embeddings))
+        .route("/rerank", post(rerank))
+        .route("/reranking", post(rerank))
+        .route("/v1/rerank", post(rerank))
+        .route("/v1/reranking", post(rerank))
         .route("/tokenize", post(tokenize))
         .route("/apply-template", post(apply_template))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/chat/completions/input_tokens", post(input_tokens))
+        .route("/v1/responses", post(responses))
+        .route("/responses", post(responses))
+        .route("/v1/responses/input_tokens", post(responses_input_tokens))
+        .route("/responses/input_tokens", post(responses_input_tokens))
         .route("/v1/chat/completions/input_tokens", post(input_tokens))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
@@ -88,12 +97,156 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
     if config.web_ui {
         app = app.route("/", get(page));
     }
-    Ok(app
+    let app = app
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), cors))
-        .with_state(state))
+        .with_state(state);
+    Ok(match &config.vertex {
+        Some(v) => Gcp {
+            predict: v.predict_route.clone(),
+            health: v.health_route.clone(),
+        }
+        .wrap(app),
+        None => app,
+    })
+}
+
+/// Vertex AI's custom-container contract (`AIP_MODE=PREDICTION`), as llama-server
+/// follows it: `POST $AIP_PREDICT_ROUTE` (default `/predict`) takes `{"instances": [...]}`,
+/// each naming the endpoint it is for in `@requestFormat` (a path, or its camelCase
+/// alias: `chatCompletions` for `/v1/chat/completions`), answers each through that
+/// endpoint (never streamed) and returns `{"predictions": [...]}`; `$AIP_HEALTH_ROUTE`
+/// is another `/health`.
+struct Gcp {
+    predict: String,
+    health: Option<String>,
+}
+
+/// The POST endpoints an instance may name.
+const GCP_PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/v1/embeddings",
+    "/embeddings",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/rerank",
+    "/v1/rerank",
+    "/infill",
+];
+
+/// llama-server's alias of a path: `/v1` dropped, then camelCase over `/`, `-`, `_`.
+fn gcp_alias(path: &str) -> String {
+    let s = path
+        .strip_prefix("/v1")
+        .filter(|_| path.len() > 3)
+        .unwrap_or(path);
+    let s = s.strip_prefix('/').unwrap_or(s);
+    let mut out = String::new();
+    let mut cap = false;
+    for c in s.chars() {
+        if c == ':' {
+            break;
+        }
+        if matches!(c, '/' | '-' | '_') {
+            cap = true;
+        } else {
+            out.push(if cap { c.to_ascii_uppercase() } else { c });
+            cap = false;
+        }
+    }
+    out
+}
+
+impl Gcp {
+    fn wrap(self, app: Router) -> Router {
+        let inner = app.clone();
+        let mut extra = Router::new().route(
+            &self.predict,
+            post(move |headers: HeaderMap, body: Body| gcp_predict(inner.clone(), headers, body)),
+        );
+        if let Some(h) = &self.health {
+            extra = extra.route(h, get(health));
+        }
+        extra.merge(app)
+    }
+}
+
+async fn gcp_predict(app: Router, headers: HeaderMap, body: Body) -> Response {
+    use tower::ServiceExt;
+    let bad = |m: &str| ApiError::bad_request(m).into_response();
+    let Ok(bytes) = axum::body::to_bytes(body, 8 << 20).await else {
+        return bad("the request body is too large");
+    };
+    let data: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad(&e.to_string()),
+    };
+    let Some(data) = data.as_object() else {
+        return bad("request body must be a JSON object");
+    };
+    let Some(instances) = data.get("instances").and_then(Value::as_array) else {
+        return bad("request body must include an array field named instances");
+    };
+    if instances.len() > 128 {
+        return bad("instances array exceeds maximum size of 128");
+    }
+    let error = |m: String| json!({"error": ApiError::bad_request(m).body()["error"]});
+    let calls = instances.iter().map(|instance| {
+        let app = app.clone();
+        let headers = headers.clone();
+        async move {
+            let Some(obj) = instance.as_object() else {
+                return error("each instance must be a JSON object".into());
+            };
+            let Some(format) = obj.get("@requestFormat").and_then(Value::as_str) else {
+                return error("each instance must include a string @requestFormat".into());
+            };
+            let path = GCP_PATHS
+                .iter()
+                .find(|p| gcp_alias(p) == format || **p == format);
+            let Some(path) = path else {
+                return error(format!(
+                    "no handler registered for @requestFormat: {format}"
+                ));
+            };
+            let mut payload = obj.clone();
+            payload.remove("@requestFormat");
+            if payload.contains_key("stream") {
+                payload.insert("stream".into(), json!(false));
+            }
+            let mut req = Request::builder().method("POST").uri(*path);
+            for (k, v) in &headers {
+                if k != header::CONTENT_LENGTH {
+                    req = req.header(k, v);
+                }
+            }
+            let Ok(req) = req
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(Value::Object(payload).to_string()))
+            else {
+                return error("bad instance".into());
+            };
+            let Ok(resp) = app.oneshot(req).await;
+            let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+                .await
+                .unwrap_or_default();
+            if bytes.is_empty() {
+                return Value::Null;
+            }
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        }
+    });
+    let predictions = futures_util::future::join_all(calls).await;
+    axum::Json(json!({"predictions": predictions})).into_response()
 }
 
 /// llama-server's answer for an endpoint turned off by a flag.
@@ -246,13 +399,9 @@ struct Choice {
 }
 
 impl AppState {
-    /// A request's token limit under the server's `-n`, which is both the default and
-    /// the cap (llama-server's slot `n_predict`).
+    /// A request's token limit: its own, else the server's `-n`.
     fn token_limit(&self, asked: Option<u32>) -> Option<u32> {
-        match (asked, self.0.config.n_predict) {
-            (Some(a), Some(cap)) => Some(a.min(cap)),
-            (a, cap) => a.or(cap),
-        }
+        asked.or(self.0.config.n_predict)
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -337,7 +486,7 @@ impl AppState {
             ),
             created: unix_now(),
             model: model_id(self),
-            settings: generation_settings(&params),
+            settings: generation_settings(&params, &self.0.info.eog_tokens),
         })
     }
 
@@ -451,21 +600,39 @@ fn completion_logprobs(probs: &[TokenProbs], offset0: usize) -> Value {
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
-fn native_probs(probs: &[TokenProbs]) -> Value {
-    let entry = |t: &TopProb| json!({"id": t.token, "token": lossy(&t.bytes), "bytes": t.bytes, "logprob": finite(t.logprob)});
+/// llama-server's `completion_probabilities`: log-probabilities, or with
+/// `post_sampling_probs` the probabilities after sampling (`prob`, `top_probs`).
+fn native_probs(probs: &[TokenProbs], post_sampling: bool) -> Value {
+    let entry = |t: &TopProb| {
+        if post_sampling {
+            json!({"id": t.token, "token": lossy(&t.bytes), "bytes": t.bytes, "prob": t.prob})
+        } else {
+            json!({"id": t.token, "token": lossy(&t.bytes), "bytes": t.bytes, "logprob": finite(t.logprob)})
+        }
+    };
+    let key = if post_sampling {
+        "top_probs"
+    } else {
+        "top_logprobs"
+    };
     probs
         .iter()
         .map(|p| {
             let mut o = entry(&p.chosen);
-            o["top_logprobs"] = p.top.iter().map(entry).collect();
+            o[key] = p.top.iter().map(entry).collect();
             o
         })
         .collect()
 }
 
 /// llama-server's `generation_settings`: the sampling and limits a request ran with.
-fn generation_settings(p: &GenParams) -> Value {
+fn generation_settings(p: &GenParams, eog: &[Token]) -> Value {
     let s = &p.sampling;
+    let eog_bias: Vec<(Token, f32)> = if p.ignore_eos {
+        eog.iter().map(|&t| (t, f32::NEG_INFINITY)).collect()
+    } else {
+        Vec::new()
+    };
     let samplers: Vec<&str> = s
         .samplers
         .iter()
@@ -520,7 +687,10 @@ fn generation_settings(p: &GenParams) -> Value {
         "min_keep": s.min_keep,
         "stop": p.stop,
         "samplers": samplers,
-        "logit_bias": s.logit_bias.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
+        // -inf (a banned token) is null in JSON, as llama-server writes it.
+        "logit_bias": s.logit_bias.iter().chain(eog_bias.iter())
+            .map(|(t, b)| json!({"bias": if b.is_finite() { json!(b) } else { Value::Null }, "token": t}))
+            .collect::<Vec<_>>(),
         "grammar": p.grammar.clone().unwrap_or_default(),
     })
 }
@@ -535,6 +705,9 @@ fn timings(d: &Done) -> Value {
     };
     let per_token = |n: usize, ms: f64| if n == 0 { 0.0 } else { ms / n as f64 };
     let prompt_n = d.prompt_tokens - d.cached_tokens;
+    // The first token comes from the prompt's last batch: generation took one decode
+    // step fewer than it has tokens (llama-server's rates count steps).
+    let steps = d.completion_tokens.saturating_sub(1);
     json!({
         "cache_n": d.cached_tokens,
         "prompt_n": prompt_n,
@@ -543,8 +716,8 @@ fn timings(d: &Done) -> Value {
         "prompt_per_second": per(prompt_n, d.prompt_ms),
         "predicted_n": d.completion_tokens,
         "predicted_ms": d.predicted_ms,
-        "predicted_per_token_ms": per_token(d.completion_tokens, d.predicted_ms),
-        "predicted_per_second": per(d.completion_tokens, d.predicted_ms),
+        "predicted_per_token_ms": per_token(steps, d.predicted_ms),
+        "predicted_per_second": per(steps, d.predicted_ms),
     })
 }
 
@@ -580,6 +753,10 @@ struct Shape {
     response_fields: Vec<String>,
     /// `--verbose`: OpenAI-shaped answers carry llama-server's `__verbose` object.
     verbose: bool,
+    /// `timings_per_token`: progress chunks carry the timings so far.
+    timings_per_token: bool,
+    /// `post_sampling_probs`: probabilities after the sampler chain.
+    post_sampling_probs: bool,
 }
 
 /// How a chat answer is read back.
@@ -761,7 +938,7 @@ fn native_result(o: &Output, model: &str, settings: &Value, prompt: &str, shape:
         v["tokens"] = json!(o.tokens);
     }
     if shape.want_probs {
-        v["completion_probabilities"] = native_probs(&o.probs);
+        v["completion_probabilities"] = native_probs(&o.probs, shape.post_sampling_probs);
     }
     v
 }
@@ -925,48 +1102,73 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                     Api::Native => json!({"index": i, "content": "", "tokens": [], "stop": false}),
                 };
                 v["prompt_progress"] = progress;
+                if shape.timings_per_token {
+                    v["timings"] = json!({
+                        "cache_n": p.cache,
+                        "prompt_n": p.processed - p.cache,
+                        "prompt_ms": p.time_ms as f64,
+                        "prompt_per_token_ms": 0.0,
+                        "prompt_per_second": 0.0,
+                        "predicted_n": 0,
+                        "predicted_ms": 0.0,
+                        "predicted_per_token_ms": 0.0,
+                        "predicted_per_second": 0.0,
+                    });
+                }
                 v.to_string()
             }
-            Some((i, Event::Delta(d))) => match shape.api {
-                Api::Chat => {
-                    let delta = match &shape.chat {
-                        Some(c) => {
-                            full[i].push_str(&d.text);
-                            let m = c.parse(&full[i], false, i, thinking_open[i]);
-                            chat_delta(&m, &mut sent[i])
+            Some((i, Event::Delta(d))) => {
+                let timings_so_far = d.timings.clone();
+                let line = match shape.api {
+                    Api::Chat => {
+                        let delta = match &shape.chat {
+                            Some(c) => {
+                                full[i].push_str(&d.text);
+                                let m = c.parse(&full[i], false, i, thinking_open[i]);
+                                chat_delta(&m, &mut sent[i])
+                            }
+                            None => json!({"content": d.text}),
+                        };
+                        if delta.as_object().is_some_and(|o| o.is_empty()) && !shape.want_probs {
+                            continue;
                         }
-                        None => json!({"content": d.text}),
-                    };
-                    if delta.as_object().is_some_and(|o| o.is_empty()) && !shape.want_probs {
-                        continue;
+                        chunk(json!([{
+                            "index": i, "delta": delta,
+                            "logprobs": if shape.want_probs { chat_logprobs(&d.probs) } else { Value::Null },
+                            "finish_reason": null,
+                        }]))
                     }
-                    chunk(json!([{
-                        "index": i, "delta": delta,
-                        "logprobs": if shape.want_probs { chat_logprobs(&d.probs) } else { Value::Null },
-                        "finish_reason": null,
-                    }]))
-                }
-                Api::Completions => {
-                    let lp = if shape.want_probs {
-                        completion_logprobs(&d.probs, text_offsets[i])
-                    } else {
-                        Value::Null
-                    };
-                    text_offsets[i] += d.text.chars().count();
-                    chunk(json!([{
-                        "index": i, "text": d.text, "logprobs": lp, "finish_reason": null,
-                    }]))
-                }
-                Api::Native => {
-                    has_new_line[i] |= d.text.contains('\n');
-                    let mut v = json!({"index": i, "content": d.text, "tokens": d.tokens,
+                    Api::Completions => {
+                        let lp = if shape.want_probs {
+                            completion_logprobs(&d.probs, text_offsets[i])
+                        } else {
+                            Value::Null
+                        };
+                        text_offsets[i] += d.text.chars().count();
+                        chunk(json!([{
+                            "index": i, "text": d.text, "logprobs": lp, "finish_reason": null,
+                        }]))
+                    }
+                    Api::Native => {
+                        has_new_line[i] |= d.text.contains('\n');
+                        let mut v = json!({"index": i, "content": d.text, "tokens": d.tokens,
                                        "stop": false});
-                    if shape.want_probs {
-                        v["completion_probabilities"] = native_probs(&d.probs);
+                        if shape.want_probs {
+                            v["completion_probabilities"] =
+                                native_probs(&d.probs, shape.post_sampling_probs);
+                        }
+                        v.to_string()
                     }
-                    v.to_string()
+                };
+                match timings_so_far {
+                    Some(t) => {
+                        let mut v: Value = serde_json::from_str(&line).unwrap_or_default();
+                        v["timings"] = timings(&t);
+                        v.to_string()
+                    }
+                    None => line,
                 }
-            },
+            }
             Some((i, Event::Done(d))) => {
                 n_done += 1;
                 completion += d.completion_tokens;
@@ -1066,6 +1268,8 @@ fn base_params(
         grammar_triggers: Vec::new(),
         render_special: false,
         return_progress: req.return_progress.unwrap_or(false) && req.stream(),
+        post_sampling_probs: req.post_sampling_probs == Some(true),
+        timings_per_token: req.timings_per_token == Some(true) && req.stream(),
     })
 }
 
@@ -1255,9 +1459,10 @@ fn chat_setup(
                 t.check_schemas(limits).map_err(chat_error)?;
             }
             params.grammar = req.grammar(true, limits)?;
-            if params.grammar.is_some() && req.constraint(true)?.1.is_some() {
+            if st.0.config.jinja && params.grammar.is_some() && req.constraint(true)?.1.is_some() {
                 // llama.cpp's chat answer to a schema: the JSON, possibly fenced and
-                // spaced, taken out of the fence again.
+                // spaced, taken out of the fence again. (Without Jinja, llama.cpp's legacy
+                // path constrains to the schema's grammar as it is.)
                 let (_, schema) = req.constraint(true)?;
                 let schema = schema.unwrap_or_default();
                 params.grammar = Some(
@@ -1360,6 +1565,7 @@ async fn start_chat(
         include_usage: req.include_usage(),
         chat: Some(setup.out),
         verbose: st.0.config.verbose || req.verbose == Some(true),
+        timings_per_token: req.timings_per_token == Some(true),
         ..Default::default()
     };
     Ok((run, req.stream(), shape))
@@ -1386,7 +1592,46 @@ async fn messages_inner(
         return Ok(axum::Json(crate::anthropic::from_openai_response(&v, word)).into_response());
     }
     let prompt_tokens = run.choices.first().map_or(0, |c| c.prompt_tokens) as u64;
-    let mut conv = crate::anthropic::StreamConverter::new(&run.model, prompt_tokens, 0);
+    let conv = crate::anthropic::StreamConverter::new(&run.model, prompt_tokens, 0);
+    Ok(converted_stream(run, shape, conv))
+}
+
+/// Turns a chat stream's `chat.completion.chunk`s into another API's events, as
+/// (name, data) pairs; an empty name sends data alone.
+trait ChunkConverter: Send + 'static {
+    fn on_chunk(&mut self, chunk: &Value) -> Vec<(&'static str, Value)>;
+    /// What closes the stream once the chunks ended.
+    fn finish(&mut self) -> Vec<(&'static str, Value)>;
+    /// A chunk that carries an error.
+    fn error(&mut self, chunk: &Value) -> Vec<(&'static str, Value)>;
+}
+
+impl ChunkConverter for crate::anthropic::StreamConverter {
+    fn on_chunk(&mut self, chunk: &Value) -> Vec<(&'static str, Value)> {
+        crate::anthropic::StreamConverter::on_chunk(self, chunk)
+    }
+    fn finish(&mut self) -> Vec<(&'static str, Value)> {
+        crate::anthropic::StreamConverter::finish(self)
+    }
+    fn error(&mut self, chunk: &Value) -> Vec<(&'static str, Value)> {
+        vec![("error", chunk["error"].clone())]
+    }
+}
+
+impl ChunkConverter for crate::responses::StreamConverter {
+    fn on_chunk(&mut self, chunk: &Value) -> Vec<(&'static str, Value)> {
+        crate::responses::StreamConverter::on_chunk(self, chunk)
+    }
+    fn finish(&mut self) -> Vec<(&'static str, Value)> {
+        crate::responses::StreamConverter::finish(self)
+    }
+    fn error(&mut self, chunk: &Value) -> Vec<(&'static str, Value)> {
+        vec![("", chunk.clone())]
+    }
+}
+
+/// A chat run streamed through `conv` as named server-sent events.
+fn converted_stream(run: Run, shape: Shape, mut conv: impl ChunkConverter) -> Response {
     let (tx, mut rx) = mpsc::channel::<String>(32);
     tokio::spawn(drive_stream(run, shape, tx));
     let (out_tx, out_rx) = mpsc::channel::<SseEvent>(32);
@@ -1395,7 +1640,10 @@ async fn messages_inner(
             let out_tx = out_tx.clone();
             async move {
                 for (name, data) in events {
-                    let e = SseEvent::default().event(name).data(data.to_string());
+                    let mut e = SseEvent::default().data(data.to_string());
+                    if !name.is_empty() {
+                        e = e.event(name);
+                    }
                     if out_tx.send(e).await.is_err() {
                         return false;
                     }
@@ -1411,7 +1659,7 @@ async fn messages_inner(
                 continue;
             };
             if chunk.get("error").is_some() {
-                let _ = send(vec![("error", chunk["error"].clone())]).await;
+                let _ = send(conv.error(&chunk)).await;
                 return;
             }
             if !send(conv.on_chunk(&chunk)).await {
@@ -1423,15 +1671,53 @@ async fn messages_inner(
     let body = stream::unfold(out_rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
-    Ok(Sse::new(body).into_response())
+    Sse::new(body).into_response()
+}
+
+async fn responses(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(responses_inner(st, headers, body).await)
+}
+
+/// OpenAI's Responses API (`/v1/responses`), as llama-server serves it: through the
+/// chat pipeline, converted both ways.
+async fn responses_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let chat = crate::responses::to_openai_chat(&map)?;
+    let (run, stream, shape) = start_chat(&st, &chat).await?;
+    if !stream {
+        let (v, _) = finish_json(run, shape).await?;
+        return Ok(axum::Json(crate::responses::from_openai_response(&v)).into_response());
+    }
+    let conv = crate::responses::StreamConverter::new(&run.model);
+    Ok(converted_stream(run, shape, conv))
+}
+
+/// Which API a token-count request speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CountApi {
+    Anthropic,
+    Chat,
+    Responses,
 }
 
 async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    respond(count_tokens_inner(st, headers, body, true).await)
+    respond(count_tokens_inner(st, headers, body, CountApi::Anthropic).await)
 }
 
 async fn input_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    respond(count_tokens_inner(st, headers, body, false).await)
+    respond(count_tokens_inner(st, headers, body, CountApi::Chat).await)
+}
+
+async fn responses_input_tokens(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    respond(count_tokens_inner(st, headers, body, CountApi::Responses).await)
 }
 
 /// `/v1/messages/count_tokens` (an Anthropic request) and
@@ -1441,13 +1727,13 @@ async fn count_tokens_inner(
     st: AppState,
     headers: HeaderMap,
     body: Body,
-    anthropic: bool,
+    api_kind: CountApi,
 ) -> Result<Response, ApiError> {
     let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
-    let chat = if anthropic {
-        crate::anthropic::count_tokens_request(&map)?
-    } else {
-        map
+    let chat = match api_kind {
+        CountApi::Anthropic => crate::anthropic::count_tokens_request(&map)?,
+        CountApi::Responses => crate::responses::count_tokens_request(&map)?,
+        CountApi::Chat => map,
     };
     let req: GenRequest = api::decode(&chat)?;
     let mut params = GenParams::default();
@@ -1466,7 +1752,12 @@ async fn count_tokens_inner(
             reply,
         })
         .await?;
-    Ok(axum::Json(crate::anthropic::count_tokens_response(tokens.len())).into_response())
+    let body = match api_kind {
+        CountApi::Anthropic => crate::anthropic::count_tokens_response(tokens.len()),
+        CountApi::Responses => crate::responses::count_tokens_response(tokens.len()),
+        CountApi::Chat => json!({"input_tokens": tokens.len(), "object": "response.input_tokens"}),
+    };
+    Ok(axum::Json(body).into_response())
 }
 
 async fn completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -1496,6 +1787,7 @@ async fn completions_inner(
         include_usage: req.include_usage(),
         chat: None,
         verbose: st.0.config.verbose || req.verbose == Some(true),
+        timings_per_token: req.timings_per_token == Some(true),
         ..Default::default()
     };
     finish_run(run, req.stream(), shape).await
@@ -1523,6 +1815,8 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
         include_usage: false,
         chat: None,
         return_tokens: req.return_tokens.unwrap_or(false),
+        post_sampling_probs: req.post_sampling_probs == Some(true),
+        timings_per_token: req.timings_per_token == Some(true),
         response_fields: req.response_fields.clone().unwrap_or_default(),
         verbose: false,
     };
@@ -1531,6 +1825,48 @@ async fn native_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Re
 
 async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     respond(embeddings_inner(st, headers, body).await)
+}
+
+/// L2-normalised (llama-server's default `--embd-normalize 2`).
+fn normalized(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        v.iter_mut()
+            .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+    }
+    v
+}
+
+impl AppState {
+    /// Embeds `inputs` with the server's pooling, taking a place in the queue.
+    async fn embed(
+        &self,
+        inputs: Vec<scheduler::EmbedInput>,
+    ) -> Result<scheduler::Embeddings, ApiError> {
+        let pooling = self.0.config.pooling;
+        if pooling == crate::Pooling::Rank {
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_supported_error",
+                "This server does not support embeddings. Start it without `--reranking`",
+            ));
+        }
+        let _permit = self.0.permits.clone().try_acquire_owned().map_err(|_| {
+            Metrics::add(&self.0.metrics.requests_rejected_total, 1);
+            ApiError::unavailable("the server is busy: every slot and the wait queue are full")
+                .with_code("queue_full")
+        })?;
+        self.ask(|reply| Command::Embed {
+            inputs,
+            pooling,
+            reply,
+        })
+        .await?
+    }
 }
 
 async fn embeddings_inner(
@@ -1542,27 +1878,19 @@ async fn embeddings_inner(
     let req: api::EmbeddingsRequest = api::decode(&map)?;
     let inputs = req.inputs()?;
     let b64 = req.base64()?;
-    let _permit = st.0.permits.clone().try_acquire_owned().map_err(|_| {
-        Metrics::add(&st.0.metrics.requests_rejected_total, 1);
-        ApiError::unavailable("the server is busy: every slot and the wait queue are full")
-            .with_code("queue_full")
-    })?;
-    let results = st.ask(|reply| Command::Embed { inputs, reply }).await??;
+    if st.0.config.pooling == crate::Pooling::None {
+        return Err(ApiError::bad_request(
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
+        ));
+    }
+    let results = st.embed(inputs).await?;
     let mut total = 0;
     let data: Vec<Value> = results
         .into_iter()
         .enumerate()
-        .map(|(i, (mut v, n_tokens))| {
+        .map(|(i, (rows, n_tokens))| {
             total += n_tokens;
-            let norm = v
-                .iter()
-                .map(|x| f64::from(*x) * f64::from(*x))
-                .sum::<f64>()
-                .sqrt();
-            if norm > 0.0 {
-                v.iter_mut()
-                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
-            }
+            let v = normalized(rows.into_iter().next().unwrap_or_default());
             let embedding = if b64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 json!(api::base64(&bytes))
@@ -1575,8 +1903,150 @@ async fn embeddings_inner(
     Ok(axum::Json(json!({
         "object": "list",
         "data": data,
-        "model": st.0.info.model_name,
+        "model": model_id(&st),
         "usage": {"prompt_tokens": total, "total_tokens": total},
+    }))
+    .into_response())
+}
+
+async fn native_embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(native_embeddings_inner(st, headers, body).await)
+}
+
+/// llama-server's own `/embedding(s)`: per input `{"index", "embedding": [rows]}`, one
+/// normalised row when pooled, every token's raw row with `--pooling none`.
+async fn native_embeddings_inner(
+    st: AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let req: api::EmbeddingsRequest = api::decode(&map)?;
+    let inputs = req.inputs()?;
+    let pooled = st.0.config.pooling != crate::Pooling::None;
+    let results = st.embed(inputs).await?;
+    let out: Vec<Value> = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, (rows, _))| {
+            let rows: Vec<Vec<f32>> = if pooled {
+                rows.into_iter().map(normalized).collect()
+            } else {
+                rows
+            };
+            json!({"index": i, "embedding": rows})
+        })
+        .collect();
+    Ok(axum::Json(Value::Array(out)).into_response())
+}
+
+async fn rerank(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(rerank_inner(st, headers, body).await)
+}
+
+/// `/rerank` (Jina's shape; TEI's when the request has `texts`): each document scored
+/// against the query by the rank pooling, best first, the first `top_n`.
+async fn rerank_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    if st.0.config.pooling != crate::Pooling::Rank {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "This server does not support reranking. Start it with `--reranking`",
+        ));
+    }
+    let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let tei = map.contains_key("texts");
+    let query = match map.get("query") {
+        Some(Value::String(q)) => q.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "query",
+                "\"query\" must be a string",
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid_param(
+                "query",
+                "\"query\" must be provided",
+            ));
+        }
+    };
+    let docs_field = if tei { "texts" } else { "documents" };
+    let documents: Vec<String> = match map.get(docs_field) {
+        Some(Value::Array(items)) if !items.is_empty() && items.len() <= api::MAX_EMBED_INPUTS => {
+            items
+                .iter()
+                .map(|d| d.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        docs_field,
+                        "\"documents\" must be a non-empty string array",
+                    )
+                })?
+        }
+        _ => {
+            return Err(ApiError::invalid_param(
+                docs_field,
+                "\"documents\" must be a non-empty string array",
+            ));
+        }
+    };
+    let top_n = match map.get("top_n") {
+        None | Some(Value::Null) => documents.len(),
+        Some(v) => v.as_u64().map_or(documents.len(), |n| n as usize),
+    };
+    let return_text = tei && map.get("return_text").and_then(Value::as_bool) == Some(true);
+    let inputs = documents
+        .iter()
+        .map(|d| scheduler::EmbedInput::Rerank {
+            query: query.clone(),
+            document: d.clone(),
+        })
+        .collect();
+    let _permit = st.0.permits.clone().try_acquire_owned().map_err(|_| {
+        Metrics::add(&st.0.metrics.requests_rejected_total, 1);
+        ApiError::unavailable("the server is busy: every slot and the wait queue are full")
+            .with_code("queue_full")
+    })?;
+    let results = st
+        .ask(|reply| Command::Embed {
+            inputs,
+            pooling: crate::Pooling::Rank,
+            reply,
+        })
+        .await??;
+    let label = if tei { "score" } else { "relevance_score" };
+    let mut n_tokens = 0;
+    let mut elements: Vec<(f64, Value)> = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, (rows, n))| {
+            n_tokens += n;
+            let score = rows
+                .first()
+                .and_then(|r| r.first())
+                .copied()
+                .unwrap_or(-1e6);
+            let mut e = json!({"index": i, label: score});
+            if return_text {
+                e["text"] = json!(documents[i]);
+            }
+            (f64::from(score), e)
+        })
+        .collect();
+    // Stable, as std::sort is not: equal scores keep their order here.
+    elements.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+    elements.truncate(top_n);
+    let results: Vec<Value> = elements.into_iter().map(|(_, e)| e).collect();
+    if tei {
+        return Ok(axum::Json(Value::Array(results)).into_response());
+    }
+    Ok(axum::Json(json!({
+        "model": map.get("model").cloned().unwrap_or_else(|| json!(model_id(&st))),
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "results": results,
     }))
     .into_response())
 }
@@ -1704,7 +2174,7 @@ async fn props(State(st): State<AppState>) -> Response {
     let params = base_params(&st, &GenRequest::default(), &serde_json::Map::new())
         .map(|mut p| {
             p.max_tokens = st.token_limit(None);
-            generation_settings(&p)
+            generation_settings(&p, &[])
         })
         .unwrap_or_default();
     axum::Json(json!({
@@ -1722,7 +2192,7 @@ async fn props(State(st): State<AppState>) -> Response {
         "chat_template": i.chat_template_source,
         "n_ctx": i.n_ctx,
         "build_info": FINGERPRINT,
-        "is_sleeping": false,
+        "is_sleeping": i.sleeping.load(Ordering::Relaxed),
         "endpoint_slots": st.0.config.slots_endpoint,
         "endpoint_metrics": st.0.config.metrics_endpoint,
         "webui": st.0.config.web_ui,

@@ -102,6 +102,11 @@ pub struct GenParams {
     pub render_special: bool,
     /// Report prompt progress ([`Event::Progress`]).
     pub return_progress: bool,
+    /// Report probabilities after the sampler chain (`post_sampling_probs`) rather than
+    /// the softmax of the raw logits.
+    pub post_sampling_probs: bool,
+    /// Each delta carries the timings so far.
+    pub timings_per_token: bool,
 }
 
 impl Default for GenParams {
@@ -120,6 +125,8 @@ impl Default for GenParams {
             grammar_triggers: Vec::new(),
             render_special: false,
             return_progress: false,
+            post_sampling_probs: false,
+            timings_per_token: false,
         }
     }
 }
@@ -138,6 +145,8 @@ pub struct TopProb {
     pub token: Token,
     pub bytes: Vec<u8>,
     pub logprob: f32,
+    /// The probability itself (`logprob` is its log).
+    pub prob: f32,
 }
 
 /// The chosen token at one position and the top alternatives (pre-sampling softmax, as
@@ -153,6 +162,8 @@ pub struct Delta {
     pub text: String,
     pub tokens: Vec<Token>,
     pub probs: Vec<TokenProbs>,
+    /// The timings so far (`timings_per_token`).
+    pub timings: Option<Done>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,8 +248,9 @@ pub struct SlotInfo {
     pub n_decoded: usize,
 }
 
-/// Each input's embedding (not normalized) and its token count.
-pub type Embeddings = Vec<(Vec<f32>, usize)>;
+/// Each input's embedding rows (one, or one per token without pooling; not normalized)
+/// and its token count.
+pub type Embeddings = Vec<(Vec<Vec<f32>>, usize)>;
 
 /// An embedding input.
 #[derive(Clone, Debug)]
@@ -246,6 +258,11 @@ pub enum EmbedInput {
     Text(String),
     Tokens(Vec<Token>),
     Mixed(Vec<MixedPart>),
+    /// A query and a document, put together as llama-server formats rerank prompts.
+    Rerank {
+        query: String,
+        document: String,
+    },
 }
 
 // Commands are moved once through the channel; boxing the large variant buys nothing.
@@ -265,6 +282,7 @@ pub enum Command {
     /// Returns each input's embedding and token count.
     Embed {
         inputs: Vec<EmbedInput>,
+        pooling: crate::engine::Pooling,
         reply: oneshot::Sender<Result<Embeddings, ApiError>>,
     },
     Slots {
@@ -275,6 +293,26 @@ pub enum Command {
         chat: ChatPrompt,
         reply: oneshot::Sender<Result<String, ApiError>>,
     },
+}
+
+impl Command {
+    /// Answers the command with `e` (or the closest thing its reply can carry).
+    fn fail(self, e: ApiError) {
+        match self {
+            Command::Generate(job) => {
+                let _ = job.events.send(Event::Error(e));
+            }
+            Command::Embed { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+            Command::ApplyTemplate { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+            // Their replies carry no error: dropping the sender answers "the engine
+            // stopped".
+            Command::Tokenize { .. } | Command::Detokenize { .. } | Command::Slots { .. } => {}
+        }
+    }
 }
 
 /// Facts about the model the HTTP side needs without asking the thread.
@@ -289,6 +327,10 @@ pub struct EngineInfo {
     pub n_embd: usize,
     /// The chat template's source (tool-call formats are recognised from it).
     pub chat_template_source: String,
+    /// The end-of-generation tokens (`ignore_eos` bans them).
+    pub eog_tokens: Vec<Token>,
+    /// The engine is asleep (`--sleep-idle-seconds`).
+    pub sleeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Starts the engine thread. It ends when every `Sender` is dropped and its work is done.
@@ -296,6 +338,7 @@ pub fn spawn(
     engine: Box<dyn Engine>,
     n_batch: u32,
     metrics: Arc<Metrics>,
+    sleep_after: Option<std::time::Duration>,
 ) -> std::io::Result<(Sender<Command>, EngineInfo)> {
     let info = EngineInfo {
         model_name: engine.model_name(),
@@ -306,9 +349,15 @@ pub fn spawn(
         n_slots: engine.n_seq_max().max(1),
         n_embd: engine.n_embd(),
         chat_template_source: engine.chat_template_source(),
+        eog_tokens: (0..engine.n_vocab() as u32)
+            .filter(|&t| engine.is_eog(t))
+            .collect(),
+        sleeping: Arc::default(),
     };
     let (tx, rx) = std::sync::mpsc::channel();
-    let sched = Scheduler::new(engine, n_batch, metrics);
+    let mut sched = Scheduler::new(engine, n_batch, metrics);
+    sched.sleep_after = sleep_after;
+    sched.sleeping = info.sleeping.clone();
     std::thread::Builder::new()
         .name("lamina-engine".into())
         .spawn(move || sched.run(rx))?;
@@ -376,6 +425,9 @@ pub struct Scheduler {
     eog_tokens: Vec<Token>,
     /// The vocabulary as grammars see it, built on the first constrained request.
     grammar_vocab: OnceLock<Arc<TokenIndex>>,
+    /// Idle this long, the engine sleeps (its memory freed) until the next request.
+    sleep_after: Option<std::time::Duration>,
+    sleeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Scheduler {
@@ -400,8 +452,39 @@ impl Scheduler {
             rows: Vec::new(),
             eog_tokens,
             grammar_vocab: OnceLock::new(),
+            sleep_after: None,
+            sleeping: Arc::default(),
             engine,
         }
+    }
+
+    fn is_sleeping(&self) -> bool {
+        self.sleeping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Idle long enough: free the engine's memory. The slots' caches go with it.
+    fn go_to_sleep(&mut self) {
+        tracing::info!("idle: the engine goes to sleep");
+        self.engine.sleep();
+        for s in &mut self.slots {
+            s.cache.clear();
+        }
+        self.sleeping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A command that needs the engine arrived while it sleeps.
+    fn wake_up(&mut self) -> Result<(), ApiError> {
+        if !self.is_sleeping() {
+            return Ok(());
+        }
+        tracing::info!("the engine wakes up");
+        self.engine
+            .wake()
+            .map_err(|e| ApiError::unavailable(format!("the model could not be reloaded: {e}")))?;
+        self.sleeping
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     fn idle(&self) -> bool {
@@ -416,9 +499,20 @@ impl Scheduler {
                 if !open {
                     return;
                 }
-                match rx.recv() {
-                    Ok(cmd) => self.guarded(|s| s.handle(cmd)),
-                    Err(_) => return,
+                let next = match self.sleep_after.filter(|_| !self.is_sleeping()) {
+                    Some(after) => match rx.recv_timeout(after) {
+                        Ok(cmd) => Some(cmd),
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            self.guarded(Scheduler::go_to_sleep);
+                            continue;
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
+                    },
+                    None => rx.recv().ok(),
+                };
+                match next {
+                    Some(cmd) => self.guarded(|s| s.handle(cmd)),
+                    None => return,
                 }
             }
             while open {
@@ -449,6 +543,12 @@ impl Scheduler {
     }
 
     fn handle(&mut self, cmd: Command) {
+        if !matches!(cmd, Command::Slots { .. })
+            && let Err(e) = self.wake_up()
+        {
+            cmd.fail(e);
+            return;
+        }
         match cmd {
             Command::Generate(job) => match self.prepare(&job) {
                 Ok((tokens, sampler, thinking_open)) => {
@@ -499,8 +599,12 @@ impl Scheduler {
             Command::Detokenize { tokens, reply } => {
                 let _ = reply.send(self.engine.detokenize(&tokens));
             }
-            Command::Embed { inputs, reply } => {
-                let _ = reply.send(self.embed(inputs));
+            Command::Embed {
+                inputs,
+                pooling,
+                reply,
+            } => {
+                let _ = reply.send(self.embed(inputs, pooling));
             }
             Command::Slots { reply } => {
                 let info = self
@@ -651,7 +755,11 @@ impl Scheduler {
         Ok((tokens, sampler, thinking_open))
     }
 
-    fn embed(&mut self, inputs: Vec<EmbedInput>) -> Result<Embeddings, ApiError> {
+    fn embed(
+        &mut self,
+        inputs: Vec<EmbedInput>,
+        pooling: crate::engine::Pooling,
+    ) -> Result<Embeddings, ApiError> {
         let mut out = Vec::with_capacity(inputs.len());
         for (i, input) in inputs.into_iter().enumerate() {
             let tokens = match input {
@@ -660,6 +768,7 @@ impl Scheduler {
                     self.check_tokens(&tokens, &format!("input[{i}]"))?;
                     tokens
                 }
+                EmbedInput::Rerank { query, document } => self.rerank_prompt(&query, &document),
                 EmbedInput::Mixed(parts) => {
                     let mut tokens = Vec::new();
                     for (j, p) in parts.iter().enumerate() {
@@ -691,13 +800,49 @@ impl Scheduler {
                 )
                 .with_code("context_length_exceeded"));
             }
-            let v = self.engine.embed(&tokens).map_err(|e| match e {
-                EngineError::Unsupported(_) => ApiError::bad_request(e.to_string()),
-                e => ApiError::internal(e.to_string()),
-            })?;
+            Metrics::add(&self.metrics.prompt_tokens_total, tokens.len() as u64);
+            Metrics::add(&self.metrics.n_decode_total, 1);
+            let v = self
+                .engine
+                .embed_pooled(&tokens, pooling)
+                .map_err(|e| match e {
+                    EngineError::Unsupported(_) => ApiError::bad_request(e.to_string()),
+                    e => ApiError::internal(e.to_string()),
+                })?;
             out.push((v, tokens.len()));
         }
         Ok(out)
+    }
+
+    /// llama-server's rerank prompt for a model without a rerank template: [BOS] query
+    /// [EOS] [SEP] document [EOS], each special token as the vocabulary asks for it.
+    fn rerank_prompt(&self, query: &str, document: &str) -> Vec<Token> {
+        let info = self.engine.special_tokens();
+        let mut out = Vec::new();
+        if info.add_bos
+            && let Some(b) = self.engine.bos()
+        {
+            out.push(b);
+        }
+        out.extend(self.engine.tokenize(query, false, false));
+        let eos = info.eos.or(info.sep);
+        if info.add_eos
+            && let Some(e) = eos
+        {
+            out.push(e);
+        }
+        if info.add_sep
+            && let Some(s) = info.sep
+        {
+            out.push(s);
+        }
+        out.extend(self.engine.tokenize(document, false, false));
+        if info.add_eos
+            && let Some(e) = eos
+        {
+            out.push(e);
+        }
+        out
     }
 
     fn update_gauges(&self) {
@@ -745,7 +890,14 @@ impl Scheduler {
 
         if let Err(e) = self.engine.decode(&self.batch) {
             tracing::warn!("decode of {} tokens failed: {e}", self.batch.len());
+            let unified = self.n_ctx_seq >= self.engine.n_ctx() as usize && self.slots.len() > 1;
             let err = match e {
+                // Slots sharing one cache (`--kv-unified`) ran it out together: as
+                // llama-server, every request in the batch fails, and says why.
+                EngineError::ContextFull { .. } if unified => Some(
+                    ApiError::internal("Context size has been exceeded.")
+                        .with_code("context_size_exceeded"),
+                ),
                 EngineError::ContextFull { .. } => None,
                 e => Some(ApiError::internal(e.to_string())),
             };
@@ -979,22 +1131,35 @@ impl Scheduler {
             a.t_prompt_done = Some(Instant::now());
         }
         if a.params.want_probs {
-            let prob = |t: Token, lp: f32| TopProb {
+            let prob = |t: Token, p: f32| TopProb {
                 token: t,
                 bytes: engine.token_to_piece(t),
-                logprob: lp,
+                logprob: p.ln(),
+                prob: p,
             };
-            let p = token_prob(logits, tok).unwrap_or(0.0);
-            let top = if a.params.n_probs > 0 {
-                top_probs(logits, a.params.n_probs as usize)
-                    .into_iter()
-                    .map(|d| prob(d.id, d.p.ln()))
-                    .collect()
+            let n = a.params.n_probs as usize;
+            let (p, top) = if a.params.post_sampling_probs {
+                // What the sampler chain left, with the probabilities it drew from,
+                // best first; a token the chain cut has probability 0.
+                let cur = a.sampler.candidates();
+                let p = cur.data.iter().find(|d| d.id == tok).map_or(0.0, |d| d.p);
+                let mut kept: Vec<_> = cur.data.iter().filter(|d| d.p > 0.0).collect();
+                kept.sort_by(|x, y| y.p.total_cmp(&x.p).then(x.id.cmp(&y.id)));
+                (p, kept.iter().take(n).map(|d| prob(d.id, d.p)).collect())
             } else {
-                Vec::new()
+                let p = token_prob(logits, tok).unwrap_or(0.0);
+                let top = if n > 0 {
+                    top_probs(logits, n)
+                        .into_iter()
+                        .map(|d| prob(d.id, d.p))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                (p, top)
             };
             a.pending_probs.push(TokenProbs {
-                chosen: prob(tok, p.ln()),
+                chosen: prob(tok, p),
                 top,
             });
         }
@@ -1031,10 +1196,25 @@ impl Scheduler {
         a.next_token = Some(tok);
         let end = sendable_end(&a.bytes, a.n_sent, &a.stops);
         if end > a.n_sent {
+            let timings = a.params.timings_per_token.then(|| {
+                let now = Instant::now();
+                let t_prompt = a.t_prompt_done.unwrap_or(now);
+                Done {
+                    stop_type: StopType::Limit,
+                    stopping_word: String::new(),
+                    prompt_tokens: a.prompt.len(),
+                    cached_tokens: a.cached_tokens,
+                    completion_tokens: a.n_decoded,
+                    prompt_ms: t_prompt.duration_since(a.t_admit).as_secs_f64() * 1e3,
+                    predicted_ms: now.duration_since(t_prompt).as_secs_f64() * 1e3,
+                    slot: 0,
+                }
+            });
             let delta = Delta {
                 text: String::from_utf8_lossy(&a.bytes[a.n_sent..end]).into_owned(),
                 tokens: std::mem::take(&mut a.pending_tokens),
                 probs: std::mem::take(&mut a.pending_probs),
+                timings,
             };
             a.n_sent = end;
             if a.events.send(Event::Delta(delta)).is_err() {
@@ -1046,20 +1226,28 @@ impl Scheduler {
 
     /// Ends a slot's request: flushes the text not yet sent, then `Done`.
     fn finish(&mut self, i: usize, stop_type: StopType, word: Option<String>) {
-        let slot = &mut self.slots[i];
-        let Some(a) = slot.active.take() else { return };
+        let Some(a) = self.slots[i].active.take() else {
+            return;
+        };
+        // Before the client hears it is done, so that /metrics right after agrees.
+        self.update_gauges();
+        let slot = &self.slots[i];
         let now = Instant::now();
         let t_prompt = a.t_prompt_done.unwrap_or(now);
         let prompt_ms = t_prompt.duration_since(a.t_admit).as_secs_f64() * 1e3;
         let predicted_ms = now.duration_since(t_prompt).as_secs_f64() * 1e3;
-        Metrics::add(&self.metrics.prompt_ms_total, prompt_ms as u64);
-        Metrics::add(&self.metrics.predicted_ms_total, predicted_ms as u64);
+        Metrics::add(&self.metrics.prompt_us_total, (prompt_ms * 1e3) as u64);
+        Metrics::add(
+            &self.metrics.predicted_us_total,
+            (predicted_ms * 1e3) as u64,
+        );
         let rest = &a.bytes[a.n_sent.min(a.bytes.len())..];
         if !rest.is_empty() || !a.pending_probs.is_empty() || !a.pending_tokens.is_empty() {
             let _ = a.events.send(Event::Delta(Delta {
                 text: String::from_utf8_lossy(rest).into_owned(),
                 tokens: a.pending_tokens,
                 probs: a.pending_probs,
+                timings: None,
             }));
         }
         let _ = a.events.send(Event::Done(Done {

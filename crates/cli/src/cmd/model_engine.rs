@@ -14,6 +14,15 @@ enum Template {
     Legacy(LegacyTemplate, String),
 }
 
+#[derive(Clone, Copy)]
+struct Dims {
+    n_ctx: u32,
+    n_ctx_train: u32,
+    n_vocab: usize,
+    n_seq_max: u32,
+    n_embd: usize,
+}
+
 /// Which chat template to use: llama-server's `--jinja` / `--no-jinja` and
 /// `--chat-template(-file)`.
 #[derive(Clone, Debug, Default)]
@@ -41,11 +50,20 @@ impl TemplateChoice {
     }
 }
 
+/// Loads the model's context again after the server slept.
+pub type Reload = Box<dyn FnMut() -> anyhow::Result<Context> + Send>;
+
 pub struct ModelEngine {
-    ctx: Context,
+    /// `None` while asleep.
+    ctx: Option<Context>,
+    /// The context's sizes, kept while asleep.
+    dims: Dims,
+    reload: Option<Reload>,
     tokenizer: Tokenizer,
     template: Template,
     name: String,
+    /// `--kv-unified`: every sequence may use the whole cache (else `n_ctx / n_seq`).
+    kv_unified: bool,
 }
 
 impl ModelEngine {
@@ -84,12 +102,39 @@ impl ModelEngine {
             ))
         };
         let name = ctx.model().name();
+        let hp = &ctx.model().hparams;
+        let dims = Dims {
+            n_ctx: ctx.n_ctx() as u32,
+            n_ctx_train: hp.n_ctx_train,
+            n_vocab: hp.n_vocab as usize,
+            n_seq_max: ctx.params().n_seq_max as u32,
+            n_embd: hp.n_embd as usize,
+        };
         Ok(ModelEngine {
-            ctx,
+            ctx: Some(ctx),
+            dims,
+            reload: None,
             tokenizer,
             template,
             name,
+            kv_unified: false,
         })
+    }
+
+    /// How to load the context again after sleeping (without it, the engine never sleeps).
+    pub fn with_reload(mut self, reload: Reload) -> ModelEngine {
+        self.reload = Some(reload);
+        self
+    }
+
+    fn asleep() -> EngineError {
+        EngineError::Backend("the model is not loaded (the server sleeps)".into())
+    }
+
+    /// llama.cpp's `--kv-unified`: the slots share all the cells instead of an equal part each.
+    pub fn kv_unified(mut self, on: bool) -> ModelEngine {
+        self.kv_unified = on;
+        self
     }
 }
 
@@ -106,22 +151,39 @@ impl Engine for ModelEngine {
         self.name.clone()
     }
     fn n_ctx(&self) -> u32 {
-        self.ctx.n_ctx() as u32
+        self.dims.n_ctx
+    }
+    fn n_ctx_seq(&self) -> u32 {
+        if self.kv_unified {
+            self.n_ctx()
+        } else {
+            self.n_ctx() / self.n_seq_max().max(1)
+        }
     }
     fn n_ctx_train(&self) -> u32 {
-        self.ctx.model().hparams.n_ctx_train
+        self.dims.n_ctx_train
     }
     fn n_vocab(&self) -> usize {
-        self.ctx.model().hparams.n_vocab as usize
+        self.dims.n_vocab
     }
     fn n_seq_max(&self) -> u32 {
-        self.ctx.params().n_seq_max as u32
+        self.dims.n_seq_max
     }
     fn n_embd(&self) -> usize {
-        self.ctx.model().hparams.n_embd as usize
+        self.dims.n_embd
     }
     fn bos(&self) -> Option<Token> {
         self.tokenizer.bos()
+    }
+    fn special_tokens(&self) -> api::SpecialTokens {
+        let ids = self.tokenizer.special_ids();
+        api::SpecialTokens {
+            eos: ids.eos,
+            sep: ids.sep,
+            add_bos: self.tokenizer.add_bos(),
+            add_eos: self.tokenizer.add_eos(),
+            add_sep: self.tokenizer.add_sep(),
+        }
     }
     fn is_eog(&self, token: Token) -> bool {
         self.tokenizer.is_eog(token)
@@ -189,17 +251,67 @@ impl Engine for ModelEngine {
                 .map_err(|_| EngineError::InvalidBatch(format!("position {}", e.pos)))?;
             b.push(e.token, pos, e.seq_id as usize, e.want_logits);
         }
-        self.ctx.decode(&b).map_err(engine_error)
+        self.ctx
+            .as_mut()
+            .ok_or_else(ModelEngine::asleep)?
+            .decode(&b)
+            .map_err(engine_error)
     }
     fn logits(&self, i: usize) -> &[f32] {
-        self.ctx.output_logits(i).unwrap_or(&[])
+        self.ctx
+            .as_ref()
+            .and_then(|c| c.output_logits(i))
+            .unwrap_or(&[])
     }
     fn seq_rm(&mut self, seq_id: SeqId, p0: u32, p1: Option<u32>) {
         let p0 = i32::try_from(p0).unwrap_or(i32::MAX);
         let p1 = p1.map(|p| i32::try_from(p).unwrap_or(i32::MAX));
-        self.ctx.seq_rm(Some(seq_id as usize), Some(p0), p1);
+        if let Some(c) = &mut self.ctx {
+            c.seq_rm(Some(seq_id as usize), Some(p0), p1);
+        }
+    }
+    fn sleep(&mut self) {
+        if self.reload.is_some() {
+            // Dropping the context unmaps the weights and frees the KV cache.
+            self.ctx = None;
+        }
+    }
+    fn wake(&mut self) -> Result<(), EngineError> {
+        if self.ctx.is_none()
+            && let Some(reload) = &mut self.reload
+        {
+            self.ctx = Some(reload().map_err(|e| EngineError::Backend(format!("{e:#}")))?);
+        }
+        Ok(())
+    }
+    fn embed_pooled(
+        &mut self,
+        tokens: &[Token],
+        pooling: api::Pooling,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        use api::Pooling;
+        if pooling == Pooling::Mean {
+            return Ok(vec![self.embed(tokens)?]);
+        }
+        let mut rows = self
+            .ctx
+            .as_mut()
+            .ok_or_else(ModelEngine::asleep)?
+            .embed_rows(tokens)
+            .map_err(engine_error)?;
+        Ok(match pooling {
+            Pooling::None => rows,
+            Pooling::Cls => rows.drain(..1).collect(),
+            // A causal model's rank pooling is its last token (llama.cpp's build_inp_cls
+            // picks the last position when attention is causal).
+            Pooling::Last | Pooling::Rank | Pooling::Mean => rows.split_off(rows.len() - 1),
+        })
     }
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
-        self.ctx.embed(tokens).map_err(engine_error)
+        self.ctx
+            .as_mut()
+            .ok_or_else(ModelEngine::asleep)?
+            .embed(tokens)
+            .map_err(engine_error)
     }
 }

@@ -65,8 +65,7 @@ pub struct ServeArgs {
     /// Default frequency penalty of requests that give none.
     #[arg(long = "frequency-penalty")]
     pub frequency_penalty: Option<f32>,
-    /// Tokens to generate when a request says nothing, and the most any request may
-    /// ask for (-1: no limit).
+    /// Tokens to generate when a request says nothing (-1: no limit).
     #[arg(
         short = 'n',
         long = "n-predict",
@@ -137,9 +136,24 @@ pub struct ServeArgs {
     /// command lines.
     #[arg(long = "embedding", visible_alias = "embeddings")]
     pub embedding: bool,
-    /// How embeddings pool the hidden states: `mean` (the one Lamina has).
-    #[arg(long = "pooling", value_parser = ["mean"])]
+    /// llama.cpp samples on the GPU with this; Lamina samples where it always does,
+    /// with the same results. Accepted for llama-server's command lines.
+    #[arg(long = "backend-sampling", visible_alias = "backend_sampling")]
+    pub backend_sampling: bool,
+    /// Unload the model after this many idle seconds; the next request loads it
+    /// again (-1: never).
+    #[arg(long = "sleep-idle-seconds", allow_negative_numbers = true)]
+    pub sleep_idle_seconds: Option<i64>,
+    /// All slots share the whole KV cache (`-kvu`) instead of an equal part each.
+    #[arg(long = "kv-unified")]
+    pub kv_unified: bool,
+    /// How embeddings pool the hidden states: `mean` (the default), `cls`, `last`,
+    /// `none` (every token's state, on `/embeddings` only) or `rank` (as `--reranking`).
+    #[arg(long = "pooling", value_parser = ["mean", "cls", "last", "none", "rank"])]
     pub pooling: Option<String>,
+    /// Serve `/rerank` (rank pooling; embeddings are then off).
+    #[arg(long = "reranking", visible_alias = "rerank")]
+    pub reranking: bool,
     /// Seconds one request may take, queueing included (0: no limit).
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -218,9 +232,21 @@ impl ServeArgs {
             Some(n) if n < 0 => None,
             Some(n) => Some(u32::try_from(n).context("--n-predict is too large")?),
         };
+        let vertex = lamina_server::Vertex::from_env();
+        let port = match (&vertex, std::env::var("AIP_HTTP_PORT")) {
+            (Some(_), Ok(p)) => p
+                .parse()
+                .with_context(|| format!("AIP_HTTP_PORT is not a port: {p:?}"))?,
+            _ => self.port,
+        };
         Ok(ServerConfig {
             host: self.host.clone(),
-            port: self.port,
+            port,
+            vertex,
+            sleep_idle: self
+                .sleep_idle_seconds
+                .filter(|&s| s > 0)
+                .map(|s| Duration::from_secs(s as u64)),
             api_keys,
             aliases: csv(&self.alias),
             tags: csv(&self.tags),
@@ -239,6 +265,14 @@ impl ServeArgs {
             verbose: self.verbose,
             jinja: !self.no_jinja,
             reasoning,
+            pooling: if self.reranking {
+                lamina_server::Pooling::Rank
+            } else {
+                self.pooling
+                    .as_deref()
+                    .and_then(lamina_server::Pooling::parse)
+                    .unwrap_or_default()
+            },
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             max_body_bytes: self.max_body_bytes,
             schema_limits: lamina_grammar::json_schema::SchemaOptions {
@@ -256,7 +290,8 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 15] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 16] = [
+    ("-kvu", "--kv-unified"),
     ("-cb", "--cont-batching"),
     ("-rea", "--reasoning"),
     ("-to", "--timeout"),
@@ -340,10 +375,7 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--cache-reuse",
     "-cram",
     "--cache-ram",
-    "-kvu",
-    "--kv-unified",
     "--swa-full",
-    "--sleep-idle-seconds",
     "--models-dir",
     "--models-max",
     "--models-preset",
@@ -355,8 +387,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--mcp-servers-json",
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
-    "--rerank",
-    "--reranking",
     "--ssl-key-file",
     "--ssl-cert-file",
     "--api-prefix",
@@ -391,8 +421,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--grammar-file",
     "--json-schema",
     "--ignore-eos",
-    "--backend_sampling",
-    "--backend-sampling",
     "--no-cont-batching",
     "-nocb",
     "--log-file",
