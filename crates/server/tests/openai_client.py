@@ -217,8 +217,8 @@ if obj.choices[0].finish_reason == "stop":
 
 # Errors surface as the package's typed exceptions.
 try:
-    client.chat.completions.create(model=model, messages=[], max_tokens=4)
-    raise AssertionError("empty messages accepted")
+    client.chat.completions.create(model=model, messages=[{"role": "user"}], max_tokens=4)
+    raise AssertionError("a message without content accepted")
 except openai.BadRequestError as e:
     assert e.status_code == 400
 bad = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
