@@ -5,9 +5,12 @@
 #
 #   scripts/llama-server-suite/run.sh [--only lamina|llama] [--files "test_a.py test_b.py"]
 #
+# Both halves (the default) also record what llama-server passes in llama-server-passes.txt;
+# `--only lamina` (what CI runs: no llama.cpp build) compares Lamina against that record.
+#
 # Environment:
-#   LLAMA_SRC      llama.cpp source tree (default: fetched with `pip download --no-binary :all:
-#                  llama-cpp-python==0.3.36` into $SUITE_WORK)
+#   LLAMA_SRC      llama.cpp source tree (default: the llama-cpp-python 0.3.36 source package,
+#                  fetched from PyPI into $SUITE_WORK by fetch_llama_src.py)
 #   LLAMA_SERVER   a llama-server binary (default: built from LLAMA_SRC with cmake into $SUITE_WORK)
 #   LAMINA         the lamina binary (default: target/release/lamina, built if missing)
 #   SUITE_WORK     work folder (default: target/llama-server-suite)
@@ -27,6 +30,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 mkdir -p "$work/results"
+rm -f "$work/results"/*.xml
 
 lamina=${LAMINA:-$root/target/release/lamina}
 if [ ! -x "$lamina" ]; then (cd "$root" && cargo build --release -p lamina-cli); fi
@@ -34,12 +38,7 @@ model_default=${MODEL_DEFAULT:-$("$lamina" pull smollm2-135m | sed "s/^[^:]*: //
 model_gemma=${MODEL_GEMMA3:-$("$lamina" pull gemma3-270m | sed "s/^[^:]*: //")}
 
 if [ -z "${LLAMA_SRC:-}" ]; then
-    if [ ! -d "$work/src/llama_cpp_python-0.3.36" ]; then
-        mkdir -p "$work/src"
-        python3 -m pip download -q --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d "$work/src"
-        tar -xzf "$work/src"/llama_cpp_python-0.3.36.tar.gz -C "$work/src"
-    fi
-    LLAMA_SRC=$work/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+    LLAMA_SRC=$(python3 "$here/fetch_llama_src.py" "$work/src")
 fi
 
 if [ "$only" != "lamina" ] && [ -z "${LLAMA_SERVER:-}" ]; then
@@ -60,7 +59,7 @@ ln -s "$LLAMA_SRC/tools/mtmd" "$work/tree/tools/mtmd"
 cp -r "$LLAMA_SRC/tools/server/tests" "$work/tree/tools/server/tests"
 tests=$work/tree/tools/server/tests
 mkdir -p "$tests/tmp"
-(cd "$tests" && patch -s -p1 < "$here/utils.patch")
+(cd "$tests" && git apply -p1 "$here/utils.patch")
 if [ ! -x "$work/venv/bin/pytest" ]; then
     python3 -m venv "$work/venv"
     "$work/venv/bin/pip" install -q -r "$tests/requirements.txt"
@@ -74,16 +73,19 @@ SHIM
 chmod +x "$work/lamina-server"
 
 [ -n "$files" ] || files=$(cd "$tests/unit" && ls test_*.py)
-run_one() { # server-name binary
-    local name=$1 bin=$2 f
+run_one() { # server-name binary port
+    local name=$1 bin=$2 port=$3 f
     for f in $files; do
-        (cd "$tests" && SUITE_MODEL_DEFAULT=$model_default SUITE_MODEL_GEMMA3=$model_gemma \
+        (cd "$tests" && PORT=$port SUITE_MODEL_DEFAULT=$model_default SUITE_MODEL_GEMMA3=$model_gemma \
             LLAMA_SERVER_BIN_PATH=$bin LLAMA_CACHE=$work/hf-cache \
             timeout 1800 "$work/venv/bin/pytest" -q -m "not slow" -p no:cacheprovider \
             --junitxml="$work/results/$name-$f.xml" "unit/$f" > "$work/results/$name-$f.log" 2>&1) || true
         echo "$name $f: $(tail -1 "$work/results/$name-$f.log")"
     done
 }
-[ "$only" = "lamina" ] || run_one llama "$LLAMA_SERVER"
-[ "$only" = "llama" ] || run_one lamina "$work/lamina-server"
-python3 "$here/table.py" "$work/results" "$here/expected-failures.txt"
+# Each half on its own port, so that both may run at once.
+[ "$only" = "lamina" ] || run_one llama "$LLAMA_SERVER" "${SUITE_PORT_LLAMA:-28080}"
+[ "$only" = "llama" ] || run_one lamina "$work/lamina-server" "${SUITE_PORT_LAMINA:-18080}"
+record=""
+[ -n "$only" ] || record="--record"
+python3 "$here/table.py" "$work/results" "$here/expected-failures.txt" "$here/llama-server-passes.txt" $record

@@ -144,11 +144,11 @@ fn serve(
     };
     config.model_path = path.display().to_string();
     let path = path.display().to_string();
-    let loaded = cmd::load_with(&path, threads, params.clone(), devices)?;
+    let loaded = cmd::load_with(&path, threads, params, devices)?;
     let devices = devices.clone();
     // After --sleep-idle-seconds the context is dropped; this loads it again.
     let reload: cmd::model_engine::Reload =
-        Box::new(move || Ok(cmd::load_with(&path, threads, params.clone(), &devices)?.context));
+        Box::new(move || Ok(cmd::load_with(&path, threads, params, &devices)?.context));
     let engine =
         cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?
             .kv_unified(args.kv_unified)

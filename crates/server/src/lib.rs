@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod responses;
 mod routes;
 pub mod scheduler;
+pub mod server_tools;
 pub mod testing;
 
 use std::future::Future;
@@ -63,6 +64,8 @@ pub struct ServerConfig {
     /// How embeddings are pooled (`--pooling`; `--reranking` makes it [`Pooling::Rank`],
     /// which turns `/rerank` on and embeddings off).
     pub pooling: Pooling,
+    /// Server tools and MCP servers (`--tools`, `--mcp-servers-*`; off by default).
+    pub tools: server_tools::ToolsConfig,
     /// `--sleep-idle-seconds`: idle this long, the model is unloaded until the next
     /// request that needs it.
     pub sleep_idle: Option<Duration>,
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             pooling: Pooling::Mean,
             vertex: None,
             sleep_idle: None,
+            tools: Default::default(),
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),
@@ -170,10 +174,21 @@ impl Default for Cors {
     }
 }
 
-/// Starts the engine thread for `engine` and returns the HTTP routes in front of it.
-/// The thread ends once the router (and every clone of it) is dropped.
+/// Starts the engine thread for `engine` and returns the HTTP routes in front of it, with
+/// the server tools off. The thread ends once the router (and every clone of it) is dropped.
 pub fn router(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<axum::Router> {
-    routes::build(engine, config)
+    routes::build(engine, config, server_tools::ServerTools::disabled())
+}
+
+/// [`router`] with the configured server tools and MCP servers started.
+pub async fn router_with_tools(
+    engine: Box<dyn Engine>,
+    config: &ServerConfig,
+) -> std::io::Result<(axum::Router, server_tools::ServerTools)> {
+    let tools = server_tools::ServerTools::start(config.tools.clone())
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok((routes::build(engine, config, tools.clone())?, tools))
 }
 
 /// Binds every address of `config.host` (comma-separated) at `config.port` and serves
@@ -203,7 +218,7 @@ pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Re
         );
         listeners.push(listener);
     }
-    let app = router(engine, &config)?;
+    let (app, tools) = router_with_tools(engine, &config).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
@@ -221,6 +236,7 @@ pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Re
             r.map_err(std::io::Error::other)??;
         }
     }
+    tools.shutdown().await;
     let _ = stop_tx.send(true);
     while let Some(r) = servers.join_next().await {
         r.map_err(std::io::Error::other)??;
@@ -278,7 +294,7 @@ pub async fn serve_on(
     config: &ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(engine, config)?;
+    let (app, _tools) = router_with_tools(engine, config).await?;
     serve_http1(listener, app, shutdown).await
 }
 
@@ -290,7 +306,7 @@ pub async fn spawn_local(
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = router(engine, &config)?;
+    let (app, _tools) = router_with_tools(engine, &config).await?;
     tokio::spawn(serve_http1(listener, app, std::future::pending()));
     Ok(addr)
 }

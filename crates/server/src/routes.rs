@@ -47,7 +47,11 @@ struct Inner {
     created: u64,
 }
 
-pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<Router> {
+pub fn build(
+    engine: Box<dyn Engine>,
+    config: &ServerConfig,
+    tools: crate::server_tools::ServerTools,
+) -> std::io::Result<Router> {
     let metrics = Arc::new(Metrics::default());
     let (cmd, info) = scheduler::spawn(engine, config.n_batch, metrics.clone(), config.sleep_idle)?;
     let capacity = info.n_slots as usize + config.queue_size;
@@ -90,6 +94,8 @@ pub fn build(engine: Box<dyn Engine>, config: &ServerConfig) -> std::io::Result<
         .route("/props", get(props))
         .route("/slots", get(slots))
         .route("/metrics", get(metrics_text))
+        .route("/tools", get(tools_list).post(tools_call))
+        .layer(axum::Extension(tools))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let mut app = Router::new()
         .route("/health", get(health))
@@ -247,6 +253,22 @@ async fn gcp_predict(app: Router, headers: HeaderMap, body: Body) -> Response {
     });
     let predictions = futures_util::future::join_all(calls).await;
     axum::Json(json!({"predictions": predictions})).into_response()
+}
+
+/// `GET /tools`: the server tools and MCP tools (403 when none are enabled).
+async fn tools_list(
+    axum::Extension(tools): axum::Extension<crate::server_tools::ServerTools>,
+) -> Response {
+    tools.list().into_response()
+}
+
+/// `POST /tools`: runs one (`{"tool": NAME, "params": {...}}`).
+async fn tools_call(
+    axum::Extension(tools): axum::Extension<crate::server_tools::ServerTools>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    tools.call(&body, &headers).await.into_response()
 }
 
 /// llama-server's answer for an endpoint turned off by a flag.

@@ -526,7 +526,12 @@ async fn bad_stop_and_encoding_format() {
 #[tokio::test]
 async fn bad_input_inside_a_stream_request_gets_a_plain_error() {
     let addr = start_default().await;
-    let r = post(addr, CHAT, json!({"messages": [{"role": "user"}], "stream": true})).await;
+    let r = post(
+        addr,
+        CHAT,
+        json!({"messages": [{"role": "user"}], "stream": true}),
+    )
+    .await;
     assert_client_error(addr, &r, 400).await;
     assert!(
         r.header("content-type")

@@ -88,9 +88,27 @@ pub struct ServeArgs {
     /// Serve the chat page at `/` (the default).
     #[arg(long = "ui", visible_alias = "webui", overrides_with = "no_ui")]
     pub ui: bool,
-    /// Allowed CORS origins: `*` (any), `localhost`, or the header's literal value.
-    #[arg(long = "cors-origins", default_value = "*")]
-    pub cors_origins: String,
+    /// Allowed CORS origins: `*` (any; the default), `localhost`, or the header's literal
+    /// value. With server tools or MCP servers on, the default is `localhost`.
+    #[arg(long = "cors-origins")]
+    pub cors_origins: Option<String>,
+    /// Built-in server tools to offer at `/tools`: `all`, or a comma list of read_file,
+    /// write_file, edit_file, grep_search, file_glob_search, exec_shell_command, ...
+    /// They act on this machine: never expose such a server to untrusted clients.
+    #[arg(long = "tools")]
+    pub tools: Option<String>,
+    /// Where server tools run: the host (default), `ssh:HOST`, `docker:IMAGE`, ...
+    #[arg(long = "tools-runtime")]
+    pub tools_runtime: Option<String>,
+    /// Lamina's addition: the tools may only touch files under this folder.
+    #[arg(long = "tools-sandbox", value_name = "DIR")]
+    pub tools_sandbox: Option<std::path::PathBuf>,
+    /// MCP servers whose tools `/tools` offers, from a config file (`mcpServers`).
+    #[arg(long = "mcp-servers-config", value_name = "FILE")]
+    pub mcp_servers_config: Option<std::path::PathBuf>,
+    /// MCP servers as inline JSON.
+    #[arg(long = "mcp-servers-json", value_name = "JSON")]
+    pub mcp_servers_json: Option<String>,
     /// Methods a CORS preflight allows.
     #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
     pub cors_methods: String,
@@ -232,6 +250,19 @@ impl ServeArgs {
             Some(n) if n < 0 => None,
             Some(n) => Some(u32::try_from(n).context("--n-predict is too large")?),
         };
+        let tools = lamina_server::server_tools::ToolsConfig {
+            builtin: self
+                .tools
+                .as_deref()
+                .map(lamina_server::server_tools::ToolsConfig::parse_tools_list)
+                .unwrap_or_default(),
+            runtime: self.tools_runtime.clone(),
+            mcp_config: self.mcp_servers_config.clone(),
+            mcp_json: self.mcp_servers_json.clone(),
+            cwd: None,
+            sandbox: self.tools_sandbox.clone(),
+        };
+        let restricts_cors = tools.restricts_cors();
         let vertex = lamina_server::Vertex::from_env();
         let port = match (&vertex, std::env::var("AIP_HTTP_PORT")) {
             (Some(_), Ok(p)) => p
@@ -243,6 +274,7 @@ impl ServeArgs {
             host: self.host.clone(),
             port,
             vertex,
+            tools,
             sleep_idle: self
                 .sleep_idle_seconds
                 .filter(|&s| s > 0)
@@ -257,7 +289,16 @@ impl ServeArgs {
             metrics_endpoint: self.metrics,
             web_ui: !self.no_ui,
             cors: lamina_server::Cors {
-                origins: self.cors_origins.clone(),
+                origins: match &self.cors_origins {
+                    Some(o) => o.clone(),
+                    None if restricts_cors => {
+                        eprintln!(
+                            "lamina serve: server tools or MCP servers are enabled, using localhost as default CORS origin (change via --cors-origins)"
+                        );
+                        "localhost".into()
+                    }
+                    None => "*".into(),
+                },
                 methods: self.cors_methods.clone(),
                 headers: self.cors_headers.clone(),
                 credentials: !self.no_cors_credentials,
@@ -381,10 +422,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--models-preset",
     "--models-autoload",
     "--no-models-autoload",
-    "--tools",
-    "--tools-runtime",
-    "--mcp-servers-config",
-    "--mcp-servers-json",
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
     "--ssl-key-file",
