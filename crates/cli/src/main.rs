@@ -6,6 +6,7 @@
 mod cmd;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -44,9 +45,10 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve {
-        /// Model: a GGUF path or a known model name (pulled on first use).
-        #[arg(short = 'm', long, default_value = lamina_gguf::pull::DEFAULT_MODEL)]
-        model: String,
+        /// Model: a GGUF path or a known model name (pulled on first use). Without it, the
+        /// server is a router over every model of the cache and `--models-dir`.
+        #[arg(short = 'm', long)]
+        model: Option<String>,
         /// Threads to compute with (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -101,7 +103,10 @@ fn main() -> ExitCode {
             devices,
             cache,
             args,
-        } => serve(&model, threads, &devices, &cache, &args),
+        } => match model {
+            Some(model) => serve(&model, threads, &devices, &cache, &args),
+            None => serve_router(threads, &devices, &cache, &args),
+        },
         Command::Tokenize { model, args } => {
             cmd::resolve_model(&model).and_then(|path| cmd::tokenize::run(&args, &path))
         }
@@ -116,6 +121,105 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The models router mode offers: the cache's GGUF files and `--models-dir`'s, named by
+/// file stem, known models also by their short name.
+fn scan_models(
+    models_dir: Option<&std::path::Path>,
+) -> Vec<lamina_server::model_router::ModelEntry> {
+    use lamina_server::model_router::ModelEntry;
+    let mut dirs = vec![lamina_gguf::pull::cache_dir()];
+    dirs.extend(models_dir.map(std::path::Path::to_path_buf));
+    let mut out: Vec<ModelEntry> = Vec::new();
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut files: Vec<std::path::PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf") && p.is_file())
+            .collect();
+        files.sort();
+        for path in files {
+            let file = path
+                .file_name()
+                .and_then(|f| f.to_str())
+                .unwrap_or_default();
+            let id = file.trim_end_matches(".gguf").to_string();
+            if out.iter().any(|m| m.id == id) {
+                continue;
+            }
+            let aliases = lamina_gguf::pull::KNOWN_MODELS
+                .iter()
+                .filter(|k| k.file_name == file)
+                .map(|k| k.name.to_string())
+                .collect();
+            out.push(ModelEntry { id, aliases, path });
+        }
+    }
+    out
+}
+
+/// `lamina serve` without `-m`: llama-server's router mode over the cached models.
+fn serve_router(
+    threads: Option<usize>,
+    devices: &cmd::DeviceArgs,
+    cache: &cmd::CacheArgs,
+    args: &cmd::serve::ServeArgs,
+) -> anyhow::Result<()> {
+    use lamina_server::model_router::{Loader, RouterConfig, Scan};
+    let mut params = lamina_model::ContextParams {
+        n_ctx: args.ctx_size as usize,
+        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
+        n_seq_max: args.parallel.max(1) as usize,
+        ..Default::default()
+    };
+    cache.apply(&mut params)?;
+    let config = args.config()?;
+    let choice = cmd::model_engine::TemplateChoice::from_flags(args)?;
+    let models_dir = args.models_dir.clone();
+    let scan: Scan = Arc::new(move || scan_models(models_dir.as_deref()));
+    if scan().is_empty() && !args.offline {
+        // A fresh machine: the default model, so that `lamina serve` answers at once.
+        cmd::resolve_model(lamina_gguf::pull::DEFAULT_MODEL)?;
+    }
+    let devices = devices.clone();
+    let kv_unified = args.kv_unified;
+    let loader: Loader = Arc::new(move |m| {
+        let path = m.path.display().to_string();
+        let loaded =
+            cmd::load_with(&path, threads, params, &devices).map_err(|e| format!("{e:#}"))?;
+        let engine = cmd::model_engine::ModelEngine::with_template(
+            loaded.context,
+            loaded.tokenizer,
+            &choice,
+        )
+        .map_err(|e| format!("{e:#}"))?
+        .kv_unified(kv_unified);
+        Ok(Box::new(engine) as Box<dyn lamina_server::Engine>)
+    });
+    let default_model = scan_models(args.models_dir.as_deref())
+        .into_iter()
+        .find(|m| {
+            m.aliases
+                .iter()
+                .any(|a| a == lamina_gguf::pull::DEFAULT_MODEL)
+        })
+        .map(|m| m.id);
+    let router = RouterConfig {
+        scan,
+        models_max: args.models_max,
+        autoload: !args.no_models_autoload,
+        default_model,
+    };
+    let app = lamina_server::model_router::build(router, loader, config.clone());
+    eprintln!(
+        "lamina serve: router mode over the cached models (--models-max {})",
+        args.models_max
+    );
+    lamina_server::serve_app_blocking(app, &config)?;
+    Ok(())
 }
 
 fn serve(

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod fake;
 pub mod metrics;
+pub mod model_router;
 pub mod responses;
 mod routes;
 pub mod scheduler;
@@ -194,6 +195,15 @@ pub async fn router_with_tools(
 /// Binds every address of `config.host` (comma-separated) at `config.port` and serves
 /// until Ctrl-C.
 pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
+    let (app, tools) = router_with_tools(engine, &config).await?;
+    let r = serve_app(app, &config).await;
+    tools.shutdown().await;
+    r
+}
+
+/// Serves `app` (one model's server, or the router of several) on every address of
+/// `config.host` at `config.port` until Ctrl-C.
+pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Result<()> {
     let hosts: Vec<&str> = config
         .host
         .split(',')
@@ -218,7 +228,6 @@ pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Re
         );
         listeners.push(listener);
     }
-    let (app, tools) = router_with_tools(engine, &config).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
@@ -236,7 +245,6 @@ pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Re
             r.map_err(std::io::Error::other)??;
         }
     }
-    tools.shutdown().await;
     let _ = stop_tx.send(true);
     while let Some(r) = servers.join_next().await {
         r.map_err(std::io::Error::other)??;
@@ -311,10 +319,26 @@ pub async fn spawn_local(
     Ok(addr)
 }
 
+/// Serves `app` on an ephemeral loopback port in the current runtime (tests).
+pub async fn spawn_app(app: axum::Router) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(serve_http1(listener, app, std::future::pending()));
+    Ok(addr)
+}
+
 /// [`serve`] on a new multi-threaded tokio runtime, for callers without one (the CLI).
 pub fn serve_blocking(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
         .block_on(serve(engine, config))
+}
+
+/// [`serve_app`] on a new multi-threaded tokio runtime.
+pub fn serve_app_blocking(app: axum::Router, config: &ServerConfig) -> std::io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve_app(app, config))
 }

@@ -285,25 +285,29 @@ fn unix_now() -> u64 {
 }
 
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let keys = &st.0.config.api_keys;
-    if !keys.is_empty() {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
-            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
-        // Every key is compared, so the time taken does not say which one nearly matched.
-        let ok = given.is_some_and(|g| {
-            keys.iter().fold(false, |ok, k| {
-                ok | constant_time_eq(g.as_bytes(), k.as_bytes())
-            })
-        });
-        if !ok {
-            return ApiError::unauthorized().into_response();
-        }
+    if !key_ok(&st.0.config.api_keys, req.headers()) {
+        return ApiError::unauthorized().into_response();
     }
     next.run(req).await
+}
+
+/// Whether `headers` carry one of `keys` (`Authorization: Bearer K`, `Authorization: K`
+/// or `X-Api-Key: K`); no keys means no check.
+pub(crate) fn key_ok(keys: &[String], headers: &HeaderMap) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    // Every key is compared, so the time taken does not say which one nearly matched.
+    given.is_some_and(|g| {
+        keys.iter().fold(false, |ok, k| {
+            ok | constant_time_eq(g.as_bytes(), k.as_bytes())
+        })
+    })
 }
 
 /// llama-server's CORS: the allowed origin on every response (reflected for `*` with
@@ -949,7 +953,7 @@ async fn finish_json(run: Run, shape: Shape) -> Result<(Value, Vec<String>), Api
 }
 
 /// Stands in for llama-server's build tag (`b<build>-<commit>`), which clients read.
-const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-lamina");
+pub(crate) const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-lamina");
 
 /// llama-server's whole `/completion` result for one prompt.
 fn native_result(o: &Output, model: &str, settings: &Value, prompt: &str, shape: &Shape) -> Value {

@@ -162,6 +162,18 @@ pub struct ServeArgs {
     /// again (-1: never).
     #[arg(long = "sleep-idle-seconds", allow_negative_numbers = true)]
     pub sleep_idle_seconds: Option<i64>,
+    /// Router mode (no `-m`): also serve the GGUF files of this folder.
+    #[arg(long = "models-dir", value_name = "DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// Router mode: most models loaded at once (0: no limit).
+    #[arg(long = "models-max", default_value_t = 4)]
+    pub models_max: usize,
+    /// Router mode: load a model only on `POST /models/load`, not on a request naming it.
+    #[arg(long = "no-models-autoload")]
+    pub no_models_autoload: bool,
+    /// Router mode: load a model when a request names it (the default).
+    #[arg(long = "models-autoload", overrides_with = "no_models_autoload")]
+    pub models_autoload: bool,
     /// All slots share the whole KV cache (`-kvu`) instead of an equal part each.
     #[arg(long = "kv-unified")]
     pub kv_unified: bool,
@@ -417,11 +429,7 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "-cram",
     "--cache-ram",
     "--swa-full",
-    "--models-dir",
-    "--models-max",
     "--models-preset",
-    "--models-autoload",
-    "--no-models-autoload",
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
     "--ssl-key-file",
