@@ -127,6 +127,7 @@ fn main() -> ExitCode {
 /// file stem, known models also by their short name.
 fn scan_models(
     models_dir: Option<&std::path::Path>,
+    preset: Option<&std::path::Path>,
 ) -> Vec<lamina_server::model_router::ModelEntry> {
     use lamina_server::model_router::ModelEntry;
     let mut dirs = vec![lamina_gguf::pull::cache_dir()];
@@ -158,6 +159,39 @@ fn scan_models(
             out.push(ModelEntry { id, aliases, path });
         }
     }
+    if let Some(p) = preset {
+        out.extend(preset_models(p));
+    }
+    out
+}
+
+/// llama-server's `--models-preset` INI: one `[name]` section per model; `model = PATH`
+/// says where it is (`hf-repo = …` names a download Lamina cannot make: listed, not loadable).
+fn preset_models(path: &std::path::Path) -> Vec<lamina_server::model_router::ModelEntry> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!(
+            "lamina serve: cannot read --models-preset {}",
+            path.display()
+        );
+        return Vec::new();
+    };
+    let mut out: Vec<lamina_server::model_router::ModelEntry> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            out.push(lamina_server::model_router::ModelEntry {
+                id: name.trim().to_string(),
+                aliases: Vec::new(),
+                path: std::path::PathBuf::new(),
+            });
+        } else if let (Some(m), Some((k, v))) = (out.last_mut(), line.split_once('='))
+            && k.trim() == "model"
+        {
+            m.path = std::path::PathBuf::from(v.trim());
+        }
+    }
     out
 }
 
@@ -179,7 +213,8 @@ fn serve_router(
     let config = args.config()?;
     let choice = cmd::model_engine::TemplateChoice::from_flags(args)?;
     let models_dir = args.models_dir.clone();
-    let scan: Scan = Arc::new(move || scan_models(models_dir.as_deref()));
+    let preset = args.models_preset.clone();
+    let scan: Scan = Arc::new(move || scan_models(models_dir.as_deref(), preset.as_deref()));
     if scan().is_empty() && !args.offline {
         // A fresh machine: the default model, so that `lamina serve` answers at once.
         cmd::resolve_model(lamina_gguf::pull::DEFAULT_MODEL)?;
@@ -199,7 +234,7 @@ fn serve_router(
         .kv_unified(kv_unified);
         Ok(Box::new(engine) as Box<dyn lamina_server::Engine>)
     });
-    let default_model = scan_models(args.models_dir.as_deref())
+    let default_model = scan_models(args.models_dir.as_deref(), None)
         .into_iter()
         .find(|m| {
             m.aliases
@@ -213,12 +248,12 @@ fn serve_router(
         autoload: !args.no_models_autoload,
         default_model,
     };
-    let app = lamina_server::model_router::build(router, loader, config.clone());
+
     eprintln!(
         "lamina serve: router mode over the cached models (--models-max {})",
         args.models_max
     );
-    lamina_server::serve_app_blocking(app, &config)?;
+    lamina_server::serve_router_blocking(router, loader, config)?;
     Ok(())
 }
 

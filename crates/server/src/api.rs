@@ -254,6 +254,8 @@ pub struct InMessage {
     pub tool_calls: Option<Value>,
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -602,6 +604,7 @@ impl GenRequest {
                     tool_calls: m.tool_calls.clone(),
                     tool_call_id: m.tool_call_id.clone(),
                     name: m.name.clone(),
+                    reasoning_content: m.reasoning_content.clone().filter(|r| !r.is_empty()),
                 })
             })
             .collect()

@@ -342,3 +342,24 @@ pub fn serve_app_blocking(app: axum::Router, config: &ServerConfig) -> std::io::
         .build()?
         .block_on(serve_app(app, config))
 }
+
+/// Router mode ([`model_router`]) with the configured server tools, served until Ctrl-C
+/// on a new multi-threaded tokio runtime.
+pub fn serve_router_blocking(
+    router: model_router::RouterConfig,
+    loader: model_router::Loader,
+    config: ServerConfig,
+) -> std::io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let tools = server_tools::ServerTools::start(config.tools.clone())
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let app = model_router::build(router, loader, config.clone(), tools.clone());
+            let r = serve_app(app, &config).await;
+            tools.shutdown().await;
+            r
+        })
+}

@@ -67,7 +67,12 @@ struct RouterState(Arc<Inner>);
 
 /// The router's HTTP front: its own `/models`, `/models/load`, `/models/unload`, `/props`
 /// and `/health`, and every other request handed to the model it names.
-pub fn build(cfg: RouterConfig, loader: Loader, server: ServerConfig) -> Router {
+pub fn build(
+    cfg: RouterConfig,
+    loader: Loader,
+    server: ServerConfig,
+    tools: crate::server_tools::ServerTools,
+) -> Router {
     let models = (cfg.scan)();
     let state = RouterState(Arc::new(Inner {
         cfg,
@@ -90,6 +95,8 @@ pub fn build(cfg: RouterConfig, loader: Loader, server: ServerConfig) -> Router 
         .route("/v1/models", get(list))
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
+        .route("/tools", get(tools_list).post(tools_call))
+        .layer(axum::Extension(tools))
         .fallback(dispatch)
         .with_state(state)
 }
@@ -187,6 +194,30 @@ impl RouterState {
             },
         );
         Ok(app)
+    }
+}
+
+/// The server tools belong to the router, not to a model.
+async fn tools_list(
+    State(st): State<RouterState>,
+    axum::Extension(tools): axum::Extension<crate::server_tools::ServerTools>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    match check_key(&st, &headers) {
+        Ok(()) => tools.list().into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn tools_call(
+    State(st): State<RouterState>,
+    axum::Extension(tools): axum::Extension<crate::server_tools::ServerTools>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match check_key(&st, &headers) {
+        Ok(()) => tools.call(&body, &headers).await.into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -46,7 +46,12 @@ async fn start(models_max: usize, autoload: bool, loads: Arc<AtomicUsize>) -> st
         autoload,
         default_model: Some("alpha".into()),
     };
-    let app = model_router::build(cfg, loader, ServerConfig::default());
+    let app = model_router::build(
+        cfg,
+        loader,
+        ServerConfig::default(),
+        lamina_server::server_tools::ServerTools::disabled(),
+    );
     lamina_server::spawn_app(app).await.unwrap()
 }
 

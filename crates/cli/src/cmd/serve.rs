@@ -165,6 +165,10 @@ pub struct ServeArgs {
     /// Router mode (no `-m`): also serve the GGUF files of this folder.
     #[arg(long = "models-dir", value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
+    /// Router mode: models named in an INI file (`[name]` sections with `model = PATH`);
+    /// `GET /models?reload=1` reads it again.
+    #[arg(long = "models-preset", value_name = "FILE")]
+    pub models_preset: Option<std::path::PathBuf>,
     /// Router mode: most models loaded at once (0: no limit).
     #[arg(long = "models-max", default_value_t = 4)]
     pub models_max: usize,
@@ -429,7 +433,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "-cram",
     "--cache-ram",
     "--swa-full",
-    "--models-preset",
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
     "--ssl-key-file",
