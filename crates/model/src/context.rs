@@ -299,6 +299,18 @@ impl Context {
         self.kv.seq_rm(seq, p0, p1);
     }
 
+    /// Sequence `seq`'s KV cells as bytes (for slot save and prompt caches).
+    pub fn seq_state(&mut self, seq: usize) -> Result<Vec<u8>, ModelError> {
+        self.sched.synchronize()?;
+        self.kv.seq_state(seq)
+    }
+
+    /// Puts a [`Context::seq_state`] back as sequence `seq`; returns its token count.
+    pub fn set_seq_state(&mut self, seq: usize, data: &[u8]) -> Result<usize, ModelError> {
+        self.sched.synchronize()?;
+        self.kv.set_seq_state(seq, data)
+    }
+
     /// Empties the KV cache.
     pub fn clear(&mut self) {
         self.kv.clear();

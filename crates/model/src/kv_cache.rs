@@ -13,6 +13,28 @@ use lamina_core::DType;
 
 use crate::{HParams, ModelError};
 
+/// The first bytes of a saved sequence state.
+const KV_STATE_MAGIC: &[u8; 8] = b"LAMINAKV";
+
+/// Reads a byte string front to back.
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.data.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
 /// Most sequences one cache can hold at once (cells keep their sequence set as a bit mask).
 pub const MAX_SEQUENCES: usize = 64;
 
@@ -270,6 +292,167 @@ impl KvCache {
                 *cell = Cell::FREE;
             }
         }
+    }
+
+    /// The cells of `seq` with their positions, in position order.
+    fn seq_cells(&self, seq: usize) -> Vec<(usize, i32)> {
+        let mut cells: Vec<(usize, i32)> = self
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.seqs & (1 << seq) != 0)
+            .map(|(i, c)| (i, c.pos))
+            .collect();
+        cells.sort_by_key(|&(_, pos)| pos);
+        cells
+    }
+
+    /// Bytes per K row, per V row, and per V element of layer `l` (V rows are stored whole
+    /// unless transposed, where each of a cell's values sits in its own row).
+    fn row_bytes(&self, l: &LayerCache) -> Result<(usize, usize, usize), ModelError> {
+        let bad = |_| ModelError::BadParams("the KV cache row size overflows".into());
+        let k = self
+            .format
+            .type_k
+            .row_size(l.n_embd_k as u64)
+            .map_err(bad)? as usize;
+        let v = self
+            .format
+            .type_v
+            .row_size(l.n_embd_v as u64)
+            .map_err(bad)? as usize;
+        Ok((k, v, self.format.type_v.type_size() as usize))
+    }
+
+    /// Sequence `seq`'s cells as bytes (llama.cpp's `llama_state_seq_get_data`, in a format
+    /// of Lamina's own): the positions, then per layer every cell's K row and V values. Call
+    /// it with no computation in flight.
+    pub fn seq_state(&self, seq: usize) -> Result<Vec<u8>, ModelError> {
+        let cells = self.seq_cells(seq);
+        let mut out = Vec::new();
+        out.extend_from_slice(KV_STATE_MAGIC);
+        out.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
+        out.push(u8::from(self.format.v_trans));
+        for l in &self.layers {
+            let (k, v, e) = self.row_bytes(l)?;
+            for x in [k, v, e, usize::from(l.v_in_k)] {
+                out.extend_from_slice(&(x as u32).to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&(cells.len() as u32).to_le_bytes());
+        for &(_, pos) in &cells {
+            out.extend_from_slice(&pos.to_le_bytes());
+        }
+        for l in &self.layers {
+            let (k, v, e) = self.row_bytes(l)?;
+            let buf = self.buffer(l.device).ok_or_else(|| {
+                ModelError::BadParams("the KV cache has no buffer for a layer".into())
+            })?;
+            let mut row = vec![0u8; k.max(v)];
+            for &(c, _) in &cells {
+                buf.read(l.k_offset + c * k, &mut row[..k])?;
+                out.extend_from_slice(&row[..k]);
+            }
+            if l.v_in_k {
+                continue;
+            }
+            for &(c, _) in &cells {
+                if self.format.v_trans {
+                    for d in 0..l.n_embd_v {
+                        buf.read(l.v_offset + (d * self.size + c) * e, &mut row[..e])?;
+                        out.extend_from_slice(&row[..e]);
+                    }
+                } else {
+                    buf.read(l.v_offset + c * v, &mut row[..v])?;
+                    out.extend_from_slice(&row[..v]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts a [`KvCache::seq_state`] back as sequence `seq` (its former cells are dropped);
+    /// returns how many tokens it holds. The state must come from a cache of the same
+    /// model and types.
+    pub fn set_seq_state(&mut self, seq: usize, data: &[u8]) -> Result<usize, ModelError> {
+        let bad = |m: &str| ModelError::BadBatch(format!("the saved KV state {m}"));
+        let mut r = Reader { data, at: 0 };
+        if r.take(KV_STATE_MAGIC.len())
+            .ok_or_else(|| bad("is not one"))?
+            != KV_STATE_MAGIC
+        {
+            return Err(bad("is not one"));
+        }
+        let n_layer = r.u32().ok_or_else(|| bad("is cut short"))? as usize;
+        let v_trans = r.take(1).ok_or_else(|| bad("is cut short"))?[0] != 0;
+        if n_layer != self.layers.len() || v_trans != self.format.v_trans {
+            return Err(bad("is of another model or cache layout"));
+        }
+        for il in 0..n_layer {
+            let l = self.layers[il];
+            let (k, v, e) = self.row_bytes(&l)?;
+            for want in [k, v, e, usize::from(l.v_in_k)] {
+                if r.u32().ok_or_else(|| bad("is cut short"))? as usize != want {
+                    return Err(bad("is of another model or cache type"));
+                }
+            }
+        }
+        let n = r.u32().ok_or_else(|| bad("is cut short"))? as usize;
+        if n > self.size {
+            return Err(bad("holds more tokens than the cache has cells"));
+        }
+        let mut positions = Vec::with_capacity(n);
+        for _ in 0..n {
+            let p = r.take(4).ok_or_else(|| bad("is cut short"))?;
+            positions.push(i32::from_le_bytes([p[0], p[1], p[2], p[3]]));
+        }
+        // Everything is checked against the data before the cache changes.
+        let mut need = 0usize;
+        for l in &self.layers {
+            let (k, v, e) = self.row_bytes(l)?;
+            let per = k + if l.v_in_k {
+                0
+            } else if v_trans {
+                e * l.n_embd_v
+            } else {
+                v
+            };
+            need = need.saturating_add(per.saturating_mul(n));
+        }
+        if data.len() - r.at != need {
+            return Err(bad("has the wrong size"));
+        }
+        self.seq_rm(Some(seq), None, None);
+        let tokens: Vec<(i32, usize)> = positions.iter().map(|&p| (p, seq)).collect();
+        let cells = self.place(&tokens)?;
+        for il in 0..self.layers.len() {
+            let l = self.layers[il];
+            let (k, v, e) = self.row_bytes(&l)?;
+            let Some(buf) = self.buffer(l.device) else {
+                self.release(&cells);
+                return Err(bad("names a layer the cache does not have"));
+            };
+            let buf = buf.clone();
+            for &c in &cells {
+                buf.write(l.k_offset + c * k, r.take(k).unwrap_or_default())?;
+            }
+            if l.v_in_k {
+                continue;
+            }
+            for &c in &cells {
+                if v_trans {
+                    for d in 0..l.n_embd_v {
+                        buf.write(
+                            l.v_offset + (d * self.size + c) * e,
+                            r.take(e).unwrap_or_default(),
+                        )?;
+                    }
+                } else {
+                    buf.write(l.v_offset + c * v, r.take(v).unwrap_or_default())?;
+                }
+            }
+        }
+        Ok(n)
     }
 
     /// Empties the cache.

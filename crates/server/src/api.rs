@@ -241,6 +241,7 @@ pub struct GenRequest {
     pub return_progress: Option<bool>,
     pub timings_per_token: Option<bool>,
     pub post_sampling_probs: Option<bool>,
+    pub id_slot: Option<i64>,
 }
 
 #[derive(Deserialize)]

@@ -225,6 +225,20 @@ pub trait Engine: Send + 'static {
     /// Mean-pooled last hidden state of `tokens`, evaluated on its own, without touching
     /// any sequence's KV cells (the server calls it between decode steps).
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError>;
+    /// Sequence `seq`'s KV cells as bytes (slot save).
+    fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
+        let _ = seq;
+        Err(EngineError::Unsupported(
+            "this engine cannot save its KV cache",
+        ))
+    }
+    /// Puts a [`Engine::seq_state`] back as `seq`; returns how many tokens it holds.
+    fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
+        let _ = (seq, data);
+        Err(EngineError::Unsupported(
+            "this engine cannot restore a KV cache",
+        ))
+    }
     /// Frees what the engine can (weights, KV cache) while the server sleeps
     /// (`--sleep-idle-seconds`); every sequence's cache is gone afterwards.
     fn sleep(&mut self) {}
@@ -339,6 +353,12 @@ impl Engine for Box<dyn Engine> {
     }
     fn sleep(&mut self) {
         (**self).sleep()
+    }
+    fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
+        (**self).seq_state(seq)
+    }
+    fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
+        (**self).set_seq_state(seq, data)
     }
     fn wake(&mut self) -> Result<(), EngineError> {
         (**self).wake()

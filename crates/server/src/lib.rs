@@ -65,6 +65,8 @@ pub struct ServerConfig {
     /// How embeddings are pooled (`--pooling`; `--reranking` makes it [`Pooling::Rank`],
     /// which turns `/rerank` on and embeddings off).
     pub pooling: Pooling,
+    /// `--slot-save-path`: where `POST /slots/{id}?action=save|restore` keep slot files.
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Server tools and MCP servers (`--tools`, `--mcp-servers-*`; off by default).
     pub tools: server_tools::ToolsConfig,
     /// `--sleep-idle-seconds`: idle this long, the model is unloaded until the next
@@ -110,6 +112,7 @@ impl Default for ServerConfig {
             vertex: None,
             sleep_idle: None,
             tools: Default::default(),
+            slot_save_path: None,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),

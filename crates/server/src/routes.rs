@@ -93,6 +93,7 @@ pub fn build(
         .route("/models", get(models))
         .route("/props", get(props))
         .route("/slots", get(slots))
+        .route("/slots/{id}", post(slot_action))
         .route("/metrics", get(metrics_text))
         .route("/tools", get(tools_list).post(tools_call))
         .layer(axum::Extension(tools))
@@ -269,6 +270,65 @@ async fn tools_call(
     body: axum::body::Bytes,
 ) -> Response {
     tools.call(&body, &headers).await.into_response()
+}
+
+/// `POST /slots/{id}?action=save|restore|erase` (`{"filename": F}` for the first two, a
+/// plain name inside `--slot-save-path`).
+async fn slot_action(
+    State(st): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = async {
+        let Some(dir) = st.0.config.slot_save_path.clone() else {
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_supported_error",
+                "This server does not support slots action. Start it with `--slot-save-path`",
+            ));
+        };
+        let id: u32 = id
+            .parse()
+            .ok()
+            .filter(|&i| i < st.0.info.n_slots)
+            .ok_or_else(|| ApiError::invalid_param("id_slot", format!("no slot {id}")))?;
+        let file = || async {
+            let map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+            let name = map
+                .get("filename")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid_param("filename", "filename is required"))?;
+            if !valid_file_name(name) {
+                return Err(ApiError::invalid_param("filename", "Invalid filename"));
+            }
+            Ok(dir.join(name))
+        };
+        let action = match q.get("action").map(String::as_str) {
+            Some("save") => scheduler::SlotAction::Save(file().await?),
+            Some("restore") => scheduler::SlotAction::Restore(file().await?),
+            Some("erase") => scheduler::SlotAction::Erase,
+            _ => return Err(ApiError::invalid_param("action", "Invalid action")),
+        };
+        let v = st
+            .ask(|reply| Command::Slot { id, action, reply })
+            .await??;
+        Ok(axum::Json(v).into_response())
+    };
+    respond(r.await)
+}
+
+/// A file name that stays in its folder: no separators, no `..`, nothing odd.
+fn valid_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | ' '))
 }
 
 /// llama-server's answer for an endpoint turned off by a flag.
@@ -1296,6 +1356,20 @@ fn base_params(
         return_progress: req.return_progress.unwrap_or(false) && req.stream(),
         post_sampling_probs: req.post_sampling_probs == Some(true),
         timings_per_token: req.timings_per_token == Some(true) && req.stream(),
+        id_slot: match req.id_slot {
+            None => None,
+            Some(i) if i < 0 => None,
+            Some(i) if i < i64::from(st.0.info.n_slots) => Some(i as u32),
+            Some(i) => {
+                return Err(ApiError::invalid_param(
+                    "id_slot",
+                    format!(
+                        "there is no slot {i} (the server has {})",
+                        st.0.info.n_slots
+                    ),
+                ));
+            }
+        },
     })
 }
 

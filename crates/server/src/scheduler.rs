@@ -107,6 +107,8 @@ pub struct GenParams {
     pub post_sampling_probs: bool,
     /// Each delta carries the timings so far.
     pub timings_per_token: bool,
+    /// Run in this slot (`id_slot`), waiting for it if busy.
+    pub id_slot: Option<u32>,
 }
 
 impl Default for GenParams {
@@ -127,6 +129,7 @@ impl Default for GenParams {
             return_progress: false,
             post_sampling_probs: false,
             timings_per_token: false,
+            id_slot: None,
         }
     }
 }
@@ -288,6 +291,12 @@ pub enum Command {
     Slots {
         reply: oneshot::Sender<Vec<SlotInfo>>,
     },
+    /// Saves, restores or erases one slot's cache (`POST /slots/{id}?action=...`).
+    Slot {
+        id: u32,
+        action: SlotAction,
+        reply: oneshot::Sender<Result<serde_json::Value, ApiError>>,
+    },
     /// Renders a conversation with the chat template (`/apply-template`).
     ApplyTemplate {
         chat: ChatPrompt,
@@ -308,12 +317,28 @@ impl Command {
             Command::ApplyTemplate { reply, .. } => {
                 let _ = reply.send(Err(e));
             }
+            Command::Slot { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
             // Their replies carry no error: dropping the sender answers "the engine
             // stopped".
             Command::Tokenize { .. } | Command::Detokenize { .. } | Command::Slots { .. } => {}
         }
     }
 }
+
+/// What `POST /slots/{id}` does.
+#[derive(Clone, Debug)]
+pub enum SlotAction {
+    /// Writes the slot's tokens and KV cells to this file.
+    Save(std::path::PathBuf),
+    /// Reads them back from this file.
+    Restore(std::path::PathBuf),
+    Erase,
+}
+
+/// The first bytes of a saved slot.
+const SLOT_MAGIC: &[u8; 8] = b"LAMSLOT1";
 
 /// Facts about the model the HTTP side needs without asking the thread.
 #[derive(Clone, Debug)]
@@ -579,6 +604,9 @@ impl Scheduler {
                     let _ = job.events.send(Event::Error(e));
                 }
             },
+            Command::Slot { id, action, reply } => {
+                let _ = reply.send(self.slot_action(id, action));
+            }
             Command::ApplyTemplate { chat, reply } => {
                 let out = chat.render(&self.engine).map_err(template_error);
                 let _ = reply.send(out);
@@ -814,6 +842,102 @@ impl Scheduler {
         Ok(out)
     }
 
+    /// `POST /slots/{id}?action=save|restore|erase`, on an idle slot.
+    fn slot_action(&mut self, id: u32, action: SlotAction) -> Result<serde_json::Value, ApiError> {
+        use serde_json::json;
+        let Some(i) = self.slots.iter().position(|s| s.id == id) else {
+            return Err(ApiError::invalid_param("id_slot", format!("no slot {id}")));
+        };
+        if self.slots[i].active.is_some() {
+            return Err(ApiError::bad_request(format!("slot {id} is busy")).with_code("slot_busy"));
+        }
+        let t0 = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let engine_err = |e: EngineError| match e {
+            EngineError::Unsupported(m) => ApiError::new(
+                axum::http::StatusCode::NOT_IMPLEMENTED,
+                "not_supported_error",
+                m,
+            ),
+            e => ApiError::internal(e.to_string()),
+        };
+        match action {
+            SlotAction::Erase => {
+                let n = self.slots[i].cache.len();
+                self.engine.seq_rm(id, 0, None);
+                self.slots[i].cache.clear();
+                Ok(json!({"id_slot": id, "n_erased": n}))
+            }
+            SlotAction::Save(path) => {
+                let state = self.engine.seq_state(id).map_err(engine_err)?;
+                let tokens = &self.slots[i].cache;
+                let mut out = Vec::with_capacity(16 + tokens.len() * 4 + state.len());
+                out.extend_from_slice(SLOT_MAGIC);
+                out.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+                for t in tokens {
+                    out.extend_from_slice(&t.to_le_bytes());
+                }
+                out.extend_from_slice(&state);
+                // A temporary name, then a rename: no half-written file is left behind.
+                let tmp = path.with_extension("part");
+                std::fs::write(&tmp, &out)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| {
+                        let _ = std::fs::remove_file(&tmp);
+                        ApiError::internal(format!("cannot write {}: {e}", path.display()))
+                    })?;
+                Ok(json!({
+                    "id_slot": id,
+                    "filename": path.file_name().map(|f| f.to_string_lossy().into_owned()),
+                    "n_saved": tokens.len(),
+                    "n_written": out.len(),
+                    "timings": {"save_ms": ms(t0)},
+                }))
+            }
+            SlotAction::Restore(path) => {
+                let data = std::fs::read(&path).map_err(|e| {
+                    ApiError::bad_request(format!("cannot read {}: {e}", path.display()))
+                        .with_code("slot_file")
+                })?;
+                let bad = || ApiError::bad_request("the file is not a saved slot of this model");
+                let rest = data.strip_prefix(SLOT_MAGIC.as_slice()).ok_or_else(bad)?;
+                let n = rest
+                    .get(..4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                    .ok_or_else(bad)?;
+                if n > self.n_ctx_seq {
+                    return Err(bad());
+                }
+                let toks = rest.get(4..4 + n * 4).ok_or_else(bad)?;
+                let tokens: Vec<Token> = toks
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                self.check_tokens(&tokens, "tokens").map_err(|_| bad())?;
+                let n_restored =
+                    self.engine
+                        .set_seq_state(id, &rest[4 + n * 4..])
+                        .map_err(|e| match e {
+                            EngineError::InvalidBatch(m) => ApiError::bad_request(m),
+                            e => engine_err(e),
+                        })?;
+                if n_restored != tokens.len() {
+                    self.engine.seq_rm(id, 0, None);
+                    self.slots[i].cache.clear();
+                    return Err(bad());
+                }
+                self.slots[i].cache = tokens;
+                Ok(json!({
+                    "id_slot": id,
+                    "filename": path.file_name().map(|f| f.to_string_lossy().into_owned()),
+                    "n_restored": n_restored,
+                    "n_read": data.len(),
+                    "timings": {"restore_ms": ms(t0)},
+                }))
+            }
+        }
+    }
+
     /// llama-server's rerank prompt for a model without a rerank template: [BOS] query
     /// [EOS] [SEP] document [EOS], each special token as the vocabulary asks for it.
     fn rerank_prompt(&self, query: &str, document: &str) -> Vec<Token> {
@@ -1026,7 +1150,29 @@ impl Scheduler {
                     .take_while(|(a, b)| a == b)
                     .count()
             };
-            let (i, n_common) = if q.job.params.cache_prompt {
+            if let Some(want) = q.job.params.id_slot {
+                match self.slots.iter().position(|s| s.id == want) {
+                    Some(i) if self.slots[i].active.is_some() => {
+                        // The asked-for slot is busy: wait for it, first in line.
+                        self.queue.push_front(q);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+            let chosen = q
+                .job
+                .params
+                .id_slot
+                .and_then(|want| self.slots.iter().position(|s| s.id == want));
+            let (i, n_common) = if let Some(i) = chosen {
+                let n = if q.job.params.cache_prompt {
+                    common(&self.slots[i].cache)
+                } else {
+                    0
+                };
+                (i, n)
+            } else if q.job.params.cache_prompt {
                 free.iter()
                     .map(|&i| (i, common(&self.slots[i].cache)))
                     .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))

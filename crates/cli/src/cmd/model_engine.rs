@@ -270,6 +270,20 @@ impl Engine for ModelEngine {
             c.seq_rm(Some(seq_id as usize), Some(p0), p1);
         }
     }
+    fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
+        self.ctx
+            .as_mut()
+            .ok_or_else(ModelEngine::asleep)?
+            .seq_state(seq as usize)
+            .map_err(engine_error)
+    }
+    fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
+        self.ctx
+            .as_mut()
+            .ok_or_else(ModelEngine::asleep)?
+            .set_seq_state(seq as usize, data)
+            .map_err(engine_error)
+    }
     fn sleep(&mut self) {
         if self.reload.is_some() {
             // Dropping the context unmaps the weights and frees the KV cache.

@@ -165,6 +165,9 @@ pub struct ServeArgs {
     /// Router mode (no `-m`): also serve the GGUF files of this folder.
     #[arg(long = "models-dir", value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
+    /// Where `POST /slots/{id}?action=save|restore` keep slot files.
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Router mode: models named in an INI file (`[name]` sections with `model = PATH`);
     /// `GET /models?reload=1` reads it again.
     #[arg(long = "models-preset", value_name = "FILE")]
@@ -291,6 +294,7 @@ impl ServeArgs {
             port,
             vertex,
             tools,
+            slot_save_path: self.slot_save_path.clone(),
             sleep_idle: self
                 .sleep_idle_seconds
                 .filter(|&s| s > 0)
@@ -427,7 +431,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--grp-attn-n",
     "-gaw",
     "--grp-attn-w",
-    "--slot-save-path",
     "--context-shift",
     "--cache-reuse",
     "-cram",
