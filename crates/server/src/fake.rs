@@ -286,6 +286,32 @@ impl Engine for FakeEngine {
             .unwrap_or(&[])
     }
 
+    fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
+        let cells = self
+            .kv
+            .get(seq as usize)
+            .ok_or_else(|| EngineError::InvalidBatch(format!("no sequence {seq}")))?;
+        Ok(cells.iter().flat_map(|h| h.to_le_bytes()).collect())
+    }
+
+    fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
+        let n_ctx_seq = self.n_ctx_seq() as usize;
+        let cells = self
+            .kv
+            .get_mut(seq as usize)
+            .ok_or_else(|| EngineError::InvalidBatch(format!("no sequence {seq}")))?;
+        if !data.len().is_multiple_of(8) || data.len() / 8 > n_ctx_seq {
+            return Err(EngineError::InvalidBatch(
+                "not a state of this engine".into(),
+            ));
+        }
+        *cells = data
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        Ok(cells.len())
+    }
+
     fn seq_rm(&mut self, seq_id: SeqId, p0: Pos, p1: Option<Pos>) {
         let Some(cells) = self.kv.get_mut(seq_id as usize) else {
             return;

@@ -65,6 +65,11 @@ pub struct ServerConfig {
     /// How embeddings are pooled (`--pooling`; `--reranking` makes it [`Pooling::Rank`],
     /// which turns `/rerank` on and embeddings off).
     pub pooling: Pooling,
+    /// `--cache-ram N`: MiB of host memory for prompts that leave their slot (0: none).
+    pub cache_ram_mib: usize,
+    /// `--cache-idle-slots` (on; `--no-cache-idle-slots`): idle slots go to the prompt
+    /// cache when a request starts.
+    pub cache_idle_slots: bool,
     /// `--slot-save-path`: where `POST /slots/{id}?action=save|restore` keep slot files.
     pub slot_save_path: Option<std::path::PathBuf>,
     /// Server tools and MCP servers (`--tools`, `--mcp-servers-*`; off by default).
@@ -113,6 +118,8 @@ impl Default for ServerConfig {
             sleep_idle: None,
             tools: Default::default(),
             slot_save_path: None,
+            cache_ram_mib: 0,
+            cache_idle_slots: true,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),

@@ -53,7 +53,18 @@ pub fn build(
     tools: crate::server_tools::ServerTools,
 ) -> std::io::Result<Router> {
     let metrics = Arc::new(Metrics::default());
-    let (cmd, info) = scheduler::spawn(engine, config.n_batch, metrics.clone(), config.sleep_idle)?;
+    let cache = scheduler::CacheSettings {
+        ram_bytes: config.cache_ram_mib.saturating_mul(1 << 20),
+        idle_slots: config.cache_idle_slots,
+        verbose: config.verbose,
+    };
+    let (cmd, info) = scheduler::spawn(
+        engine,
+        config.n_batch,
+        metrics.clone(),
+        config.sleep_idle,
+        cache,
+    )?;
     let capacity = info.n_slots as usize + config.queue_size;
     let state = AppState(Arc::new(Inner {
         cmd,

@@ -337,6 +337,15 @@ pub enum SlotAction {
     Erase,
 }
 
+/// The prompt cache's settings (`--cache-ram`, `--cache-idle-slots`, `--verbose`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheSettings {
+    /// 0: no prompt cache.
+    pub ram_bytes: usize,
+    pub idle_slots: bool,
+    pub verbose: bool,
+}
+
 /// The first bytes of a saved slot.
 const SLOT_MAGIC: &[u8; 8] = b"LAMSLOT1";
 
@@ -364,6 +373,7 @@ pub fn spawn(
     n_batch: u32,
     metrics: Arc<Metrics>,
     sleep_after: Option<std::time::Duration>,
+    cache: CacheSettings,
 ) -> std::io::Result<(Sender<Command>, EngineInfo)> {
     let info = EngineInfo {
         model_name: engine.model_name(),
@@ -382,6 +392,12 @@ pub fn spawn(
     let (tx, rx) = std::sync::mpsc::channel();
     let mut sched = Scheduler::new(engine, n_batch, metrics);
     sched.sleep_after = sleep_after;
+    sched.prompt_cache = (cache.ram_bytes > 0).then(|| PromptCache::new(cache.ram_bytes));
+    sched.cache_idle_slots = cache.idle_slots;
+    sched.verbose = cache.verbose;
+    if sched.cache_idle_slots && sched.prompt_cache.is_some() {
+        sched.trace("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__");
+    }
     sched.sleeping = info.sleeping.clone();
     std::thread::Builder::new()
         .name("lamina-engine".into())
@@ -426,6 +442,78 @@ struct Slot {
     /// Tokens whose KV cells this slot's sequence holds, in position order.
     cache: Vec<Token>,
     active: Option<Active>,
+    /// When a request last started here (slots are reused least recently used first).
+    last_used: Instant,
+}
+
+/// llama-server's host-memory prompt cache (`--cache-ram`): KV states of prompts that left
+/// their slot, found again by a later prompt that starts the same way.
+pub struct PromptCache {
+    limit_bytes: usize,
+    entries: Vec<CachedPrompt>,
+}
+
+struct CachedPrompt {
+    tokens: Vec<Token>,
+    state: Vec<u8>,
+    last_used: Instant,
+}
+
+impl PromptCache {
+    pub fn new(limit_bytes: usize) -> PromptCache {
+        PromptCache {
+            limit_bytes,
+            entries: Vec::new(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| e.state.len() + e.tokens.len() * 4)
+            .sum()
+    }
+
+    /// Keeps `tokens`' state unless it is there already (or cannot fit at all); the least
+    /// recently used go when over the limit. Whether it was added.
+    fn insert(&mut self, tokens: &[Token], state: Vec<u8>) -> bool {
+        if tokens.is_empty()
+            || state.len() > self.limit_bytes
+            || self.entries.iter().any(|e| e.tokens == tokens)
+        {
+            return false;
+        }
+        // A prompt that only extends an older one replaces it.
+        self.entries
+            .retain(|e| !(e.tokens.len() < tokens.len() && tokens.starts_with(&e.tokens)));
+        self.entries.push(CachedPrompt {
+            tokens: tokens.to_vec(),
+            state,
+            last_used: Instant::now(),
+        });
+        while self.bytes() > self.limit_bytes && self.entries.len() > 1 {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].last_used)
+                .unwrap_or(0);
+            self.entries.remove(oldest);
+        }
+        true
+    }
+
+    /// The entry sharing the longest prefix with `tokens`, and that length.
+    fn best(&mut self, tokens: &[Token]) -> Option<(usize, usize)> {
+        let common = |a: &[Token]| a.iter().zip(tokens).take_while(|(x, y)| x == y).count();
+        let (i, n) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common(&e.tokens)))
+            .max_by_key(|&(_, n)| n)?;
+        (n > 0).then(|| {
+            self.entries[i].last_used = Instant::now();
+            (i, n)
+        })
+    }
 }
 
 /// A validated job waiting for a slot.
@@ -452,6 +540,13 @@ pub struct Scheduler {
     grammar_vocab: OnceLock<Arc<TokenIndex>>,
     /// Idle this long, the engine sleeps (its memory freed) until the next request.
     sleep_after: Option<std::time::Duration>,
+    /// `--cache-ram`: prompts that leave a slot are kept in host memory.
+    pub prompt_cache: Option<PromptCache>,
+    /// `--cache-idle-slots`: when a request starts, idle slots go to the prompt cache
+    /// (and, with a unified KV cache, out of it, freeing room).
+    pub cache_idle_slots: bool,
+    /// `--verbose`: what the prompt cache does is printed.
+    pub verbose: bool,
     sleeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -466,6 +561,7 @@ impl Scheduler {
                     id,
                     cache: Vec::new(),
                     active: None,
+                    last_used: Instant::now(),
                 })
                 .collect(),
             queue: VecDeque::new(),
@@ -478,6 +574,9 @@ impl Scheduler {
             eog_tokens,
             grammar_vocab: OnceLock::new(),
             sleep_after: None,
+            prompt_cache: None,
+            cache_idle_slots: false,
+            verbose: false,
             sleeping: Arc::default(),
             engine,
         }
@@ -1173,10 +1272,26 @@ impl Scheduler {
                 };
                 (i, n)
             } else if q.job.params.cache_prompt {
-                free.iter()
+                let best = free
+                    .iter()
                     .map(|&i| (i, common(&self.slots[i].cache)))
                     .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
-                    .unwrap_or((free[0], 0))
+                    .unwrap_or((free[0], 0));
+                if best.1 > 0 || self.prompt_cache.is_none() {
+                    best
+                } else {
+                    // Nothing to reuse in a slot: the least recently used one, its prompt
+                    // kept in the prompt cache, and the best cached prompt brought in.
+                    let i = free
+                        .iter()
+                        .copied()
+                        .min_by_key(|&i| self.slots[i].last_used)
+                        .unwrap_or(free[0]);
+                    self.trace("updating prompt cache");
+                    self.save_to_prompt_cache(i);
+                    let n = self.load_from_prompt_cache(i, &q.tokens);
+                    (i, n)
+                }
             } else {
                 (free[0], 0)
             };
@@ -1207,6 +1322,7 @@ impl Scheduler {
                     time_ms: 0,
                 }));
             }
+            slot.last_used = Instant::now();
             slot.active = Some(Active {
                 events: q.job.events,
                 params: q.job.params,
@@ -1223,6 +1339,73 @@ impl Scheduler {
                 t_admit: Instant::now(),
                 t_prompt_done: None,
             });
+            if self.cache_idle_slots && self.prompt_cache.is_some() {
+                let unified =
+                    self.n_ctx_seq >= self.engine.n_ctx() as usize && self.slots.len() > 1;
+                for j in 0..self.slots.len() {
+                    if self.slots[j].active.is_some() || self.slots[j].cache.is_empty() {
+                        continue;
+                    }
+                    if self.save_to_prompt_cache(j) {
+                        self.trace("__TEST_TAG_CACHE_IDLE_SLOT__");
+                    }
+                    if unified {
+                        // Its cells are worth more free when the slots share them.
+                        let id = self.slots[j].id;
+                        self.engine.seq_rm(id, 0, None);
+                        self.slots[j].cache.clear();
+                    }
+                }
+            }
+        }
+    }
+
+    fn trace(&self, what: &str) {
+        if self.verbose {
+            eprintln!("lamina serve: {what}");
+        }
+    }
+
+    /// Puts slot `i`'s prompt into the prompt cache; whether it was added.
+    fn save_to_prompt_cache(&mut self, i: usize) -> bool {
+        let Some(cache) = &self.prompt_cache else {
+            return false;
+        };
+        let tokens = &self.slots[i].cache;
+        if tokens.is_empty() || cache.entries.iter().any(|e| e.tokens == *tokens) {
+            return false;
+        }
+        let state = match self.engine.seq_state(self.slots[i].id) {
+            Ok(s) => s,
+            Err(_) => return false,
+        };
+        let tokens = self.slots[i].cache.clone();
+        self.prompt_cache
+            .as_mut()
+            .is_some_and(|c| c.insert(&tokens, state))
+    }
+
+    /// Brings the cached prompt that best matches `tokens` into slot `i`; the tokens it
+    /// shares with them.
+    fn load_from_prompt_cache(&mut self, i: usize, tokens: &[Token]) -> usize {
+        let Some((e, n)) = self.prompt_cache.as_mut().and_then(|c| c.best(tokens)) else {
+            return 0;
+        };
+        let id = self.slots[i].id;
+        let Some(entry) = self.prompt_cache.as_ref().map(|c| &c.entries[e]) else {
+            return 0;
+        };
+        let (state, cached) = (entry.state.clone(), entry.tokens.clone());
+        match self.engine.set_seq_state(id, &state) {
+            Ok(k) if k == cached.len() => {
+                self.slots[i].cache = cached;
+                n
+            }
+            _ => {
+                self.engine.seq_rm(id, 0, None);
+                self.slots[i].cache.clear();
+                0
+            }
         }
     }
 

@@ -165,6 +165,16 @@ pub struct ServeArgs {
     /// Router mode (no `-m`): also serve the GGUF files of this folder.
     #[arg(long = "models-dir", value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
+    /// MiB of host memory that keeps the KV state of prompts leaving their slot, for
+    /// later prompts that start the same way (`-cram`; 0: none, the default here).
+    #[arg(long = "cache-ram", allow_negative_numbers = true)]
+    pub cache_ram: Option<i64>,
+    /// Do not move idle slots to the prompt cache when a request starts.
+    #[arg(long = "no-cache-idle-slots")]
+    pub no_cache_idle_slots: bool,
+    /// Move idle slots to the prompt cache when a request starts (the default).
+    #[arg(long = "cache-idle-slots", overrides_with = "no_cache_idle_slots")]
+    pub cache_idle_slots: bool,
     /// Where `POST /slots/{id}?action=save|restore` keep slot files.
     #[arg(long = "slot-save-path", value_name = "DIR")]
     pub slot_save_path: Option<std::path::PathBuf>,
@@ -295,6 +305,13 @@ impl ServeArgs {
             vertex,
             tools,
             slot_save_path: self.slot_save_path.clone(),
+            // -1 is llama.cpp's "no limit".
+            cache_ram_mib: match self.cache_ram {
+                Some(n) if n < 0 => usize::MAX >> 20,
+                Some(n) => n as usize,
+                None => 0,
+            },
+            cache_idle_slots: !self.no_cache_idle_slots,
             sleep_idle: self
                 .sleep_idle_seconds
                 .filter(|&s| s > 0)
@@ -351,7 +368,8 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 16] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 17] = [
+    ("-cram", "--cache-ram"),
     ("-kvu", "--kv-unified"),
     ("-cb", "--cont-batching"),
     ("-rea", "--reasoning"),
@@ -433,8 +451,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--grp-attn-w",
     "--context-shift",
     "--cache-reuse",
-    "-cram",
-    "--cache-ram",
     "--swa-full",
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
@@ -480,8 +496,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--reuse-port",
     "--sse-ping-interval",
     "--no-context-shift",
-    "--no-cache-idle-slots",
-    "--cache-idle-slots",
     "--prefill-assistant",
     "--no-prefill-assistant",
     "--skip-chat-parsing",

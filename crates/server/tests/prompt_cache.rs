@@ -1,0 +1,120 @@
+//! The host-memory prompt cache (`--cache-ram`) and slot files (`--slot-save-path`): a
+//! prompt that left its slot is found again by a later one that starts the same way, and a
+//! saved slot restores into another slot with the same answer.
+
+mod common;
+
+use common::{get, post};
+use lamina_server::ServerConfig;
+use serde_json::{Value, json};
+
+const LONG: &str = "Once upon a time in a land far away there lived a brave knight who \
+                    traveled across mountains and rivers to find the golden sword.";
+
+fn completion(prompt: &str, slot: Option<u32>) -> Value {
+    let mut v = json!({"prompt": prompt, "n_predict": 4, "temperature": 0, "cache_prompt": true});
+    if let Some(s) = slot {
+        v["id_slot"] = json!(s);
+    }
+    v
+}
+
+#[tokio::test]
+async fn idle_slots_go_to_the_prompt_cache_and_come_back() {
+    let config = ServerConfig {
+        cache_ram_mib: 16,
+        ..ServerConfig::default()
+    };
+    let addr = common::start(4096, 2, config).await;
+    let first = post(addr, "/completion", completion(LONG, Some(0)))
+        .await
+        .json();
+    let n_prompt = first["timings"]["prompt_n"].as_u64().unwrap();
+    // Slot 1 starts: idle slot 0 goes to the prompt cache.
+    post(
+        addr,
+        "/completion",
+        completion("The quick brown fox", Some(1)),
+    )
+    .await;
+    // Slot 0 is given something else: its old prompt is only in the cache now.
+    post(
+        addr,
+        "/completion",
+        completion("Completely unrelated words", Some(0)),
+    )
+    .await;
+    // The long prompt again, on any slot: brought back from the cache, not recomputed.
+    let again = post(addr, "/completion", completion(LONG, None))
+        .await
+        .json();
+    assert!(again["timings"]["cache_n"].as_u64().unwrap() > 0, "{again}");
+    assert!(
+        again["timings"]["prompt_n"].as_u64().unwrap() < n_prompt,
+        "{again}"
+    );
+    assert_eq!(again["content"], first["content"]);
+}
+
+#[tokio::test]
+async fn slots_save_and_restore_through_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        slot_save_path: Some(dir.path().to_path_buf()),
+        ..ServerConfig::default()
+    };
+    let addr = common::start(4096, 2, config).await;
+    let first = post(addr, "/completion", completion(LONG, Some(1)))
+        .await
+        .json();
+    let saved = post(addr, "/slots/1?action=save", json!({"filename": "s1.bin"}))
+        .await
+        .json();
+    let n = saved["n_saved"].as_u64().unwrap();
+    assert!(n > 0, "{saved}");
+    let restored = post(
+        addr,
+        "/slots/0?action=restore",
+        json!({"filename": "s1.bin"}),
+    )
+    .await;
+    assert_eq!(restored.json()["n_restored"].as_u64(), Some(n));
+    let again = post(addr, "/completion", completion(LONG, Some(0)))
+        .await
+        .json();
+    assert!(again["timings"]["cache_n"].as_u64().unwrap() > 0, "{again}");
+    assert_eq!(again["content"], first["content"]);
+    let erased = post(addr, "/slots/0?action=erase", json!({})).await.json();
+    assert!(erased["n_erased"].as_u64().unwrap() > 0);
+    // Names that leave the folder, unknown actions, missing files: 400s.
+    for (path, body) in [
+        ("/slots/0?action=save", json!({"filename": "../x"})),
+        ("/slots/0?action=save", json!({"filename": "a/b"})),
+        ("/slots/0?action=jump", json!({"filename": "x"})),
+        (
+            "/slots/0?action=restore",
+            json!({"filename": "missing.bin"}),
+        ),
+        ("/slots/9?action=save", json!({"filename": "x"})),
+    ] {
+        let r = post(addr, path, body).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    // Not a slot file.
+    std::fs::write(dir.path().join("junk.bin"), b"junk").unwrap();
+    let r = post(
+        addr,
+        "/slots/0?action=restore",
+        json!({"filename": "junk.bin"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let _ = get(addr, "/health").await;
+}
+
+#[tokio::test]
+async fn slot_actions_need_a_save_path() {
+    let addr = common::start_default().await;
+    let r = post(addr, "/slots/0?action=save", json!({"filename": "x"})).await;
+    assert_eq!(r.status, 501);
+}
