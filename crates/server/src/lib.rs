@@ -70,6 +70,8 @@ pub struct ServerConfig {
     /// `--cache-idle-slots` (on; `--no-cache-idle-slots`): idle slots go to the prompt
     /// cache when a request starts.
     pub cache_idle_slots: bool,
+    /// `--ui-mcp-proxy`: `/cors-proxy?url=` forwards requests for the web UI's MCP clients.
+    pub cors_proxy: bool,
     /// `--slot-save-path`: where `POST /slots/{id}?action=save|restore` keep slot files.
     pub slot_save_path: Option<std::path::PathBuf>,
     /// Server tools and MCP servers (`--tools`, `--mcp-servers-*`; off by default).
@@ -118,6 +120,7 @@ impl Default for ServerConfig {
             sleep_idle: None,
             tools: Default::default(),
             slot_save_path: None,
+            cors_proxy: false,
             cache_ram_mib: 0,
             cache_idle_slots: true,
             timeout: Some(Duration::from_secs(600)),

@@ -107,6 +107,7 @@ pub fn build(
         .route("/slots/{id}", post(slot_action))
         .route("/metrics", get(metrics_text))
         .route("/tools", get(tools_list).post(tools_call))
+        .route("/cors-proxy", get(cors_proxy).post(cors_proxy))
         .layer(axum::Extension(tools))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let mut app = Router::new()
@@ -340,6 +341,80 @@ fn valid_file_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | ' '))
+}
+
+/// `/cors-proxy?url=http://…` (`--ui-mcp-proxy`): the request forwarded for the chat page's
+/// MCP clients, which a browser would not let reach another origin. Only the headers the
+/// client names `x-llama-server-proxy-header-NAME` go along (never its own credentials or
+/// cookies); plain HTTP targets only.
+async fn cors_proxy(
+    State(st): State<AppState>,
+    method: axum::http::Method,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !st.0.config.cors_proxy {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "feature_disabled",
+            "the CORS proxy is disabled (start the server with --ui-mcp-proxy)",
+        )
+        .into_response();
+    }
+    let r = async {
+        let bad = |m: String| ApiError::internal(m);
+        let url = q
+            .get("url")
+            .ok_or_else(|| ApiError::invalid_param("url", "url is required"))?;
+        let uri: axum::http::Uri = url
+            .parse()
+            .map_err(|e| bad(format!("invalid target URL: {e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(s) => return Err(bad(format!("unsupported URL scheme in target URL: {s}"))),
+            None => return Err(bad("invalid target URL: missing scheme".into())),
+        }
+        let Some(authority) = uri.authority() else {
+            return Err(bad("invalid target URL: missing host".into()));
+        };
+        if authority.as_str().contains('@') {
+            return Err(bad("authentication in target URL is not supported".into()));
+        }
+        let mut req = axum::http::Request::builder()
+            .method(method)
+            .uri(uri.clone());
+        for (k, v) in &headers {
+            if let Some(name) = k.as_str().strip_prefix("x-llama-server-proxy-header-")
+                && !name.is_empty()
+            {
+                req = req.header(name, v);
+            }
+        }
+        let req = req
+            .body(http_body_util::Full::new(body))
+            .map_err(|e| bad(format!("invalid proxied request: {e}")))?;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(600), client.request(req))
+            .await
+            .map_err(|_| bad("the proxied request timed out".into()))?
+            .map_err(|e| bad(format!("the proxied request failed: {e}")))?;
+        let (parts, body) = resp.into_parts();
+        let mut out = Response::builder().status(parts.status);
+        for (k, v) in &parts.headers {
+            if !matches!(
+                k.as_str(),
+                "connection" | "transfer-encoding" | "keep-alive" | "upgrade" | "content-length"
+            ) {
+                out = out.header(k, v);
+            }
+        }
+        out.body(Body::new(body))
+            .map_err(|e| bad(format!("bad proxied response: {e}")))
+    };
+    respond(r.await)
 }
 
 /// llama-server's answer for an endpoint turned off by a flag.

@@ -175,6 +175,9 @@ pub struct ServeArgs {
     /// Move idle slots to the prompt cache when a request starts (the default).
     #[arg(long = "cache-idle-slots", overrides_with = "no_cache_idle_slots")]
     pub cache_idle_slots: bool,
+    /// Serve `/cors-proxy?url=` for the chat page's MCP clients (plain HTTP targets).
+    #[arg(long = "ui-mcp-proxy", visible_alias = "webui-mcp-proxy")]
+    pub ui_mcp_proxy: bool,
     /// Where `POST /slots/{id}?action=save|restore` keep slot files.
     #[arg(long = "slot-save-path", value_name = "DIR")]
     pub slot_save_path: Option<std::path::PathBuf>,
@@ -305,6 +308,7 @@ impl ServeArgs {
             vertex,
             tools,
             slot_save_path: self.slot_save_path.clone(),
+            cors_proxy: self.ui_mcp_proxy,
             // -1 is llama.cpp's "no limit".
             cache_ram_mib: match self.cache_ram {
                 Some(n) if n < 0 => usize::MAX >> 20,
@@ -452,8 +456,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--context-shift",
     "--cache-reuse",
     "--swa-full",
-    "--ui-mcp-proxy",
-    "--webui-mcp-proxy",
     "--ssl-key-file",
     "--ssl-cert-file",
     "--api-prefix",
