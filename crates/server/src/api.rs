@@ -683,7 +683,9 @@ fn embed_input(v: &Value, param: &str) -> Result<EmbedInput, ApiError> {
         Prompt::Text { text, .. } => Ok(EmbedInput::Text(text)),
         Prompt::Tokens(t) => Ok(EmbedInput::Tokens(t)),
         Prompt::Mixed(p) => Ok(EmbedInput::Mixed(p)),
-        Prompt::Chat(_) => Err(ApiError::invalid_param(param, "not an embedding input")),
+        Prompt::Chat(_) | Prompt::Infill(_) => {
+            Err(ApiError::invalid_param(param, "not an embedding input"))
+        }
     }
 }
 

@@ -102,6 +102,12 @@ impl Pooling {
 pub struct SpecialTokens {
     pub eos: Option<Token>,
     pub sep: Option<Token>,
+    /// Fill-in-the-middle tokens (`/infill`).
+    pub fim_pre: Option<Token>,
+    pub fim_suf: Option<Token>,
+    pub fim_mid: Option<Token>,
+    pub fim_rep: Option<Token>,
+    pub fim_sep: Option<Token>,
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_sep: bool,

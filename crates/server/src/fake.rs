@@ -52,9 +52,17 @@ pub struct FakeEngine {
     decode_base: Duration,
     decode_per_token: Duration,
     stats: Arc<FakeStats>,
+    /// Fill-in-the-middle tokens (prefix, suffix, middle), if the fake has them.
+    fim: Option<(Token, Token, Token)>,
 }
 
 impl FakeEngine {
+    /// The same engine with fill-in-the-middle tokens (`/infill`).
+    pub fn with_fim(mut self, pre: Token, suf: Token, mid: Token) -> FakeEngine {
+        self.fim = Some((pre, suf, mid));
+        self
+    }
+
     /// The same engine with another chat template (Jinja source), for tests of
     /// template-specific behaviour such as tool-call formats.
     pub fn with_chat_template(mut self, source: &str) -> Result<FakeEngine, String> {
@@ -75,6 +83,7 @@ impl FakeEngine {
             decode_base: Duration::ZERO,
             decode_per_token: Duration::ZERO,
             stats: Arc::default(),
+            fim: None,
         }
     }
 
@@ -155,6 +164,14 @@ impl Engine for FakeEngine {
         N_EMBD
     }
 
+    fn special_tokens(&self) -> crate::engine::SpecialTokens {
+        crate::engine::SpecialTokens {
+            fim_pre: self.fim.map(|f| f.0),
+            fim_suf: self.fim.map(|f| f.1),
+            fim_mid: self.fim.map(|f| f.2),
+            ..Default::default()
+        }
+    }
     fn bos(&self) -> Option<Token> {
         Some(BOS)
     }

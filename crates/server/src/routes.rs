@@ -82,6 +82,7 @@ pub fn build(
         .route("/v1/completions", post(completions))
         .route("/completion", post(native_completion))
         .route("/completions", post(native_completion))
+        .route("/infill", post(infill))
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(native_embeddings))
         .route("/embedding", post(native_embeddings))
@@ -1973,6 +1974,76 @@ async fn completions_inner(
         include_usage: req.include_usage(),
         chat: None,
         verbose: st.0.config.verbose || req.verbose == Some(true),
+        timings_per_token: req.timings_per_token == Some(true),
+        ..Default::default()
+    };
+    finish_run(run, req.stream(), shape).await
+}
+
+async fn infill(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    respond(infill_inner(st, headers, body).await)
+}
+
+/// llama-server's `/infill`: `input_prefix`, `input_suffix`, optional `input_extra`
+/// (`[{"filename", "text"}]`) and `prompt`, answered as `/completion` answers.
+async fn infill_inner(st: AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let mut map = api::read_json(&headers, body, st.0.config.max_body_bytes).await?;
+    let text = |m: &serde_json::Map<String, Value>, k: &str, required: bool| match m.get(k) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) if !required => Ok(String::new()),
+        None => Err(ApiError::invalid_param(k, format!("\"{k}\" is required"))),
+        Some(_) => Err(ApiError::invalid_param(
+            k,
+            format!("\"{k}\" must be a string"),
+        )),
+    };
+    let mut p = scheduler::InfillPrompt {
+        prefix: text(&map, "input_prefix", true)?,
+        suffix: text(&map, "input_suffix", true)?,
+        prompt: text(&map, "prompt", false)?,
+        extra: Vec::new(),
+    };
+    match map.get("input_extra") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(chunks)) => {
+            for (i, c) in chunks.iter().enumerate() {
+                let bad = |m: &str| ApiError::invalid_param(format!("input_extra[{i}]"), m);
+                let t = c.get("text").and_then(Value::as_str).ok_or_else(|| {
+                    bad("extra_context chunk must contain a \"text\" field with a string value")
+                })?;
+                let f = match c.get("filename") {
+                    None => "tmp",
+                    Some(Value::String(f)) => f.as_str(),
+                    Some(_) => {
+                        return Err(bad(
+                            "extra_context chunk's \"filename\" field must be a string",
+                        ));
+                    }
+                };
+                p.extra.push((f.to_string(), t.to_string()));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "input_extra",
+                "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}",
+            ));
+        }
+    }
+    // The rest of the request is a /completion one (its prompt is built here).
+    map.insert("prompt".into(), json!(""));
+    let req: GenRequest = api::decode(&map)?;
+    let mut params = base_params(&st, &req, &map)?;
+    params.max_tokens = st.token_limit(req.native_max_tokens()?);
+    params.n_probs = params.sampling.n_probs;
+    params.want_probs = params.n_probs > 0;
+    let want_probs = params.want_probs;
+    let run = st.start(vec![Prompt::Infill(p)], 1, params, "cmpl").await?;
+    let shape = Shape {
+        api: Api::Native,
+        want_probs,
+        return_tokens: req.return_tokens.unwrap_or(false),
+        post_sampling_probs: req.post_sampling_probs == Some(true),
         timings_per_token: req.timings_per_token == Some(true),
         ..Default::default()
     };

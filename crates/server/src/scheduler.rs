@@ -31,6 +31,19 @@ pub enum Prompt {
     Mixed(Vec<MixedPart>),
     /// A conversation rendered with the model's chat template.
     Chat(ChatPrompt),
+    /// Fill-in-the-middle (`/infill`), framed with the vocabulary's FIM tokens.
+    Infill(InfillPrompt),
+}
+
+/// llama-server's `/infill` request.
+#[derive(Clone, Debug, Default)]
+pub struct InfillPrompt {
+    pub prefix: String,
+    pub suffix: String,
+    /// Other files: (filename, text).
+    pub extra: Vec<(String, String)>,
+    /// Text the answer starts with, after the middle token.
+    pub prompt: String,
 }
 
 #[derive(Clone, Debug)]
@@ -787,6 +800,7 @@ impl Scheduler {
                 self.check_tokens(&tokens, "prompt")?;
                 tokens
             }
+            Prompt::Infill(p) => self.infill_prompt(p, job.params.max_tokens)?,
             Prompt::Chat(chat) => {
                 let text = chat.render(&self.engine).map_err(template_error)?;
                 thinking_open = text.trim_end().ends_with("<think>");
@@ -1035,6 +1049,82 @@ impl Scheduler {
                 }))
             }
         }
+    }
+
+    /// llama-server's FIM prompt (the repo-level pattern): [FIM_REP]myproject, each extra
+    /// file as [FIM_SEP]name + text (or a snippet marker without FIM_SEP), then
+    /// [FIM_PRE]prefix prompt [FIM_SUF]suffix [FIM_MID], the prefix and suffix cut to fit a
+    /// batch 3:1 and the extra files to the rest of the context.
+    fn infill_prompt(
+        &self,
+        p: &InfillPrompt,
+        n_predict: Option<u32>,
+    ) -> Result<Vec<Token>, ApiError> {
+        let st = self.engine.special_tokens();
+        let (Some(pre), Some(suf), Some(mid)) = (st.fim_pre, st.fim_suf, st.fim_mid) else {
+            let mut missing = String::new();
+            for (t, what) in [
+                (st.fim_pre, "prefix"),
+                (st.fim_suf, "suffix"),
+                (st.fim_mid, "middle"),
+            ] {
+                if t.is_none() {
+                    missing.push_str(&format!("{what} token is missing. "));
+                }
+            }
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_IMPLEMENTED,
+                "not_supported_error",
+                format!("Infill is not supported by this model: {missing}"),
+            ));
+        };
+        let tok = |s: &str| self.engine.tokenize(s, false, false);
+        let mut extra: Vec<Token> = Vec::new();
+        if let Some(rep) = st.fim_rep {
+            extra.push(rep);
+            extra.extend(tok("myproject\n"));
+        }
+        for (name, text) in &p.extra {
+            match st.fim_sep {
+                Some(sep) => {
+                    extra.push(sep);
+                    extra.extend(tok(&format!("{name}\n")));
+                }
+                None => extra.extend(tok("\n\n--- snippet ---\n\n")),
+            }
+            extra.extend(tok(text));
+        }
+        if let Some(sep) = st.fim_sep {
+            extra.push(sep);
+            extra.extend(tok("filename\n"));
+        }
+        let mut prefix = tok(&p.prefix);
+        let mut suffix = tok(&p.suffix);
+        let prompt = self.engine.tokenize(&p.prompt, false, true);
+        let n_batch = self.n_batch as i64;
+        let n_prefix = (prefix.len() as i64).min(3 * (n_batch / 4)).max(0) as usize;
+        let n_suffix = (suffix.len() as i64)
+            .min((n_batch / 4 - (2 + prompt.len() as i64)).max(0))
+            .max(0) as usize;
+        let n_predict = n_predict.map_or(-1, i64::from);
+        let n_extra =
+            ((self.n_ctx_seq as i64 - n_batch - 2 * n_predict).max(0) as usize).min(extra.len());
+        prefix.drain(..prefix.len() - n_prefix);
+        suffix.truncate(n_suffix);
+        let mut out = Vec::new();
+        out.extend_from_slice(&extra[extra.len() - n_extra..]);
+        if st.add_bos
+            && let Some(b) = self.engine.bos()
+        {
+            out.push(b);
+        }
+        out.push(pre);
+        out.extend(prefix);
+        out.extend(prompt);
+        out.push(suf);
+        out.extend(suffix);
+        out.push(mid);
+        Ok(out)
     }
 
     /// llama-server's rerank prompt for a model without a rerank template: [BOS] query

@@ -118,3 +118,44 @@ async fn slot_actions_need_a_save_path() {
     let r = post(addr, "/slots/0?action=save", json!({"filename": "x"})).await;
     assert_eq!(r.status, 501);
 }
+
+#[tokio::test]
+async fn infill_frames_the_prompt_with_fim_tokens() {
+    use lamina_server::fake::FakeEngine;
+    // Without FIM tokens, llama-server's 501.
+    let plain = common::start_default().await;
+    let r = post(
+        plain,
+        "/infill",
+        json!({"input_prefix": "a", "input_suffix": "b"}),
+    )
+    .await;
+    assert_eq!(r.status, 501, "{}", r.text());
+
+    let engine = FakeEngine::new(4096, 1).with_fim(3, 4, 5);
+    let addr = lamina_server::spawn_local(Box::new(engine), ServerConfig::default())
+        .await
+        .unwrap();
+    let r = post(
+        addr,
+        "/infill",
+        json!({"input_prefix": "def f(", "input_suffix": "):", "n_predict": 3,
+               "input_extra": [{"filename": "x.py", "text": "y = 1"}], "return_tokens": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    // [FIM_PRE] 6 bytes [FIM_SUF] 2 bytes [FIM_MID], the extra file as a snippet before it.
+    let snippet = "\n\n--- snippet ---\n\n".len() + "y = 1".len();
+    assert_eq!(v["tokens_evaluated"], 3 + 6 + 2 + snippet);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    for bad in [
+        json!({"input_suffix": "b"}),
+        json!({"input_prefix": 1, "input_suffix": "b"}),
+        json!({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}),
+        json!({"input_prefix": "a", "input_suffix": "b", "input_extra": "x"}),
+    ] {
+        let r = post(addr, "/infill", bad.clone()).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+}

@@ -180,6 +180,11 @@ impl Engine for ModelEngine {
         api::SpecialTokens {
             eos: ids.eos,
             sep: ids.sep,
+            fim_pre: ids.fim_pre,
+            fim_suf: ids.fim_suf,
+            fim_mid: ids.fim_mid,
+            fim_rep: ids.fim_rep,
+            fim_sep: ids.fim_sep,
             add_bos: self.tokenizer.add_bos(),
             add_eos: self.tokenizer.add_eos(),
             add_sep: self.tokenizer.add_sep(),
