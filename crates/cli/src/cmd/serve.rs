@@ -194,6 +194,10 @@ pub struct ServeArgs {
     /// Router mode: load a model when a request names it (the default).
     #[arg(long = "models-autoload", overrides_with = "no_models_autoload")]
     pub models_autoload: bool,
+    /// Sliding-window layers keep a full-size cache: Lamina's always do (the window is
+    /// applied by the attention mask), so this changes nothing.
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// All slots share the whole KV cache (`-kvu`) instead of an equal part each.
     #[arg(long = "kv-unified")]
     pub kv_unified: bool,
@@ -455,7 +459,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--grp-attn-w",
     "--context-shift",
     "--cache-reuse",
-    "--swa-full",
     "--ssl-key-file",
     "--ssl-cert-file",
     "--api-prefix",
