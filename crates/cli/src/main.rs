@@ -195,6 +195,22 @@ fn preset_models(path: &std::path::Path) -> Vec<lamina_server::model_router::Mod
     out
 }
 
+/// The context each served model gets: `-c` cells for `-np` slots, `-ub` per pass, the
+/// cache flags.
+fn serve_context_params(
+    args: &cmd::serve::ServeArgs,
+    cache: &cmd::CacheArgs,
+) -> anyhow::Result<lamina_model::ContextParams> {
+    let mut params = lamina_model::ContextParams {
+        n_ctx: args.ctx_size as usize,
+        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
+        n_seq_max: args.parallel.max(1) as usize,
+        ..Default::default()
+    };
+    cache.apply(&mut params)?;
+    Ok(params)
+}
+
 /// `lamina serve` without `-m`: llama-server's router mode over the cached models.
 fn serve_router(
     threads: Option<usize>,
@@ -203,13 +219,7 @@ fn serve_router(
     args: &cmd::serve::ServeArgs,
 ) -> anyhow::Result<()> {
     use lamina_server::model_router::{Loader, RouterConfig, Scan};
-    let mut params = lamina_model::ContextParams {
-        n_ctx: args.ctx_size as usize,
-        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
-        n_seq_max: args.parallel.max(1) as usize,
-        ..Default::default()
-    };
-    cache.apply(&mut params)?;
+    let params = serve_context_params(args, cache)?;
     let config = args.config()?;
     let choice = cmd::model_engine::TemplateChoice::from_flags(args)?;
     let models_dir = args.models_dir.clone();
@@ -264,13 +274,7 @@ fn serve(
     cache: &cmd::CacheArgs,
     args: &cmd::serve::ServeArgs,
 ) -> anyhow::Result<()> {
-    let mut params = lamina_model::ContextParams {
-        n_ctx: args.ctx_size as usize,
-        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
-        n_seq_max: args.parallel.max(1) as usize,
-        ..Default::default()
-    };
-    cache.apply(&mut params)?;
+    let params = serve_context_params(args, cache)?;
     let mut config = args.config()?;
     let choice = cmd::model_engine::TemplateChoice::from_flags(args)?;
     let path = if args.offline && !std::path::Path::new(model).is_file() {
