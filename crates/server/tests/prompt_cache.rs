@@ -140,6 +140,7 @@ async fn infill_frames_the_prompt_with_fim_tokens() {
         addr,
         "/infill",
         json!({"input_prefix": "def f(", "input_suffix": "):", "n_predict": 3,
+               "temperature": 0, "ignore_eos": true,
                "input_extra": [{"filename": "x.py", "text": "y = 1"}], "return_tokens": true}),
     )
     .await;
