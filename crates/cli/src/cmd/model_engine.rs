@@ -127,8 +127,11 @@ impl ModelEngine {
         self
     }
 
-    fn asleep() -> EngineError {
-        EngineError::Backend("the model is not loaded (the server sleeps)".into())
+    /// The context, unless the server sleeps.
+    fn ctx_mut(&mut self) -> Result<&mut Context, EngineError> {
+        self.ctx.as_mut().ok_or_else(|| {
+            EngineError::Backend("the model is not loaded (the server sleeps)".into())
+        })
     }
 
     /// llama.cpp's `--kv-unified`: the slots share all the cells instead of an equal part each.
@@ -256,11 +259,7 @@ impl Engine for ModelEngine {
                 .map_err(|_| EngineError::InvalidBatch(format!("position {}", e.pos)))?;
             b.push(e.token, pos, e.seq_id as usize, e.want_logits);
         }
-        self.ctx
-            .as_mut()
-            .ok_or_else(ModelEngine::asleep)?
-            .decode(&b)
-            .map_err(engine_error)
+        self.ctx_mut()?.decode(&b).map_err(engine_error)
     }
     fn logits(&self, i: usize) -> &[f32] {
         self.ctx
@@ -276,16 +275,12 @@ impl Engine for ModelEngine {
         }
     }
     fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
-        self.ctx
-            .as_mut()
-            .ok_or_else(ModelEngine::asleep)?
+        self.ctx_mut()?
             .seq_state(seq as usize)
             .map_err(engine_error)
     }
     fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
-        self.ctx
-            .as_mut()
-            .ok_or_else(ModelEngine::asleep)?
+        self.ctx_mut()?
             .set_seq_state(seq as usize, data)
             .map_err(engine_error)
     }
@@ -312,12 +307,7 @@ impl Engine for ModelEngine {
         if pooling == Pooling::Mean {
             return Ok(vec![self.embed(tokens)?]);
         }
-        let mut rows = self
-            .ctx
-            .as_mut()
-            .ok_or_else(ModelEngine::asleep)?
-            .embed_rows(tokens)
-            .map_err(engine_error)?;
+        let mut rows = self.ctx_mut()?.embed_rows(tokens).map_err(engine_error)?;
         Ok(match pooling {
             Pooling::None => rows,
             Pooling::Cls => rows.drain(..1).collect(),
@@ -327,10 +317,6 @@ impl Engine for ModelEngine {
         })
     }
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
-        self.ctx
-            .as_mut()
-            .ok_or_else(ModelEngine::asleep)?
-            .embed(tokens)
-            .map_err(engine_error)
+        self.ctx_mut()?.embed(tokens).map_err(engine_error)
     }
 }
