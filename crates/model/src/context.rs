@@ -11,7 +11,7 @@ use lamina_core::graph::BufferMemory;
 use lamina_core::graph::TensorId;
 
 use crate::arch::inputs::{GraphInput, InputSource};
-use crate::arch::{BuildContext, GraphShape, build_graph};
+use crate::arch::{BuildContext, GraphShape, build_graph, build_shift_graph};
 use crate::kv_cache::{KvCache, KvFormat, MAX_SEQUENCES};
 use crate::{Model, ModelError};
 
@@ -299,9 +299,65 @@ impl Context {
         self.kv.seq_rm(seq, p0, p1);
     }
 
+    /// Moves sequence `seq`'s cached tokens at positions `p0..p1` (`None` = unbounded) by
+    /// `delta` positions, as `llama_memory_seq_add`; tokens moved below 0 are dropped. The
+    /// keys of the moved tokens are rotated to their new positions before the next compute
+    /// (llama.cpp's K-shift), so a shifted sequence goes on as if it had been computed there:
+    /// what context shift and cache reuse are made of.
+    pub fn seq_add(
+        &mut self,
+        seq: usize,
+        p0: Option<i32>,
+        p1: Option<i32>,
+        delta: i32,
+    ) -> Result<(), ModelError> {
+        if seq >= self.params.n_seq_max {
+            return Err(ModelError::BadBatch(format!(
+                "sequence id {seq} is not below the context's {} sequences",
+                self.params.n_seq_max
+            )));
+        }
+        self.kv
+            .seq_add(seq, p0.unwrap_or(0).max(0), p1.unwrap_or(i32::MAX), delta);
+        Ok(())
+    }
+
+    /// Rotates the cached keys of cells whose positions moved (the pending K-shift).
+    fn apply_k_shift(&mut self) -> Result<(), ModelError> {
+        if !self.kv.has_shift() {
+            return Ok(());
+        }
+        self.sched.synchronize()?;
+        let built = build_shift_graph(&self.build_context())?;
+        let sg = self.sched.schedule(built.graph, &built.hints)?;
+        let all_cells: Vec<usize> = (0..self.kv.size()).collect();
+        let src = InputSource {
+            ubatch: &[],
+            placement: &[],
+            cells: &all_cells,
+            kv: &self.kv,
+            n_kv: self.kv.size(),
+        };
+        let mut scratch = Vec::new();
+        for input in &built.inputs {
+            let id = input.id;
+            let sched = &self.sched;
+            let sg = &sg;
+            let mut write = |offset: usize, bytes: &[u8]| -> Result<(), ModelError> {
+                Ok(sched.set_input_at(sg, id, offset, bytes)?)
+            };
+            input.fill.fill(&src, &mut scratch, &mut write)?;
+        }
+        self.sched.compute_async(&sg)?;
+        self.sched.synchronize()?;
+        self.kv.reset_shift();
+        Ok(())
+    }
+
     /// Sequence `seq`'s KV cells as bytes (for slot save and prompt caches).
     pub fn seq_state(&mut self, seq: usize) -> Result<Vec<u8>, ModelError> {
         self.sched.synchronize()?;
+        self.apply_k_shift()?;
         self.kv.seq_state(seq)
     }
 
@@ -340,6 +396,7 @@ impl Context {
                 return Err(ModelError::BadBatch(format!("negative position {}", t.pos)));
             }
         }
+        self.apply_k_shift()?;
         if batch.len() > self.params.n_ctx - self.kv.used() {
             return Err(ModelError::ContextFull {
                 needed: batch.len(),
@@ -592,6 +649,7 @@ impl Context {
                 logits: true,
             })
             .collect();
+        self.apply_k_shift()?;
         let mut out = Vec::with_capacity(tokens.len());
         let mut result = Ok(());
         for ubatch in batch.chunks(self.params.n_ubatch) {

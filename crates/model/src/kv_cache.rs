@@ -98,6 +98,11 @@ pub struct KvCache {
     size: usize,
     layers: Vec<LayerCache>,
     cells: Vec<Cell>,
+    /// Per cell, how far its position has moved since its K was last rotated (llama.cpp's
+    /// `shift`): [`KvCache::seq_add`] moves positions at once, the K rows follow in one pass
+    /// over the cache before the next compute.
+    shifts: Vec<i32>,
+    has_shift: bool,
 }
 
 impl KvCache {
@@ -193,6 +198,8 @@ impl KvCache {
             size,
             layers,
             cells: vec![Cell::FREE; size],
+            shifts: vec![0; size],
+            has_shift: false,
         })
     }
 
@@ -272,6 +279,7 @@ impl KvCache {
     pub fn release(&mut self, cells: &[usize]) {
         for &c in cells {
             self.cells[c] = Cell::FREE;
+            self.shifts[c] = 0;
         }
     }
 
@@ -280,7 +288,7 @@ impl KvCache {
     pub fn seq_rm(&mut self, seq: Option<usize>, p0: Option<i32>, p1: Option<i32>) {
         let p0 = p0.unwrap_or(i32::MIN);
         let p1 = p1.unwrap_or(i32::MAX);
-        for cell in &mut self.cells {
+        for (cell, shift) in self.cells.iter_mut().zip(&mut self.shifts) {
             if cell.is_free() || cell.pos < p0 || cell.pos >= p1 {
                 continue;
             }
@@ -290,8 +298,47 @@ impl KvCache {
             }
             if cell.seqs == 0 {
                 *cell = Cell::FREE;
+                *shift = 0;
             }
         }
+    }
+
+    /// Moves sequence `seq`'s tokens at positions `p0..p1` by `delta` positions, as
+    /// `llama_memory_seq_add`: the cells holding them move (for every sequence sharing them)
+    /// and a cell moved below position 0 is freed. Their K rows are rotated to the new
+    /// positions by the next compute (see [`KvCache::shifts`]).
+    pub fn seq_add(&mut self, seq: usize, p0: i32, p1: i32, delta: i32) {
+        if delta == 0 || p0 >= p1 {
+            return;
+        }
+        for (cell, shift) in self.cells.iter_mut().zip(&mut self.shifts) {
+            if cell.seqs & (1 << seq) == 0 || cell.pos < p0 || cell.pos >= p1 {
+                continue;
+            }
+            self.has_shift = true;
+            cell.pos = cell.pos.saturating_add(delta);
+            *shift = shift.saturating_add(delta);
+            if cell.pos < 0 {
+                *cell = Cell::FREE;
+                *shift = 0;
+            }
+        }
+    }
+
+    /// Whether some cell moved since its K was last rotated.
+    pub fn has_shift(&self) -> bool {
+        self.has_shift
+    }
+
+    /// Per cell, the positions it moved by since its K was last rotated (0 for the others).
+    pub fn shifts(&self) -> &[i32] {
+        &self.shifts
+    }
+
+    /// The K rows have been rotated: every cell is where its K says.
+    pub fn reset_shift(&mut self) {
+        self.shifts.fill(0);
+        self.has_shift = false;
     }
 
     /// The cells of `seq` with their positions, in position order.
@@ -458,6 +505,7 @@ impl KvCache {
     /// Empties the cache.
     pub fn clear(&mut self) {
         self.cells.fill(Cell::FREE);
+        self.reset_shift();
     }
 
     /// Highest position held for `seq`, if any.

@@ -13,7 +13,7 @@ use lamina_gguf::Gguf;
 
 use super::moe::{Gating, MoeAct, MoeParams};
 use super::qwen3moe::require_experts;
-use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
+use super::{Architecture, AttnParams, Builder, FfnAct, KShiftRope, NormKind};
 use crate::hparams::{MetaReader, RopeType};
 use crate::weights::{FfnWeights, Linear, MoeWeights, NormWeights, TensorLoader, WeightRef, blk};
 use crate::{HParams, ModelError};
@@ -375,5 +375,13 @@ impl Architecture for DeepSeek2 {
             inp = b.g.add(cur, ffn_inp)?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+    }
+
+    fn k_shift_rope(&self, _il: usize, _kv_size: usize) -> Option<KShiftRope> {
+        // The rotary part of each cached head comes last (llama.cpp's `n_embd_nope` view).
+        Some(KShiftRope {
+            n_offs: (self.hp.n_embd_head_k - self.hp.n_rot) as usize,
+            ..KShiftRope::default()
+        })
     }
 }

@@ -188,3 +188,18 @@ impl InputFill for AttnTemperature {
         write(0, scratch)
     }
 }
+
+/// `[size]` i32: how far each cell's position moved since its K was rotated (the K-shift's
+/// positions).
+pub struct KShift;
+
+impl InputFill for KShift {
+    fn fill(
+        &self,
+        src: &InputSource<'_>,
+        scratch: &mut Vec<u8>,
+        write: &mut InputWriter<'_>,
+    ) -> Result<(), ModelError> {
+        write(0, put_i32s(scratch, src.kv.shifts().iter().copied()))
+    }
+}

@@ -9,7 +9,7 @@ use lamina_gguf::Gguf;
 
 use super::layer::PreNormLayer;
 use super::moe::{Gating, MoeAct, MoeParams};
-use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
+use super::{Architecture, AttnParams, Builder, FfnAct, KShiftRope, NormKind};
 use crate::hparams::{MetaReader, RopeType};
 use crate::weights::{
     AttnWeights, FfnWeights, Linear, MoeWeights, NormWeights, TensorLoader, WeightRef, blk,
@@ -124,5 +124,12 @@ impl Architecture for Llama {
             })?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+    }
+
+    fn k_shift_rope(&self, _il: usize, _kv_size: usize) -> Option<KShiftRope> {
+        Some(KShiftRope {
+            factors: self.rope_freqs,
+            ..KShiftRope::default()
+        })
     }
 }

@@ -9,6 +9,7 @@ mod gemma2;
 mod gemma3;
 mod gpt_oss;
 pub mod inputs;
+mod k_shift;
 mod layer;
 mod llama;
 mod mistral3;
@@ -35,6 +36,7 @@ use crate::kv_cache::KvCache;
 use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, Qkv, WeightRef};
 use crate::{HParams, LayerPlan, ModelError, RopeType};
 use inputs::{GraphInput, InputFill};
+pub use k_shift::{KShiftRope, build_shift_graph};
 
 /// A registered architecture: llama.cpp's name and how to load it.
 pub struct ArchEntry {
@@ -152,6 +154,14 @@ pub trait Architecture: Send + Sync + std::fmt::Debug {
     /// Builds the forward graph of one micro-batch; returns the logits `[n_vocab, n_outputs]`
     /// (the final-normed hidden states `[n_embd, n_outputs]` when `b.shape.embeddings`).
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError>;
+
+    /// How layer `il`'s cached K is rotated again when cached positions move (a cache of
+    /// `kv_size` cells); `None` for a layer without RoPE. By default the first `n_rot` dims
+    /// of each head, with no frequency factors.
+    fn k_shift_rope(&self, il: usize, kv_size: usize) -> Option<KShiftRope> {
+        let _ = (il, kv_size);
+        Some(KShiftRope::default())
+    }
 }
 
 /// A built graph and where its inputs and output are.

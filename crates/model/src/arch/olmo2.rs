@@ -38,6 +38,10 @@ pub(super) fn load(gguf: &Gguf) -> Result<Box<dyn Architecture>, ModelError> {
     let n_swa = r.u32("attention.sliding_window")?.unwrap_or(0);
     if n_swa > 0 {
         hp.set_swa(&r, n_swa, 4, false)?;
+        // What llama.cpp's K-shift rotates sliding-window layers with (their graph ropes them
+        // with the global base and no scaling).
+        hp.rope_freq_base_swa = r.f32("rope.freq_base_swa")?.unwrap_or(hp.rope_freq_base);
+        hp.rope_freq_scale_swa = 1.0;
     }
     let t = TensorLoader::new(gguf);
     let n_embd = hp.n_embd as u64;

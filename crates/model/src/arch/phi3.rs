@@ -7,7 +7,7 @@ use lamina_core::graph::TensorId;
 use lamina_gguf::Gguf;
 
 use super::layer::PreNormLayer;
-use super::{Architecture, AttnParams, Builder, FfnAct, NormKind};
+use super::{Architecture, AttnParams, Builder, FfnAct, KShiftRope, NormKind};
 use crate::hparams::{MetaReader, RopeType};
 use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, TensorLoader, WeightRef, blk};
 use crate::{HParams, ModelError};
@@ -81,12 +81,7 @@ impl Architecture for Phi3 {
     }
 
     fn build(&self, b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
-        // llama.cpp's `get_rope_factors`: long factors for contexts past the training one.
-        let factors = if b.ctx.kv.size() > self.hp.n_ctx_orig as usize {
-            self.rope_long
-        } else {
-            self.rope_short
-        };
+        let factors = self.rope_factors(b.ctx.kv.size());
         let mut inp = b.embeddings(self.tok_embd)?;
         for (il, lw) in self.layers.iter().enumerate() {
             let layer = PreNormLayer {
@@ -105,5 +100,23 @@ impl Architecture for Phi3 {
             })?;
         }
         b.output(inp, &self.output_norm, NormKind::Rms, &self.lm_head)
+    }
+
+    fn k_shift_rope(&self, _il: usize, kv_size: usize) -> Option<KShiftRope> {
+        Some(KShiftRope {
+            factors: self.rope_factors(kv_size),
+            ..KShiftRope::default()
+        })
+    }
+}
+
+impl Phi3 {
+    /// llama.cpp's `get_rope_factors`: long factors for contexts past the training one.
+    fn rope_factors(&self, kv_size: usize) -> Option<WeightRef> {
+        if kv_size > self.hp.n_ctx_orig as usize {
+            self.rope_long
+        } else {
+            self.rope_short
+        }
     }
 }
