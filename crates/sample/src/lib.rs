@@ -15,12 +15,14 @@
 mod candidates;
 mod chain;
 mod params;
+mod reasoning_budget;
 pub mod rng;
 mod samplers;
 
 pub use candidates::{Candidates, TokenData};
 pub use chain::SamplerChain;
 pub use params::{SamplerType, SamplingParams};
+pub use reasoning_budget::{BudgetState, ReasoningBudget};
 pub use samplers::{
     Dist, LogitBias, Penalties, Sampler, Xtc, greedy, min_p, temp_ext, temp_impl, token_prob,
     top_k, top_n_sigma, top_p, top_probs, typical,
