@@ -49,7 +49,8 @@ mod tests {
     }
 }
 pub use reasoning::{
-    Reasoning, ReasoningFormat, close_thinking, split_reasoning, template_reasoning_markers,
+    Reasoning, ReasoningFormat, THINK_END, THINK_START, close_thinking, split_reasoning,
+    template_reasoning_markers,
 };
 
 use lamina_grammar::json_schema::SchemaOptions;

@@ -113,10 +113,27 @@ pub fn split_reasoning(
         return ("", text);
     }
     let trimmed = text.trim_start();
+    if forced_open && !trimmed.starts_with(THINK_START) {
+        // The prompt opened the block (and wrote the start tag's line break): as llama.cpp's
+        // parser, the reasoning is the text up to the end tag as generated, whitespace kept,
+        // unless it is only whitespace.
+        let (thought, rest) = match text.find(THINK_END) {
+            Some(end) => (&text[..end], text[end + THINK_END.len()..].trim_start()),
+            None if is_final => (text, ""),
+            None => (
+                &text[..text.len() - partial_marker_len(text, THINK_END)],
+                "",
+            ),
+        };
+        let thought = if thought.trim().is_empty() {
+            ""
+        } else {
+            thought
+        };
+        return (thought, rest);
+    }
     let body = if let Some(rest) = trimmed.strip_prefix(THINK_START) {
         rest
-    } else if forced_open {
-        text
     } else {
         if !is_final && THINK_START.starts_with(trimmed) && !trimmed.is_empty() {
             // Could still become "<think>".
@@ -178,6 +195,19 @@ mod tests {
         assert_eq!(split_reasoning("<thi", r, false, false), ("", ""));
         assert_eq!(split_reasoning("Hello", r, false, false), ("", "Hello"));
         assert_eq!(split_reasoning("a</think>b", r, true, true), ("a", "b"));
+        // Opened by the prompt: whitespace kept, as llama.cpp's parser keeps it.
+        assert_eq!(
+            split_reasoning("\n\nhmm.</think>\n\nHi", r, true, true),
+            ("\n\nhmm.", "Hi")
+        );
+        assert_eq!(
+            split_reasoning("\n \n</think>Hi", r, true, true),
+            ("", "Hi")
+        );
+        assert_eq!(
+            split_reasoning("\n\nhm</thi", r, true, false),
+            ("\n\nhm", "")
+        );
         assert_eq!(
             split_reasoning("<think>x</think>y", ReasoningFormat::None, false, true),
             ("", "<think>x</think>y")

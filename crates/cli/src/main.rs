@@ -203,7 +203,7 @@ fn serve_context_params(
 ) -> anyhow::Result<lamina_model::ContextParams> {
     let mut params = lamina_model::ContextParams {
         n_ctx: args.ctx_size as usize,
-        n_ubatch: args.ubatch_size.unwrap_or(args.batch_size).max(1) as usize,
+        n_ubatch: args.ubatch_size.min(args.batch_size).max(1) as usize,
         n_seq_max: args.parallel.max(1) as usize,
         ..Default::default()
     };

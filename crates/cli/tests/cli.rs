@@ -600,3 +600,102 @@ print(json.dumps(out))
         }
     }
 }
+
+/// `lamina serve --context-shift`, `--cache-reuse` and `--reasoning-budget` answer as
+/// llama-server does (crates/cli/tests/data/server_shift_reference.json, made by
+/// scripts/ctx-shift-reference/server.py): the same tokens after the context was shifted
+/// (twice, with and without `n_keep`), the same tokens and cache counts when a chunk of the
+/// cached prompt is moved into place for a new prompt, and the same reasoning when its budget
+/// forces the end tag (with and without a message, 0 and no limit).
+#[test]
+fn serve_context_shift_and_cache_reuse_match_llama_server() {
+    use std::io::{BufRead, BufReader};
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("data/server_shift_reference.json")).unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let Some(path) = model_for_test(case["model"].as_str().unwrap()) else {
+            return;
+        };
+        let flags: Vec<&str> = case["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let mut server = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["serve", "-m", path.to_str().unwrap(), "--port", "0"])
+            .args(&flags)
+            // The flags name test data relative to the workspace.
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("server exited").unwrap();
+            if let Some(url) = line.split("listening on ").nth(1) {
+                break url.trim().to_string();
+            }
+        };
+        let requests: Vec<&serde_json::Value> = case["answers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| &a["request"])
+            .collect();
+        let script = r#"
+import json, sys, urllib.request
+url, requests = sys.argv[1], json.loads(sys.argv[2])
+out = []
+for body in requests:
+    body = dict(body)
+    path = body.pop("path", "/completion")
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = json.loads(urllib.request.urlopen(req, timeout=600).read())
+    if path != "/completion":
+        msg = r["choices"][0]["message"]
+        out.append({"content": msg["content"], "reasoning_content": msg.get("reasoning_content"),
+                    "completion_tokens": r["usage"]["completion_tokens"]})
+        continue
+    t = r["timings"]
+    out.append({"tokens": r["tokens"], "content": r["content"], "truncated": r["truncated"],
+                "prompt_n": t["prompt_n"], "cache_n": t["cache_n"], "predicted_n": t["predicted_n"]})
+print(json.dumps(out))
+"#;
+        let o = Command::new("python3")
+            .args(["-c", script, &url])
+            .arg(serde_json::to_string(&requests).unwrap())
+            .output()
+            .unwrap();
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let got: Vec<serde_json::Value> = serde_json::from_str(stdout(&o).trim()).unwrap();
+        for (k, (want, got)) in case["answers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(&got)
+            .enumerate()
+        {
+            for field in [
+                "truncated",
+                "prompt_n",
+                "cache_n",
+                "predicted_n",
+                "tokens",
+                "completion_tokens",
+                "reasoning_content",
+                "content",
+            ] {
+                assert_eq!(
+                    got[field], want[field],
+                    "{} {name} request {k}: {field}",
+                    case["model"]
+                );
+            }
+        }
+    }
+}

@@ -153,6 +153,14 @@ pub trait Engine: Send + 'static {
         self.n_ctx()
     }
     fn n_vocab(&self) -> usize;
+    /// The sliding window of the model's sliding-window layers (0: it has none).
+    fn n_swa(&self) -> u32 {
+        0
+    }
+    /// Most tokens of one forward pass (`-ub`).
+    fn n_ubatch(&self) -> u32 {
+        512
+    }
     /// Parallel sequences the KV cache holds: the number of server slots (`-np`).
     fn n_seq_max(&self) -> u32;
     /// Width of embedding vectors returned by [`Engine::embed`].
@@ -221,6 +229,11 @@ pub trait Engine: Send + 'static {
     fn chat_template_source(&self) -> String {
         String::new()
     }
+    /// A reranker's prompt template (`tokenizer.chat_template.rerank`), with `{query}` and
+    /// `{document}` in it, if the model has one.
+    fn rerank_template(&self) -> Option<String> {
+        None
+    }
     /// Evaluates `batch`, appending its tokens to their sequences' KV cells.
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError>;
     /// Logits of the `i`-th entry of the last decoded batch that wanted them
@@ -228,6 +241,24 @@ pub trait Engine: Send + 'static {
     fn logits(&self, i: usize) -> &[f32];
     /// Removes positions `p0..p1` (`p1 = None`: to the end) of `seq_id` from the KV cache.
     fn seq_rm(&mut self, seq_id: SeqId, p0: Pos, p1: Option<Pos>);
+    /// Whether cached tokens can be moved to other positions ([`Engine::seq_add`]), which
+    /// context shift and cache reuse are made of (llama.cpp's `llama_memory_can_shift`).
+    fn can_shift(&self) -> bool {
+        false
+    }
+    /// Moves `seq_id`'s cached tokens at positions `p0..p1` (`None`: to the end) by `delta`
+    /// positions, as if they had been evaluated there (llama.cpp's `llama_memory_seq_add`);
+    /// tokens moved below 0 are dropped.
+    fn seq_add(
+        &mut self,
+        seq_id: SeqId,
+        p0: Pos,
+        p1: Option<Pos>,
+        delta: i32,
+    ) -> Result<(), EngineError> {
+        let _ = (seq_id, p0, p1, delta);
+        Err(EngineError::Unsupported("moving cached tokens"))
+    }
     /// Mean-pooled last hidden state of `tokens`, evaluated on its own, without touching
     /// any sequence's KV cells (the server calls it between decode steps).
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError>;
@@ -284,6 +315,12 @@ impl Engine for Box<dyn Engine> {
     fn n_vocab(&self) -> usize {
         (**self).n_vocab()
     }
+    fn n_swa(&self) -> u32 {
+        (**self).n_swa()
+    }
+    fn n_ubatch(&self) -> u32 {
+        (**self).n_ubatch()
+    }
     fn n_seq_max(&self) -> u32 {
         (**self).n_seq_max()
     }
@@ -335,6 +372,9 @@ impl Engine for Box<dyn Engine> {
     fn chat_template_source(&self) -> String {
         (**self).chat_template_source()
     }
+    fn rerank_template(&self) -> Option<String> {
+        (**self).rerank_template()
+    }
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
         (**self).decode(batch)
     }
@@ -343,6 +383,18 @@ impl Engine for Box<dyn Engine> {
     }
     fn seq_rm(&mut self, seq_id: SeqId, p0: Pos, p1: Option<Pos>) {
         (**self).seq_rm(seq_id, p0, p1)
+    }
+    fn can_shift(&self) -> bool {
+        (**self).can_shift()
+    }
+    fn seq_add(
+        &mut self,
+        seq_id: SeqId,
+        p0: Pos,
+        p1: Option<Pos>,
+        delta: i32,
+    ) -> Result<(), EngineError> {
+        (**self).seq_add(seq_id, p0, p1, delta)
     }
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {
         (**self).embed(tokens)

@@ -1,10 +1,12 @@
 //! A deterministic stand-in model for tests, examples and the load test.
 //!
 //! Byte-level vocabulary (ids 0..256 are bytes) plus four control tokens. Each
-//! sequence's KV cache holds a rolling hash of its tokens and positions; the logits at a
-//! position are a pure function of that hash. So a sequence's outputs depend only on its
-//! own tokens, never on which other sequences share the batch, and any scheduler slip
-//! (wrong position, wrong sequence id, stale cells after `seq_rm`) changes them.
+//! sequence's KV cache holds its tokens with their positions and a rolling hash over them;
+//! the logits at a position are a pure function of that hash. So a sequence's outputs depend
+//! only on its own tokens, never on which other sequences share the batch, and any scheduler
+//! slip (wrong position, wrong sequence id, stale cells after `seq_rm`) changes them. Moving
+//! cached tokens ([`Engine::seq_add`]) is exact: the hashes are recomputed as if the tokens had
+//! been evaluated at their new positions, as a real model's K-shift intends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,8 +47,8 @@ pub struct FakeStats {
 pub struct FakeEngine {
     n_ctx: u32,
     n_seq: u32,
-    /// Per sequence, the rolling hash after each position.
-    kv: Vec<Vec<u64>>,
+    /// Per sequence, its cached tokens in position order.
+    kv: Vec<FakeSeq>,
     logits: Vec<f32>,
     template: ChatTemplate,
     decode_base: Duration,
@@ -54,12 +56,19 @@ pub struct FakeEngine {
     stats: Arc<FakeStats>,
     /// Fill-in-the-middle tokens (prefix, suffix, middle), if the fake has them.
     fim: Option<(Token, Token, Token)>,
+    rerank_template: Option<String>,
 }
 
 impl FakeEngine {
     /// The same engine with fill-in-the-middle tokens (`/infill`).
     pub fn with_fim(mut self, pre: Token, suf: Token, mid: Token) -> FakeEngine {
         self.fim = Some((pre, suf, mid));
+        self
+    }
+
+    /// The same engine with a rerank prompt template (`{query}`, `{document}`).
+    pub fn with_rerank_template(mut self, template: &str) -> FakeEngine {
+        self.rerank_template = Some(template.to_string());
         self
     }
 
@@ -76,7 +85,7 @@ impl FakeEngine {
         FakeEngine {
             n_ctx,
             n_seq,
-            kv: vec![Vec::new(); n_seq as usize],
+            kv: (0..n_seq).map(|_| FakeSeq::default()).collect(),
             logits: Vec::new(),
             template: ChatTemplate::new(CHATML_TEMPLATE, "<s>", "</s>")
                 .expect("the built-in ChatML template compiles"),
@@ -84,6 +93,7 @@ impl FakeEngine {
             decode_per_token: Duration::ZERO,
             stats: Arc::default(),
             fim: None,
+            rerank_template: None,
         }
     }
 
@@ -101,7 +111,7 @@ impl FakeEngine {
 
     /// Occupied cells of `seq_id` (for tests).
     pub fn seq_len(&self, seq_id: SeqId) -> usize {
-        self.kv.get(seq_id as usize).map_or(0, Vec::len)
+        self.kv.get(seq_id as usize).map_or(0, |s| s.cells.len())
     }
 
     /// The logits after a sequence whose rolling hash is `h` and whose last token was `last`.
@@ -142,6 +152,40 @@ fn step_hash(prev: u64, token: Token, pos: Pos) -> u64 {
 }
 
 const HASH_SEED: u64 = 0x1234_5678_9ABC_DEF0;
+
+/// One sequence's cache: `(token, position, rolling hash through it)` in position order; the
+/// hashes from `valid` on are stale (cells were removed or moved) until the next decode.
+#[derive(Clone, Debug, Default)]
+struct FakeSeq {
+    cells: Vec<(Token, Pos, u64)>,
+    valid: usize,
+}
+
+impl FakeSeq {
+    /// Recomputes the stale hashes; the positions must be `0..len` by then.
+    fn refresh(&mut self) -> Result<(), EngineError> {
+        for i in self.valid..self.cells.len() {
+            let (t, p, _) = self.cells[i];
+            if p as usize != i {
+                return Err(EngineError::InvalidBatch(format!(
+                    "the cache has a gap: position {p} in cell {i}"
+                )));
+            }
+            let prev = if i == 0 {
+                HASH_SEED
+            } else {
+                self.cells[i - 1].2
+            };
+            self.cells[i].2 = step_hash(prev, t, p);
+        }
+        self.valid = self.cells.len();
+        Ok(())
+    }
+
+    fn last_hash(&self) -> u64 {
+        self.cells.last().map_or(HASH_SEED, |c| c.2)
+    }
+}
 
 impl Engine for FakeEngine {
     fn model_name(&self) -> String {
@@ -233,11 +277,17 @@ impl Engine for FakeEngine {
     fn chat_template_source(&self) -> String {
         self.template.source().to_string()
     }
+    fn rerank_template(&self) -> Option<String> {
+        self.rerank_template.clone()
+    }
 
     fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
         // Validate everything first, so a bad batch changes nothing.
         let n_ctx_seq = self.n_ctx_seq();
-        let mut lens: Vec<usize> = self.kv.iter().map(Vec::len).collect();
+        for seq in &mut self.kv {
+            seq.refresh()?;
+        }
+        let mut lens: Vec<usize> = self.kv.iter().map(|s| s.cells.len()).collect();
         let mut seqs_seen = vec![false; self.kv.len()];
         for e in batch.entries() {
             if e.token as usize >= N_VOCAB {
@@ -272,10 +322,10 @@ impl Engine for FakeEngine {
         self.logits.resize(n_out * N_VOCAB, 0.0);
         let mut row = 0;
         for e in batch.entries() {
-            let cells = &mut self.kv[e.seq_id as usize];
-            let prev = cells.last().copied().unwrap_or(HASH_SEED);
-            let h = step_hash(prev, e.token, e.pos);
-            cells.push(h);
+            let seq = &mut self.kv[e.seq_id as usize];
+            let h = step_hash(seq.last_hash(), e.token, e.pos);
+            seq.cells.push((e.token, e.pos, h));
+            seq.valid = seq.cells.len();
             if e.want_logits {
                 let out = &mut self.logits[row * N_VOCAB..(row + 1) * N_VOCAB];
                 FakeEngine::logits_for(h, e.token, out);
@@ -306,9 +356,14 @@ impl Engine for FakeEngine {
     fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
         let cells = self
             .kv
-            .get(seq as usize)
+            .get_mut(seq as usize)
             .ok_or_else(|| EngineError::InvalidBatch(format!("no sequence {seq}")))?;
-        Ok(cells.iter().flat_map(|h| h.to_le_bytes()).collect())
+        cells.refresh()?;
+        Ok(cells
+            .cells
+            .iter()
+            .flat_map(|&(t, _, h)| t.to_le_bytes().into_iter().chain(h.to_le_bytes()))
+            .collect())
     }
 
     fn set_seq_state(&mut self, seq: SeqId, data: &[u8]) -> Result<usize, EngineError> {
@@ -317,26 +372,66 @@ impl Engine for FakeEngine {
             .kv
             .get_mut(seq as usize)
             .ok_or_else(|| EngineError::InvalidBatch(format!("no sequence {seq}")))?;
-        if !data.len().is_multiple_of(8) || data.len() / 8 > n_ctx_seq {
+        if !data.len().is_multiple_of(12) || data.len() / 12 > n_ctx_seq {
             return Err(EngineError::InvalidBatch(
                 "not a state of this engine".into(),
             ));
         }
-        *cells = data
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        cells.cells = data
+            .chunks_exact(12)
+            .enumerate()
+            .map(|(i, b)| {
+                let t = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let h = u64::from_le_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]);
+                (t, i as Pos, h)
+            })
             .collect();
-        Ok(cells.len())
+        cells.valid = cells.cells.len();
+        Ok(cells.cells.len())
     }
 
     fn seq_rm(&mut self, seq_id: SeqId, p0: Pos, p1: Option<Pos>) {
-        let Some(cells) = self.kv.get_mut(seq_id as usize) else {
+        let Some(seq) = self.kv.get_mut(seq_id as usize) else {
             return;
         };
-        // Positions after p0 hash over the removed ones, so they are stale either way:
-        // the fake drops everything from p0 on (the server only ever truncates).
-        let _ = p1;
-        cells.truncate(p0 as usize);
+        let p1 = p1.unwrap_or(Pos::MAX);
+        let first = seq.cells.iter().position(|c| c.1 >= p0 && c.1 < p1);
+        seq.cells.retain(|c| c.1 < p0 || c.1 >= p1);
+        if let Some(i) = first {
+            seq.valid = seq.valid.min(i);
+        }
+    }
+
+    fn can_shift(&self) -> bool {
+        true
+    }
+
+    fn seq_add(
+        &mut self,
+        seq_id: SeqId,
+        p0: Pos,
+        p1: Option<Pos>,
+        delta: i32,
+    ) -> Result<(), EngineError> {
+        let seq = self
+            .kv
+            .get_mut(seq_id as usize)
+            .ok_or_else(|| EngineError::InvalidBatch(format!("no sequence {seq_id}")))?;
+        let p1 = p1.unwrap_or(Pos::MAX);
+        let mut moved = false;
+        for c in &mut seq.cells {
+            if c.1 >= p0 && c.1 < p1 {
+                moved = true;
+                // Below 0: dropped (u32::MAX stands for -1).
+                c.1 = u32::try_from(i64::from(c.1) + i64::from(delta)).unwrap_or(u32::MAX);
+            }
+        }
+        if moved && delta != 0 {
+            seq.cells.retain(|c| c.1 != u32::MAX);
+            seq.cells.sort_by_key(|c| c.1);
+            seq.valid = 0;
+        }
+        Ok(())
     }
 
     fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>, EngineError> {

@@ -70,6 +70,15 @@ pub struct ServerConfig {
     /// `--cache-idle-slots` (on; `--no-cache-idle-slots`): idle slots go to the prompt
     /// cache when a request starts.
     pub cache_idle_slots: bool,
+    /// `--context-shift`: a generation that fills its slot's context drops older tokens and
+    /// goes on (off by default, as in llama-server). Request defaults `--keep` and
+    /// `--cache-reuse` go into `default_params` as `n_keep` and `n_cache_reuse`.
+    pub ctx_shift: bool,
+    /// `--swa-full` (the SWA layers' cache is full-size: Lamina's always is; it changes how
+    /// prompts are batched, as in llama-server).
+    pub swa_full: bool,
+    /// `--spm-infill`: `/infill` prompts are suffix, prefix, middle (SPM order).
+    pub spm_infill: bool,
     /// `--ui-mcp-proxy`: `/cors-proxy?url=` forwards requests for the web UI's MCP clients.
     pub cors_proxy: bool,
     /// `--slot-save-path`: where `POST /slots/{id}?action=save|restore` keep slot files.
@@ -123,6 +132,9 @@ impl Default for ServerConfig {
             cors_proxy: false,
             cache_ram_mib: 0,
             cache_idle_slots: true,
+            ctx_shift: false,
+            swa_full: false,
+            spm_infill: false,
             timeout: Some(Duration::from_secs(600)),
             max_body_bytes: 8 << 20,
             schema_limits: Default::default(),

@@ -56,6 +56,9 @@ pub fn build(
     let cache = scheduler::CacheSettings {
         ram_bytes: config.cache_ram_mib.saturating_mul(1 << 20),
         idle_slots: config.cache_idle_slots,
+        ctx_shift: config.ctx_shift,
+        swa_full: config.swa_full,
+        spm_infill: config.spm_infill,
         verbose: config.verbose,
     };
     let (cmd, info) = scheduler::spawn(
@@ -566,7 +569,8 @@ struct Choice {
     rx: mpsc::UnboundedReceiver<Event>,
     prompt_index: usize,
     prompt_tokens: usize,
-    thinking_open: bool,
+    /// The prompt opened a `<think>` block: the prompt's text after the tag.
+    thinking_open: Option<String>,
     /// The prompt as text (llama-server's `prompt` field).
     prompt: String,
 }
@@ -630,7 +634,7 @@ impl AppState {
                     rx,
                     prompt_index,
                     prompt_tokens: 0,
-                    thinking_open: false,
+                    thinking_open: None,
                     prompt: String::new(),
                 });
             }
@@ -707,6 +711,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Output, ApiEr
             prompt_ms: 0.0,
             predicted_ms: 0.0,
             slot: 0,
+            truncated: false,
         },
     };
     loop {
@@ -853,8 +858,8 @@ fn generation_settings(p: &GenParams, eog: &[Token]) -> Value {
         "adaptive_decay": 0.9,
         "max_tokens": n_predict,
         "n_predict": n_predict,
-        "n_keep": 0,
-        "n_discard": 0,
+        "n_keep": p.n_keep,
+        "n_discard": p.n_discard,
         "ignore_eos": p.ignore_eos,
         "n_probs": p.n_probs,
         "min_keep": s.min_keep,
@@ -941,11 +946,33 @@ struct ChatOut {
 }
 
 impl ChatOut {
-    fn parse(&self, text: &str, is_final: bool, choice: usize, open: bool) -> ParsedMessage {
+    /// `open`: the prompt opened a `<think>` block and wrote this after the tag. As
+    /// llama.cpp, what the prompt wrote from the tag on is parsed with the answer: the
+    /// reasoning keeps the tag's line break, and content left raw (`reasoning_format: none`)
+    /// starts with the tag.
+    fn parse(
+        &self,
+        text: &str,
+        is_final: bool,
+        choice: usize,
+        open: Option<&str>,
+    ) -> ParsedMessage {
+        let full;
+        let text = match open {
+            Some(tail) if self.reasoning.extracts() => {
+                full = format!("{tail}{text}");
+                &full
+            }
+            Some(tail) => {
+                full = format!("{}{tail}{text}", lamina_chat::THINK_START);
+                &full
+            }
+            None => text,
+        };
         self.format.parse(
             text,
             self.reasoning,
-            open,
+            open.is_some(),
             is_final,
             self.id_seed.wrapping_add(choice as u64),
         )
@@ -1001,7 +1028,8 @@ async fn finish_json(run: Run, shape: Shape) -> Result<(Value, Vec<String>), Api
         .iter()
         .map(|c| (c.prompt_index, c.prompt_tokens))
         .collect();
-    let thinking_open: Vec<bool> = choices.iter().map(|c| c.thinking_open).collect();
+    let thinking_open: Vec<Option<String>> =
+        choices.iter().map(|c| c.thinking_open.clone()).collect();
     let prompts: Vec<String> = choices.iter().map(|c| c.prompt.clone()).collect();
     let outs = futures_util::future::join_all(choices.into_iter().map(|c| collect(c.rx))).await;
     let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -1014,7 +1042,7 @@ async fn finish_json(run: Run, shape: Shape) -> Result<(Value, Vec<String>), Api
                 .enumerate()
                 .map(|(i, o)| {
                     let m = match &shape.chat {
-                        Some(c) => c.parse(&o.text, true, i, thinking_open[i]),
+                        Some(c) => c.parse(&o.text, true, i, thinking_open[i].as_deref()),
                         None => ParsedMessage {
                             content: o.text.clone(),
                             ..Default::default()
@@ -1148,7 +1176,7 @@ fn native_final(d: Done, model: &str, settings: &Value, prompt: &str) -> Value {
         "generation_settings": settings,
         "prompt": prompt,
         "has_new_line": false,
-        "truncated": false,
+        "truncated": d.truncated,
         "stop_type": d.stop_type.name(),
         "stopping_word": d.stopping_word,
         "tokens_cached": d.cached_tokens,
@@ -1201,7 +1229,8 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
         .iter()
         .map(|c| (c.prompt_index, c.prompt_tokens))
         .collect();
-    let thinking_open: Vec<bool> = choices.iter().map(|c| c.thinking_open).collect();
+    let thinking_open: Vec<Option<String>> =
+        choices.iter().map(|c| c.thinking_open.clone()).collect();
     let streams: Vec<BoxStream<'static, (usize, Event)>> = choices
         .into_iter()
         .enumerate()
@@ -1297,7 +1326,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                         let delta = match &shape.chat {
                             Some(c) => {
                                 full[i].push_str(&d.text);
-                                let m = c.parse(&full[i], false, i, thinking_open[i]);
+                                let m = c.parse(&full[i], false, i, thinking_open[i].as_deref());
                                 chat_delta(&m, &mut sent[i])
                             }
                             None => json!({"content": d.text}),
@@ -1352,7 +1381,7 @@ async fn drive_stream(run: Run, shape: Shape, tx: mpsc::Sender<String>) {
                     Api::Chat => {
                         let (delta, reason) = match &shape.chat {
                             Some(c) => {
-                                let m = c.parse(&full[i], true, i, thinking_open[i]);
+                                let m = c.parse(&full[i], true, i, thinking_open[i].as_deref());
                                 let mut delta = chat_delta(&m, &mut sent[i]);
                                 if !m.tool_calls.is_empty() {
                                     delta["tool_calls"] = tool_calls_json(&m.tool_calls, true);
@@ -1427,7 +1456,76 @@ fn base_params(
         &merged
     };
     let (sampling, text_bias) = api::sampling(map, st.0.info.n_vocab)?;
+    let int = |key: &str, min: i64| -> Result<i64, ApiError> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(if min < 0 { 0 } else { min }),
+            Some(v) => v
+                .as_i64()
+                .filter(|&n| n >= min && n <= i64::from(i32::MAX))
+                .ok_or_else(|| {
+                    ApiError::invalid_param(key, format!("must be an integer of at least {min}"))
+                }),
+        }
+    };
+    let n_keep = int("n_keep", -1)? as i32;
+    let n_discard = int("n_discard", 0)? as u32;
+    let n_cache_reuse = int("n_cache_reuse", 0)? as u32;
+    // llama-server: the request's budget (-1: the server's `--reasoning-budget`).
+    let budget_of = |m: &serde_json::Map<String, Value>| -> Result<i64, ApiError> {
+        let key = ["reasoning_budget_tokens", "thinking_budget_tokens"]
+            .into_iter()
+            .find(|k| m.get(*k).is_some_and(|v| !v.is_null()));
+        match key {
+            None => Ok(-1),
+            Some(k) => m[k]
+                .as_i64()
+                .filter(|&n| (-1..=i64::from(i32::MAX)).contains(&n))
+                .ok_or_else(|| ApiError::invalid_param(k, "must be an integer of at least -1")),
+        }
+    };
+    let mut reasoning_budget = budget_of(map)?;
+    if reasoning_budget == -1 {
+        reasoning_budget = budget_of(defaults)?;
+    }
+    let text = |key: &str| -> Result<Option<String>, ApiError> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::invalid_param(key, "must be a string")),
+        }
+    };
+    let reasoning_budget_message = text("reasoning_budget_message")?.unwrap_or_default();
+    let end_tags = match (
+        map.get("reasoning_budget_end_tags"),
+        text("reasoning_budget_end_tag")?,
+    ) {
+        (Some(Value::Array(tags)), _) => tags
+            .iter()
+            .map(|t| {
+                t.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::invalid_param("reasoning_budget_end_tags", "must be strings")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        (Some(Value::Null) | None, Some(tag)) => vec![tag],
+        (Some(Value::Null) | None, None) => Vec::new(),
+        (Some(_), _) => {
+            return Err(ApiError::invalid_param(
+                "reasoning_budget_end_tags",
+                "must be an array of strings",
+            ));
+        }
+    };
+    let reasoning_tags = text("reasoning_budget_start_tag")?
+        .filter(|s| !s.is_empty() && !end_tags.is_empty())
+        .map(|start| (start, end_tags));
     Ok(GenParams {
+        n_keep,
+        n_discard,
+        n_cache_reuse,
+        reasoning_budget: reasoning_budget as i32,
+        reasoning_budget_message,
+        reasoning_tags,
         sampling,
         text_bias,
         max_tokens: None,

@@ -12,10 +12,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use lamina_grammar::{Grammar, Matcher, TokenIndex};
-use lamina_sample::{SampleError, SamplerChain, SamplingParams, token_prob, top_probs};
+use lamina_sample::{
+    ReasoningBudget, SampleError, SamplerChain, SamplingParams, token_prob, top_probs,
+};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{Batch, ChatMessage, Engine, EngineError, Token};
+use crate::engine::{Batch, ChatMessage, Engine, EngineError, Pos, Token};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -86,6 +88,38 @@ impl ChatPrompt {
         }
         Ok(text)
     }
+
+    /// What the generation prompt adds to the conversation (llama.cpp's
+    /// `common_chat_template_generation_prompt`): the rendering with it, past where the
+    /// rendering without it ends. Empty without a generation prompt.
+    pub fn generation_prompt(&self, engine: &dyn Engine) -> Result<String, crate::EngineError> {
+        if !self.add_generation_prompt && self.continuation.is_none() {
+            return Ok(String::new());
+        }
+        let with = ChatPrompt {
+            add_generation_prompt: true,
+            continuation: None,
+            ..self.clone()
+        }
+        .render(engine)?;
+        let without = ChatPrompt {
+            add_generation_prompt: false,
+            continuation: None,
+            ..self.clone()
+        }
+        .render(engine)?;
+        let common = with
+            .bytes()
+            .zip(without.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        // At a character boundary, for slicing.
+        let common = (0..=common)
+            .rev()
+            .find(|&i| with.is_char_boundary(i))
+            .unwrap_or(0);
+        Ok(with[common..].to_string())
+    }
 }
 
 /// Everything about one generation besides its prompt.
@@ -122,6 +156,22 @@ pub struct GenParams {
     pub timings_per_token: bool,
     /// Run in this slot (`id_slot`), waiting for it if busy.
     pub id_slot: Option<u32>,
+    /// Prompt tokens a context shift keeps (`n_keep`; -1: the whole prompt).
+    pub n_keep: i32,
+    /// Tokens a context shift drops after the kept ones (`n_discard`; 0: half of them).
+    pub n_discard: u32,
+    /// Smallest chunk of the slot's cached prompt moved into place for a new prompt that has
+    /// it further on (`n_cache_reuse`, llama-server's `--cache-reuse`; 0: none).
+    pub n_cache_reuse: u32,
+    /// Generated tokens allowed inside a reasoning block before its end tag is forced
+    /// (`reasoning_budget_tokens`, `--reasoning-budget`; negative: no limit).
+    pub reasoning_budget: i32,
+    /// Text forced before the end tag when the budget runs out.
+    pub reasoning_budget_message: String,
+    /// The reasoning block's start tag and end tags when the request names them
+    /// (`reasoning_budget_start_tag`, `reasoning_budget_end_tags`); a chat takes its
+    /// template's.
+    pub reasoning_tags: Option<(String, Vec<String>)>,
 }
 
 impl Default for GenParams {
@@ -143,6 +193,12 @@ impl Default for GenParams {
             post_sampling_probs: false,
             timings_per_token: false,
             id_slot: None,
+            n_keep: 0,
+            n_discard: 0,
+            n_cache_reuse: 0,
+            reasoning_budget: -1,
+            reasoning_budget_message: String::new(),
+            reasoning_tags: None,
         }
     }
 }
@@ -224,16 +280,19 @@ pub struct Done {
     pub prompt_ms: f64,
     pub predicted_ms: f64,
     pub slot: u32,
+    /// The context filled up: generation stopped there, or went on after shifting it.
+    pub truncated: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// `thinking_open`: the rendered chat prompt ends inside an opened `<think>` block
-    /// (DeepSeek R1's template opens it), so the answer starts with reasoning.
+    /// (DeepSeek R1's template opens it), so the answer starts with reasoning; it holds
+    /// what the prompt wrote after the tag (its line break).
     /// `prompt`: the prompt's tokens as text, control tokens rendered.
     Accepted {
         prompt_tokens: usize,
-        thinking_open: bool,
+        thinking_open: Option<String>,
         prompt: String,
     },
     Delta(Delta),
@@ -350,12 +409,21 @@ pub enum SlotAction {
     Erase,
 }
 
-/// The prompt cache's settings (`--cache-ram`, `--cache-idle-slots`, `--verbose`).
+/// The KV cache's settings (`--cache-ram`, `--cache-idle-slots`, `--context-shift`,
+/// `--verbose`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheSettings {
     /// 0: no prompt cache.
     pub ram_bytes: usize,
     pub idle_slots: bool,
+    /// A generation that fills its slot's context goes on after dropping older tokens
+    /// (llama-server's `--context-shift`), where the engine can move cached tokens.
+    pub ctx_shift: bool,
+    /// `--swa-full`: llama-server then makes no context checkpoints, so it splits no
+    /// prompt for them (see [`Scheduler::prompt_breaks`]).
+    pub swa_full: bool,
+    /// `--spm-infill`: `/infill` prompts put the suffix first.
+    pub spm_infill: bool,
     pub verbose: bool,
 }
 
@@ -407,7 +475,14 @@ pub fn spawn(
     sched.sleep_after = sleep_after;
     sched.prompt_cache = (cache.ram_bytes > 0).then(|| PromptCache::new(cache.ram_bytes));
     sched.cache_idle_slots = cache.idle_slots;
+    sched.ctx_shift = cache.ctx_shift && sched.engine.can_shift();
+    if cache.ctx_shift && !sched.ctx_shift {
+        tracing::warn!("context shift is not supported by this engine; it is disabled");
+    }
     sched.verbose = cache.verbose;
+    sched.spm_infill = cache.spm_infill;
+    let n_swa = sched.engine.n_swa();
+    sched.prompt_breaks = (n_swa > 0 && !cache.swa_full).then(|| sched.engine.n_ubatch() as usize);
     if sched.cache_idle_slots && sched.prompt_cache.is_some() {
         sched.trace("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__");
     }
@@ -436,6 +511,7 @@ struct Active {
     sampler: SamplerChain,
     prompt: Vec<Token>,
     cached_tokens: usize,
+    budget: Option<ReasoningBudget>,
     /// Sampled but not yet decoded (fed in the next batch).
     next_token: Option<Token>,
     n_decoded: usize,
@@ -448,6 +524,8 @@ struct Active {
     pending_probs: Vec<TokenProbs>,
     t_admit: Instant,
     t_prompt_done: Option<Instant>,
+    /// The context filled up (and was shifted, or ended the generation).
+    truncated: bool,
 }
 
 struct Slot {
@@ -534,7 +612,17 @@ struct Queued {
     job: Job,
     tokens: Vec<Token>,
     sampler: SamplerChain,
+    budget: Option<ReasoningBudget>,
 }
+
+/// What [`Scheduler::prepare`] makes of a job: its prompt tokens, sampler, whether the prompt
+/// opened a `<think>` block, and its reasoning budget.
+type Prepared = (
+    Vec<Token>,
+    SamplerChain,
+    Option<String>,
+    Option<ReasoningBudget>,
+);
 
 pub struct Scheduler {
     engine: Box<dyn Engine>,
@@ -560,6 +648,15 @@ pub struct Scheduler {
     pub cache_idle_slots: bool,
     /// `--verbose`: what the prompt cache does is printed.
     pub verbose: bool,
+    /// `--context-shift`, granted by the engine.
+    pub ctx_shift: bool,
+    /// `--spm-infill`: `/infill` prompts put the suffix before the prefix.
+    pub spm_infill: bool,
+    /// For a model with sliding-window layers, llama-server evaluates the last `4 + n_ubatch`
+    /// and the last 4 tokens of a prompt in batches of their own (to checkpoint the window
+    /// before them). The batches decide how sums are grouped, so Lamina splits prompts there
+    /// too to compute the same bits: `Some(n_ubatch)` where it does.
+    pub prompt_breaks: Option<usize>,
     sleeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -590,6 +687,9 @@ impl Scheduler {
             prompt_cache: None,
             cache_idle_slots: false,
             verbose: false,
+            ctx_shift: false,
+            spm_infill: false,
+            prompt_breaks: None,
             sleeping: Arc::default(),
             engine,
         }
@@ -688,7 +788,7 @@ impl Scheduler {
         }
         match cmd {
             Command::Generate(job) => match self.prepare(&job) {
-                Ok((tokens, sampler, thinking_open)) => {
+                Ok((tokens, sampler, thinking_open, budget)) => {
                     if job
                         .events
                         .send(Event::Accepted {
@@ -709,6 +809,7 @@ impl Scheduler {
                             job,
                             tokens,
                             sampler,
+                            budget,
                         });
                     }
                 }
@@ -781,8 +882,14 @@ impl Scheduler {
 
     /// Tokenizes and validates a job and builds its sampler: every client mistake is
     /// found here, before the request is queued.
-    fn prepare(&self, job: &Job) -> Result<(Vec<Token>, SamplerChain, bool), ApiError> {
-        let mut thinking_open = false;
+    fn prepare(&self, job: &Job) -> Result<Prepared, ApiError> {
+        let mut thinking_open = None;
+        // The reasoning block's tags, and the generation prompt the budget sees first.
+        let mut reasoning = job
+            .params
+            .reasoning_tags
+            .clone()
+            .map(|t| (t, String::new()));
         let tokens = match &job.prompt {
             Prompt::Text { text, add_special } => self.engine.tokenize(text, *add_special, true),
             Prompt::Tokens(tokens) => {
@@ -803,7 +910,21 @@ impl Scheduler {
             Prompt::Infill(p) => self.infill_prompt(p, job.params.max_tokens)?,
             Prompt::Chat(chat) => {
                 let text = chat.render(&self.engine).map_err(template_error)?;
-                thinking_open = text.trim_end().ends_with("<think>");
+                if text.trim_end().ends_with(lamina_chat::THINK_START)
+                    && let Some(at) = text.rfind(lamina_chat::THINK_START)
+                {
+                    thinking_open = Some(text[at + lamina_chat::THINK_START.len()..].to_string());
+                }
+                if reasoning.is_none()
+                    && job.params.reasoning_budget >= 0
+                    && let Some((start, end)) =
+                        lamina_chat::template_reasoning_markers(&self.engine.chat_template_source())
+                {
+                    let gen_prompt = chat
+                        .generation_prompt(&self.engine)
+                        .map_err(template_error)?;
+                    reasoning = Some(((start.to_string(), vec![end.to_string()]), gen_prompt));
+                }
                 self.engine.tokenize(&text, true, true)
             }
         };
@@ -893,7 +1014,41 @@ impl Scheduler {
                 job.params.grammar_triggers.clone(),
             );
         }
-        Ok((tokens, sampler, thinking_open))
+        // As llama.cpp: a budget sampler only with a limit, for tags that tokenize.
+        let budget = reasoning
+            .filter(|_| job.params.reasoning_budget >= 0)
+            .and_then(|((start, ends), gen_prompt)| {
+                let tok = |t: &str| self.engine.tokenize(t, false, true);
+                let start = tok(&start);
+                let ends: Vec<Vec<Token>> = ends
+                    .iter()
+                    .filter(|e| !e.is_empty())
+                    .map(|e| tok(e))
+                    .collect();
+                let first_end = ends.first()?.clone();
+                if start.is_empty() {
+                    return None;
+                }
+                let mut forced = if job.params.reasoning_budget_message.is_empty() {
+                    Vec::new()
+                } else {
+                    tok(&job.params.reasoning_budget_message)
+                };
+                forced.extend(first_end);
+                let mut b = ReasoningBudget::new(start, &ends, forced, job.params.reasoning_budget);
+                // As llama.cpp's sampler init: the generation prompt's tokens, less a space
+                // some tokenizers put before its first token.
+                for (i, t) in tok(&gen_prompt).into_iter().enumerate() {
+                    let piece = self.engine.token_to_piece_special(t);
+                    let space = |c: Option<&u8>| c.is_some_and(u8::is_ascii_whitespace);
+                    if i == 0 && space(piece.first()) && !space(gen_prompt.as_bytes().first()) {
+                        continue;
+                    }
+                    b.accept(t, &self.engine.token_to_piece(t));
+                }
+                Some(b)
+            });
+        Ok((tokens, sampler, thinking_open, budget))
     }
 
     fn embed(
@@ -1118,18 +1273,30 @@ impl Scheduler {
         {
             out.push(b);
         }
-        out.push(pre);
-        out.extend(prefix);
-        out.extend(prompt);
-        out.push(suf);
-        out.extend(suffix);
+        let prefix_part = std::iter::once(pre).chain(prefix).chain(prompt);
+        let suffix_part = std::iter::once(suf).chain(suffix);
+        // `--spm-infill`: suffix first (the order some models were trained with).
+        if self.spm_infill {
+            out.extend(suffix_part);
+            out.extend(prefix_part);
+        } else {
+            out.extend(prefix_part);
+            out.extend(suffix_part);
+        }
         out.push(mid);
         Ok(out)
     }
 
-    /// llama-server's rerank prompt for a model without a rerank template: [BOS] query
-    /// [EOS] [SEP] document [EOS], each special token as the vocabulary asks for it.
+    /// llama-server's rerank prompt: the model's rerank template with the query and the
+    /// document put in (control tokens parsed); without one, [BOS] query [EOS] [SEP]
+    /// document [EOS], each special token as the vocabulary asks for it.
     fn rerank_prompt(&self, query: &str, document: &str) -> Vec<Token> {
+        if let Some(template) = self.engine.rerank_template() {
+            let prompt = template
+                .replace("{query}", query)
+                .replace("{document}", document);
+            return self.engine.tokenize(&prompt, false, true);
+        }
         let info = self.engine.special_tokens();
         let mut out = Vec::new();
         if info.add_bos
@@ -1168,6 +1335,7 @@ impl Scheduler {
     fn step(&mut self) {
         self.reap();
         self.admit();
+        self.shift_full_slots();
         self.update_gauges();
 
         self.batch.clear();
@@ -1187,7 +1355,16 @@ impl Scheduler {
             if a.next_token.is_some() || done >= a.prompt.len() || room == 0 {
                 continue;
             }
-            let end = a.prompt.len().min(done + room);
+            let mut end = a.prompt.len().min(done + room);
+            if let Some(n_ubatch) = self.prompt_breaks {
+                let n = a.prompt.len();
+                for n_last in [4 + n_ubatch, 4] {
+                    let at = n.saturating_sub(n_last.min(self.n_batch));
+                    if done < at && at < end {
+                        end = at;
+                    }
+                }
+            }
             for (k, &tok) in a.prompt[done..end].iter().enumerate() {
                 let pos = done + k;
                 let last = pos + 1 == a.prompt.len();
@@ -1385,6 +1562,12 @@ impl Scheduler {
             } else {
                 (free[0], 0)
             };
+            let n_reuse = q.job.params.n_cache_reuse as usize;
+            let n_common = if n_reuse > 0 && q.job.params.cache_prompt && self.engine.can_shift() {
+                self.reuse_cache_chunks(i, &q.tokens, n_reuse)
+            } else {
+                n_common
+            };
             // At least the last prompt token is evaluated again, for its logits.
             let keep = n_common.min(q.tokens.len() - 1);
             let slot = &mut self.slots[i];
@@ -1419,6 +1602,7 @@ impl Scheduler {
                 sampler,
                 prompt: q.tokens,
                 cached_tokens: keep,
+                budget: q.budget,
                 next_token: None,
                 n_decoded: 0,
                 stops,
@@ -1428,6 +1612,7 @@ impl Scheduler {
                 pending_probs: Vec::new(),
                 t_admit: Instant::now(),
                 t_prompt_done: None,
+                truncated: false,
             });
             if self.cache_idle_slots && self.prompt_cache.is_some() {
                 let unified =
@@ -1448,6 +1633,100 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// llama-server's context shift: a generating slot whose next token would fill its
+    /// context keeps its first `n_keep` tokens, drops `n_discard` after them (half of the
+    /// rest by default) and moves what follows down, then goes on.
+    fn shift_full_slots(&mut self) {
+        if !self.ctx_shift {
+            return;
+        }
+        let add_bos = self.engine.special_tokens().add_bos;
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            let Some(a) = &slot.active else { continue };
+            let n_cached = slot.cache.len();
+            if a.next_token.is_none() || n_cached + 1 < self.n_ctx_seq {
+                continue;
+            }
+            let mut n_keep = if a.params.n_keep < 0 {
+                a.prompt.len()
+            } else {
+                a.params.n_keep as usize
+            };
+            if add_bos {
+                n_keep += 1;
+            }
+            let n_keep = n_keep.min(self.n_ctx_seq.saturating_sub(4));
+            let n_left = n_cached.saturating_sub(n_keep);
+            let n_discard = match a.params.n_discard {
+                0 => n_left / 2,
+                n => n as usize,
+            }
+            .min(n_left.saturating_sub(1));
+            let id = slot.id;
+            self.trace(&format!(
+                "slot {id} context shift, n_keep = {n_keep}, n_left = {n_left}, n_discard = {n_discard}"
+            ));
+            let (keep, end) = (n_keep as Pos, (n_keep + n_discard) as Pos);
+            self.engine.seq_rm(id, keep, Some(end));
+            if let Err(e) = self
+                .engine
+                .seq_add(id, end, Some(n_cached as Pos), -(n_discard as i32))
+            {
+                self.fail_slot(i, ApiError::internal(e.to_string()));
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            slot.cache.drain(n_keep..n_keep + n_discard);
+            if let Some(a) = &mut slot.active {
+                a.truncated = true;
+            }
+        }
+    }
+
+    /// llama-server's `--cache-reuse`: after the common prefix `n_past` of slot `i`'s cache
+    /// and `tokens`, chunks of at least `n_reuse` cached tokens that `tokens` has further on
+    /// are moved to where it has them; returns the tokens now in place.
+    fn reuse_cache_chunks(&mut self, i: usize, tokens: &[Token], n_reuse: usize) -> usize {
+        let id = self.slots[i].id;
+        let cache = &mut self.slots[i].cache;
+        let mut n_past = cache.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let (mut head_c, mut head_p) = (n_past, n_past);
+        while head_c < cache.len() && head_p < tokens.len() {
+            let n_match = cache[head_c..]
+                .iter()
+                .zip(&tokens[head_p..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            if n_match >= n_reuse {
+                let shift = head_p as i64 - head_c as i64;
+                self.engine.seq_rm(id, head_p as Pos, Some(head_c as Pos));
+                if self
+                    .engine
+                    .seq_add(
+                        id,
+                        head_c as Pos,
+                        Some((head_c + n_match) as Pos),
+                        shift as i32,
+                    )
+                    .is_err()
+                {
+                    break;
+                }
+                cache.copy_within(head_c..head_c + n_match, head_p);
+                n_past += n_match;
+                head_c += n_match;
+                head_p += n_match;
+            } else {
+                head_c += 1;
+            }
+        }
+        // What is past the reused tokens is stale.
+        cache.truncate(n_past);
+        self.engine.seq_rm(id, n_past as Pos, None);
+        n_past
     }
 
     fn trace(&self, what: &str) {
@@ -1517,6 +1796,7 @@ impl Scheduler {
             metrics,
             n_vocab,
             n_ctx_seq,
+            ctx_shift,
             ..
         } = self;
         let n_cached = slots[i].cache.len();
@@ -1536,6 +1816,17 @@ impl Scheduler {
             );
             return After::Fail(ApiError::internal(msg));
         }
+        // A spent reasoning budget forces its end tag: every other token is -inf.
+        let forced;
+        let logits = match &a.budget {
+            Some(b) if b.forced_token().is_some() => {
+                let mut l = logits.to_vec();
+                b.apply(&mut l);
+                forced = l;
+                &forced[..]
+            }
+            _ => logits,
+        };
         let tok = match a.sampler.sample(logits) {
             Ok(t) => t,
             Err(SampleError::GrammarDeadEnd) => {
@@ -1545,6 +1836,9 @@ impl Scheduler {
         };
         if let Err(e) = a.sampler.accept(tok) {
             return After::Fail(ApiError::internal(e.to_string()));
+        }
+        if let Some(b) = &mut a.budget {
+            b.accept(tok, &engine.token_to_piece(tok));
         }
         if a.t_prompt_done.is_none() {
             a.t_prompt_done = Some(Instant::now());
@@ -1608,8 +1902,13 @@ impl Scheduler {
             .params
             .max_tokens
             .is_some_and(|m| a.n_decoded >= m as usize);
-        // The sampled token would go to position n_cached: there must be a cell for it.
-        if limit || n_cached >= *n_ctx_seq {
+        if limit {
+            return After::Finish(StopType::Limit, None);
+        }
+        // As llama-server: without context shift, a generation ends when the cache would be
+        // full with the sampled token (which is returned, not evaluated).
+        if !*ctx_shift && n_cached + 1 >= *n_ctx_seq {
+            a.truncated = true;
             return After::Finish(StopType::Limit, None);
         }
         a.next_token = Some(tok);
@@ -1627,6 +1926,7 @@ impl Scheduler {
                     prompt_ms: t_prompt.duration_since(a.t_admit).as_secs_f64() * 1e3,
                     predicted_ms: now.duration_since(t_prompt).as_secs_f64() * 1e3,
                     slot: 0,
+                    truncated: a.truncated,
                 }
             });
             let delta = Delta {
@@ -1678,6 +1978,7 @@ impl Scheduler {
             prompt_ms,
             predicted_ms,
             slot: slot.id,
+            truncated: a.truncated,
         }));
     }
 
@@ -1771,6 +2072,28 @@ fn complete_utf8_len(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rerank_prompts_follow_the_models_template() {
+        let metrics = Arc::new(Metrics::default());
+        let plain = Scheduler::new(
+            Box::new(crate::fake::FakeEngine::new(64, 1)),
+            8,
+            metrics.clone(),
+        );
+        // The fake adds no BOS/EOS/SEP to rerank prompts: the two texts, as bytes.
+        assert_eq!(
+            plain.rerank_prompt("q", "d"),
+            vec![u32::from(b'q'), u32::from(b'd')]
+        );
+        let engine =
+            crate::fake::FakeEngine::new(64, 1).with_rerank_template("<s>Q{query}D{document}");
+        let templated = Scheduler::new(Box::new(engine), 8, metrics);
+        let want: Vec<u32> = std::iter::once(crate::fake::BOS)
+            .chain(b"QxyDz".iter().map(|&b| u32::from(b)))
+            .collect();
+        assert_eq!(templated.rerank_prompt("xy", "z"), want);
+    }
 
     #[test]
     fn utf8_holdback() {

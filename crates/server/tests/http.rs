@@ -380,11 +380,27 @@ async fn max_tokens_and_context_give_length() {
     .await;
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // As llama-server (its test_ctx_shift.py: "8 tokens prompt + 248 tokens generated = 256
+    // tokens total"): the last token sampled fills the context and is not evaluated.
     let prompt_n = text_prompt("abc").len() as u64;
     assert_eq!(
         v["usage"]["completion_tokens"].as_u64().unwrap() + prompt_n,
-        64 + 1
+        64
     );
+    let r = post(
+        addr,
+        "/completion",
+        json!({"prompt": "abc", "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.json()["truncated"], true);
+    let r = post(
+        addr,
+        "/completion",
+        json!({"prompt": "abc", "n_predict": 4, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.json()["truncated"], false);
 }
 
 #[tokio::test]

@@ -160,3 +160,30 @@ async fn infill_frames_the_prompt_with_fim_tokens() {
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
     }
 }
+
+/// `--spm-infill` puts the suffix before the prefix, as llama-server's.
+#[tokio::test]
+async fn spm_infill_puts_the_suffix_first() {
+    use lamina_server::fake::FakeEngine;
+    for (spm, want) in [
+        (false, "\u{3}def f(\u{4}):\u{5}"),
+        (true, "\u{4}):\u{3}def f(\u{5}"),
+    ] {
+        let engine = FakeEngine::new(4096, 1).with_fim(3, 4, 5);
+        let config = ServerConfig {
+            spm_infill: spm,
+            ..ServerConfig::default()
+        };
+        let addr = lamina_server::spawn_local(Box::new(engine), config)
+            .await
+            .unwrap();
+        let v = post(
+            addr,
+            "/infill",
+            json!({"input_prefix": "def f(", "input_suffix": "):", "n_predict": 1}),
+        )
+        .await
+        .json();
+        assert_eq!(v["prompt"], want, "spm {spm}");
+    }
+}

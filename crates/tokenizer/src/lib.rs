@@ -169,6 +169,11 @@ impl Tokenizer {
     pub fn chat_template_tool_use(&self) -> Option<&str> {
         self.v.chat_template_tool_use.as_deref()
     }
+    /// `tokenizer.chat_template.rerank` (a reranker's prompt, `{query}` and `{document}`
+    /// in it), when the file has one.
+    pub fn chat_template_rerank(&self) -> Option<&str> {
+        self.v.chat_template_rerank.as_deref()
+    }
 
     /// Tokenizes `text`. `add_special` adds BOS/EOS/SEP as the model asks; `parse_special`
     /// turns the text of control tokens (e.g. `<|im_start|>`) into those tokens (user-defined

@@ -117,6 +117,8 @@ pub(crate) struct Vocab {
     pub piece_cache: PieceTable,
     pub chat_template: Option<String>,
     pub chat_template_tool_use: Option<String>,
+    /// `tokenizer.chat_template.rerank`: a reranker's prompt with `{query}` and `{document}`.
+    pub chat_template_rerank: Option<String>,
 }
 
 fn bad(key: &str, message: impl Into<String>) -> TokenizerError {
@@ -633,6 +635,9 @@ impl Vocab {
             chat_template: md.get_str("tokenizer.chat_template")?.map(str::to_string),
             chat_template_tool_use: md
                 .get_str("tokenizer.chat_template.tool_use")?
+                .map(str::to_string),
+            chat_template_rerank: md
+                .get_str("tokenizer.chat_template.rerank")?
                 .map(str::to_string),
         };
         if v.kind == VocabKind::Spm {

@@ -21,6 +21,9 @@ struct Dims {
     n_vocab: usize,
     n_seq_max: u32,
     n_embd: usize,
+    /// Sliding window of the model's SWA layers (0: none).
+    n_swa: u32,
+    n_ubatch: u32,
 }
 
 /// Which chat template to use: llama-server's `--jinja` / `--no-jinja` and
@@ -109,6 +112,12 @@ impl ModelEngine {
             n_vocab: hp.n_vocab as usize,
             n_seq_max: ctx.params().n_seq_max as u32,
             n_embd: hp.n_embd as usize,
+            n_swa: if hp.swa_layers.iter().any(|&s| s) {
+                hp.n_swa
+            } else {
+                0
+            },
+            n_ubatch: ctx.params().n_ubatch as u32,
         };
         Ok(ModelEngine {
             ctx: Some(ctx),
@@ -273,6 +282,31 @@ impl Engine for ModelEngine {
         if let Some(c) = &mut self.ctx {
             c.seq_rm(Some(seq_id as usize), Some(p0), p1);
         }
+    }
+    fn can_shift(&self) -> bool {
+        true
+    }
+    fn rerank_template(&self) -> Option<String> {
+        self.tokenizer.chat_template_rerank().map(str::to_string)
+    }
+    fn n_swa(&self) -> u32 {
+        self.dims.n_swa
+    }
+    fn n_ubatch(&self) -> u32 {
+        self.dims.n_ubatch
+    }
+    fn seq_add(
+        &mut self,
+        seq_id: SeqId,
+        p0: u32,
+        p1: Option<u32>,
+        delta: i32,
+    ) -> Result<(), EngineError> {
+        let p0 = i32::try_from(p0).unwrap_or(i32::MAX);
+        let p1 = p1.map(|p| i32::try_from(p).unwrap_or(i32::MAX));
+        self.ctx_mut()?
+            .seq_add(seq_id as usize, Some(p0), p1, delta)
+            .map_err(engine_error)
     }
     fn seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>, EngineError> {
         self.ctx_mut()?

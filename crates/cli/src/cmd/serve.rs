@@ -198,6 +198,36 @@ pub struct ServeArgs {
     /// applied by the attention mask), so this changes nothing.
     #[arg(long = "swa-full")]
     pub swa_full: bool,
+    /// Tokens a reasoning block (`<think>`…) may take before its end tag is forced (-1: no
+    /// limit, 0: end it at once); a request's `reasoning_budget_tokens` wins.
+    #[arg(long = "reasoning-budget", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-1..))]
+    pub reasoning_budget: Option<i32>,
+    /// Text forced before the end tag when the reasoning budget runs out.
+    #[arg(long = "reasoning-budget-message", value_name = "MESSAGE")]
+    pub reasoning_budget_message: Option<String>,
+    /// `/infill` prompts in suffix/prefix/middle order instead of prefix/suffix/middle
+    /// (for models trained that way).
+    #[arg(long = "spm-infill")]
+    pub spm_infill: bool,
+    /// Lamina runs no warm-up pass before serving, so this is what it always does; accepted
+    /// for llama-server's command lines.
+    #[arg(long = "no-warmup")]
+    pub no_warmup: bool,
+    /// When a generation fills its slot's context, drop the older half of what follows
+    /// the kept tokens and go on (llama-server's context shift; off by default).
+    #[arg(long = "context-shift", overrides_with = "no_context_shift")]
+    pub context_shift: bool,
+    /// End a generation that fills its slot's context (the default).
+    #[arg(long = "no-context-shift")]
+    pub no_context_shift: bool,
+    /// Prompt tokens a context shift keeps (-1: the whole prompt); a request's `n_keep`
+    /// wins.
+    #[arg(long = "keep", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-1..))]
+    pub keep: Option<i32>,
+    /// Smallest chunk of a slot's cached prompt that is moved into place when a new prompt
+    /// has it further on (0: off); a request's `n_cache_reuse` wins.
+    #[arg(long = "cache-reuse", value_parser = clap::value_parser!(u32))]
+    pub cache_reuse: Option<u32>,
     /// All slots share the whole KV cache (`-kvu`) instead of an equal part each.
     #[arg(long = "kv-unified")]
     pub kv_unified: bool,
@@ -214,12 +244,12 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long = "max-body-bytes", default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
-    /// Most tokens per decode step.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    /// Most tokens per decode step (llama-server's default).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
     pub batch_size: u32,
-    /// Most tokens per forward pass (`-ub`; default: `--batch-size`).
-    #[arg(long = "ubatch-size")]
-    pub ubatch_size: Option<u32>,
+    /// Most tokens per forward pass (`-ub`; at most `--batch-size`).
+    #[arg(long = "ubatch-size", default_value_t = 512)]
+    pub ubatch_size: u32,
     /// Requests that may wait for a free slot before the server answers 503.
     #[arg(long = "queue-size", default_value_t = 64)]
     pub queue_size: usize,
@@ -281,6 +311,16 @@ impl ServeArgs {
         put("repeat_last_n", self.repeat_last_n.map(Into::into));
         put("presence_penalty", self.presence_penalty.map(Into::into));
         put("frequency_penalty", self.frequency_penalty.map(Into::into));
+        put("n_keep", self.keep.map(Into::into));
+        put("n_cache_reuse", self.cache_reuse.map(Into::into));
+        put(
+            "reasoning_budget_tokens",
+            self.reasoning_budget.map(Into::into),
+        );
+        put(
+            "reasoning_budget_message",
+            self.reasoning_budget_message.clone().map(Into::into),
+        );
         let n_predict = match self.n_predict {
             None => None,
             Some(n) if n < 0 => None,
@@ -320,6 +360,9 @@ impl ServeArgs {
                 None => 0,
             },
             cache_idle_slots: !self.no_cache_idle_slots,
+            ctx_shift: self.context_shift && !self.no_context_shift,
+            swa_full: self.swa_full,
+            spm_infill: self.spm_infill,
             sleep_idle: self
                 .sleep_idle_seconds
                 .filter(|&s| s > 0)
@@ -457,18 +500,12 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--grp-attn-n",
     "-gaw",
     "--grp-attn-w",
-    "--context-shift",
-    "--cache-reuse",
     "--ssl-key-file",
     "--ssl-cert-file",
     "--api-prefix",
     "--path",
     "--props",
-    "--reasoning-budget",
-    "--reasoning-budget-message",
     "--chat-template-kwargs",
-    "--spm-infill",
-    "--keep",
     "--rope-scaling",
     "--rope-scale",
     "--rope-freq-base",
@@ -500,7 +537,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--embd-normalize",
     "--reuse-port",
     "--sse-ping-interval",
-    "--no-context-shift",
     "--prefill-assistant",
     "--no-prefill-assistant",
     "--skip-chat-parsing",

@@ -86,7 +86,8 @@ pub fn reference(
             bytes.truncate(p);
             return (String::from_utf8_lossy(&bytes).into_owned(), n, "stop");
         }
-        if max_tokens.is_some_and(|m| n >= m) || pos >= n_ctx_seq as usize {
+        // As llama-server: the token that would fill the context ends the generation.
+        if max_tokens.is_some_and(|m| n >= m) || pos + 1 >= n_ctx_seq as usize {
             return (String::from_utf8_lossy(&bytes).into_owned(), n, "length");
         }
         let mut b = Batch::default();
