@@ -44,6 +44,16 @@ pub enum BackendError {
     Device { device: String, message: String },
     #[error("the queue of device {0} has stopped")]
     QueueClosed(String),
+    /// A wait of the device layer outlived its bound ([`crate::wait_bound`]).
+    #[error(
+        "timed out after {} s waiting for {what} (the device seems hung; LAMINA_DEVICE_TIMEOUT \
+         sets the bound)",
+        waited.as_secs_f64()
+    )]
+    Timeout {
+        what: String,
+        waited: std::time::Duration,
+    },
     #[error(transparent)]
     Graph(#[from] GraphError),
 }

@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::BackendError;
 use crate::device::DeviceKey;
 
 #[derive(Debug, Default)]
@@ -89,18 +90,24 @@ impl Event {
         self.0.cv.notify_all();
     }
 
-    /// Blocks the calling thread until value `v` is signalled.
-    pub fn wait_for(&self, v: u64) {
-        let mut c = self.counters();
-        while c.completed < v {
-            c = self.0.cv.wait(c).unwrap_or_else(|e| e.into_inner());
-        }
+    /// Blocks the calling thread until value `v` is signalled, at most the device layer's
+    /// wait bound ([`crate::wait_bound`]; each signal restarts it).
+    pub fn wait_for(&self, v: u64) -> Result<(), BackendError> {
+        let c = self.counters();
+        crate::wait::wait_until(
+            &self.0.cv,
+            c,
+            |c| c.completed >= v,
+            |c| c.completed,
+            || format!("event of {} to reach {v}", self.0.device_name),
+        )
+        .map(drop)
     }
 
     /// Blocks the host until the latest record has completed (immediately if never recorded).
-    pub fn synchronize(&self) {
+    pub fn synchronize(&self) -> Result<(), BackendError> {
         let v = self.target();
-        self.wait_for(v);
+        self.wait_for(v)
     }
 
     /// Whether the latest record has completed.

@@ -15,6 +15,7 @@ pub mod event;
 pub mod queue;
 pub mod sched;
 pub mod stream;
+pub mod wait;
 
 pub use alloc::{AllocPlan, GraphAllocator, plan_graph, plan_graph_where};
 pub use buffer::{
@@ -31,3 +32,4 @@ pub use sched::{
     assign_devices, split_graph,
 };
 pub use stream::{PendingRead, Stream, StreamImpl, copy_async, copy_async_unfenced};
+pub use wait::{set_wait_bound, wait_bound};

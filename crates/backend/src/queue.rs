@@ -206,16 +206,18 @@ impl<S: Send + 'static, C: QueuedCommand<S>> CommandQueue<S, C> {
 
     /// Blocks until everything submitted so far has run; returns (and clears) the first error
     /// since the last synchronize.
+    /// Each finished command restarts the wait bound ([`crate::wait_bound`]): only a
+    /// queue that stops making progress times out.
     pub fn synchronize(&self) -> Result<(), BackendError> {
-        let mut p = self.shared.progress();
+        let p = self.shared.progress();
         let target = p.submitted;
-        while p.completed < target {
-            p = self
-                .shared
-                .done_cv
-                .wait(p)
-                .unwrap_or_else(|e| e.into_inner());
-        }
+        let mut p = crate::wait::wait_until(
+            &self.shared.done_cv,
+            p,
+            |p| p.completed >= target,
+            |p| p.completed,
+            || format!("the queue of {} to finish", self.shared.name),
+        )?;
         match p.error.take() {
             Some(e) => Err(e),
             None => Ok(()),

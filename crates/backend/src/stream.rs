@@ -131,22 +131,24 @@ impl PendingRead {
         self.slot().status.is_some()
     }
 
-    fn wait_slot(&self) -> MutexGuard<'_, ReadSlot> {
-        let mut slot = self.slot();
-        while slot.status.is_none() {
-            slot = self.0.1.wait(slot).unwrap_or_else(|e| e.into_inner());
-        }
-        slot
+    fn wait_slot(&self) -> Result<MutexGuard<'_, ReadSlot>, BackendError> {
+        crate::wait::wait_until(
+            &self.0.1,
+            self.slot(),
+            |s| s.status.is_some(),
+            |_| 0,
+            || "a device read to arrive".to_string(),
+        )
     }
 
     /// Blocks until the read has run (the data stays, for a `wait` later).
-    pub fn wait_ready(&self) {
-        drop(self.wait_slot());
+    pub fn wait_ready(&self) -> Result<(), BackendError> {
+        self.wait_slot().map(drop)
     }
 
     /// Blocks until the data arrived and takes it.
     pub fn wait(&self) -> Result<Vec<u8>, BackendError> {
-        let mut slot = self.wait_slot();
+        let mut slot = self.wait_slot()?;
         slot.status.take().expect("waited for")?;
         Ok(std::mem::take(&mut slot.data))
     }
@@ -161,7 +163,7 @@ impl PendingRead {
     /// of logits), which would otherwise stay allocated between batches.
     pub fn wait_f32_into(&self, out: &mut Vec<f32>, max: usize) -> Result<(), BackendError> {
         const KEEP_MAX_BYTES: usize = 8 << 20;
-        let mut slot = self.wait_slot();
+        let mut slot = self.wait_slot()?;
         slot.status.take().expect("waited for")?;
         out.extend(
             slot.data

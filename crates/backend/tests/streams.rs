@@ -345,7 +345,7 @@ fn async_copy_does_not_block_the_host() {
     assert!(!read.is_ready());
     assert!(!done.is_complete());
     g.signal(v);
-    done.synchronize();
+    done.synchronize().unwrap();
     assert_eq!(read.wait().unwrap(), vec![42; 16]);
 }
 
@@ -355,7 +355,7 @@ fn events_record_wait_reuse() {
     let (s0, s1, s2) = (devs[0].stream(), devs[1].stream(), devs[2].stream());
     let ev = devs[0].new_event().unwrap();
     assert!(ev.is_complete(), "a never-recorded event is complete");
-    ev.synchronize();
+    ev.synchronize().unwrap();
     let ev1 = devs[1].new_event().unwrap();
     assert!(matches!(
         s0.record(&ev1),
@@ -378,14 +378,14 @@ fn events_record_wait_reuse() {
         let r2 = s2.get_async(&BufferSlice::whole(&b2)).unwrap();
         assert!(!ev.is_complete() && !r1.is_ready() && !r2.is_ready());
         g.signal(v);
-        ev.synchronize();
+        ev.synchronize().unwrap();
         assert_eq!(r1.wait().unwrap(), vec![round; 4]);
         assert_eq!(r2.wait().unwrap(), vec![round; 4]);
     }
     // A wait captures the record current at enqueue time: a later record does not hold it.
     let (g, v) = gate(&*devs[0]);
     s0.record(&ev).unwrap();
-    ev.synchronize();
+    ev.synchronize().unwrap();
     s1.wait(&ev).unwrap();
     s0.wait(&g).unwrap();
     s0.record(&ev).unwrap();
@@ -556,7 +556,7 @@ fn stress_concurrent_hosts_and_events() {
                         .get_async(&BufferSlice::of_tensor(&g1, y1).unwrap())
                         .unwrap();
                     s1.record(&ev).unwrap();
-                    ev.synchronize();
+                    ev.synchronize().unwrap();
                     let got = r.wait_f32().unwrap();
                     for j in 0..n {
                         assert_eq!(got[j], v[j] * 2.0 + 1.0);

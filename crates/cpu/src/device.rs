@@ -187,10 +187,10 @@ impl QueuedCommand<ExecState> for CpuCommand {
                 fence,
                 done,
             } => {
-                if let Some((ev, v)) = fence {
-                    ev.wait_for(v);
-                }
-                let r = dst.copy_from(&src);
+                // A fence that never came: no copy, but the done event is still signalled
+                // (its waiters get this error from the queue instead of waiting too).
+                let fenced = fence.map_or(Ok(()), |(ev, v)| ev.wait_for(v));
+                let r = fenced.and_then(|()| dst.copy_from(&src));
                 if let Some((ev, v)) = done {
                     ev.signal(v);
                 }
@@ -200,10 +200,7 @@ impl QueuedCommand<ExecState> for CpuCommand {
                 ev.signal(v);
                 Ok(())
             }
-            CpuCommand::Wait(ev, v) => {
-                ev.wait_for(v);
-                Ok(())
-            }
+            CpuCommand::Wait(ev, v) => ev.wait_for(v),
         }
     }
 }
