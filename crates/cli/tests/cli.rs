@@ -288,6 +288,67 @@ fn bad_input_is_a_clear_error() {
     }
 }
 
+/// Context and batch settings that cannot work are refused with one clear line before
+/// anything is allocated (as llama.cpp, a context past the training one only warns).
+#[test]
+fn impossible_context_and_batch_settings_are_refused() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let path = path.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", path, "-p", "x", "-n", "1"];
+        args.extend_from_slice(extra);
+        lamina(&args)
+    };
+    // 2^40 cells: petabytes of cache, refused by size.
+    let o = run(&["-c", "1099511627776"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("needs") && err.contains("free") && err.contains("-ctk q8_0"),
+        "{err}"
+    );
+    assert_eq!(err.matches("KV cache").count(), 1, "said once: {err}");
+    for (flag, value, message) in [
+        ("-b", "0", "-b must be at least 1"),
+        ("--ubatch-size", "0", "-ub must be at least 1"),
+        ("-n", "-3", "-1 (no limit) or -2"),
+        ("-c", "-5", "-5 is negative"),
+        ("-t", "0", "-t must be at least 1"),
+    ] {
+        let mut args = vec!["run", "-m", path, "-p", "x", flag, value];
+        if flag != "-n" {
+            args.extend(["-n", "1"]);
+        }
+        let o = lamina(&args);
+        assert!(!o.status.success(), "{flag} {value}");
+        assert!(
+            stderr(&o).contains(message),
+            "{flag} {value}: {}",
+            stderr(&o)
+        );
+    }
+    // Past the training context: a warning, then it runs.
+    let train = lamina_model::HParams::from_gguf(&lamina_gguf::GgufFile::open(path).unwrap())
+        .unwrap()
+        .n_ctx_train;
+    let c = (2 * train).to_string();
+    let o = run(&["-c", &c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("possible training context overflow"),
+        "{}",
+        stderr(&o)
+    );
+    let o = lamina(&["serve", "-m", path, "-b", "0"]);
+    assert!(
+        stderr(&o).contains("-b must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// `lamina serve` with a real model, driven by the official `openai` Python package (chat,
 /// streaming, completions, logprobs, embeddings, errors).
 #[test]

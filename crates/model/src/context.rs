@@ -444,8 +444,7 @@ impl Context {
                 .checked_sub(in_flight_max)
                 .and_then(|i| in_flight.get(i))
             {
-                f.pending.wait_ready();
-                Ok(())
+                f.pending.wait_ready().map_err(ModelError::from)
             } else {
                 Ok(())
             };

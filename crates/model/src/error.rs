@@ -38,8 +38,36 @@ pub enum ModelError {
     Gguf(#[from] lamina_gguf::GgufError),
     #[error(transparent)]
     Metadata(#[from] lamina_gguf::MetadataError),
-    #[error("graph: {0}")]
+    /// Checked before allocating, so a context that cannot fit is one clear line, not an
+    /// allocation failure.
+    #[error(
+        "the {what} needs {} on {device}, which has {} free{hint}",
+        human_bytes(*need),
+        human_bytes(*free)
+    )]
+    OutOfMemory {
+        what: String,
+        device: String,
+        need: u64,
+        free: u64,
+        hint: &'static str,
+    },
+    // Transparent: the source's own message, once (a prefix with `{0}` would repeat it in
+    // an error chain).
+    #[error(transparent)]
     Graph(#[from] lamina_core::graph::GraphError),
-    #[error("backend: {0}")]
+    #[error(transparent)]
     Backend(#[from] lamina_backend::BackendError),
+}
+
+/// `n` bytes as llama.cpp prints sizes: MiB below a GiB, GiB below a TiB, else TiB.
+pub fn human_bytes(n: u64) -> String {
+    let n = n as f64;
+    if n >= (1u64 << 40) as f64 {
+        format!("{:.1} TiB", n / (1u64 << 40) as f64)
+    } else if n >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", n / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", n / (1u64 << 20) as f64)
+    }
 }

@@ -184,6 +184,18 @@ impl KvCache {
                 v_in_k: hp.v_in_k,
             });
         }
+        for (device, &end) in devices.iter().zip(&ends) {
+            let free = device.memory().free;
+            if free > 0 && end as u64 > free {
+                return Err(ModelError::OutOfMemory {
+                    what: format!("KV cache of {size} cells"),
+                    device: device.name().to_string(),
+                    need: end as u64,
+                    free,
+                    hint: " (lower -c, or quantize the cache: -ctk q8_0 -ctv q8_0)",
+                });
+            }
+        }
         let mut buffers = Vec::with_capacity(devices.len());
         for (device, &end) in devices.iter().zip(&ends) {
             buffers.push(if end > 0 {

@@ -54,6 +54,14 @@ pub async fn read_json(
             if s.to_string().contains("length limit") {
                 return too_large();
             }
+            if let Some(t) = s.downcast_ref::<crate::http_limits::BodyTimeout>() {
+                return ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    t.to_string(),
+                )
+                .with_code("body_timeout");
+            }
             source = s.source();
         }
         ApiError::bad_request(format!("cannot read the request body: {e}"))

@@ -13,6 +13,7 @@ pub mod api;
 pub mod engine;
 pub mod error;
 pub mod fake;
+mod http_limits;
 pub mod metrics;
 pub mod model_router;
 pub mod responses;
@@ -104,6 +105,37 @@ pub struct ServerConfig {
     pub n_batch: u32,
     /// Requests that may wait for a slot; beyond it the server answers 503.
     pub queue_size: usize,
+    /// Limits on the HTTP connections themselves.
+    pub http: HttpLimits,
+}
+
+/// What one HTTP connection may take, with the defaults a reverse proxy would pick (nginx:
+/// 60 s to send the headers or between two body reads, headers in a few KiB, 75 s idle).
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// Largest request head (start line and headers); beyond it, 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request; beyond it, 431.
+    pub max_headers: usize,
+    /// Longest wait for a request's head, which is also how long an idle keep-alive
+    /// connection stays open (slow clients that trickle headers are cut off).
+    pub header_timeout: Duration,
+    /// Longest wait between two pieces of a request body; beyond it, 408.
+    pub body_timeout: Duration,
+    /// Most connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_header_bytes: 64 << 10,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -141,6 +173,7 @@ impl Default for ServerConfig {
             reasoning_format: Default::default(),
             n_batch: 512,
             queue_size: 64,
+            http: HttpLimits::default(),
         }
     }
 }
@@ -258,7 +291,7 @@ pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Res
     for listener in listeners {
         let mut stop = stop_rx.clone();
         let app = app.clone();
-        servers.spawn(serve_http1(listener, app, async move {
+        servers.spawn(serve_http1(listener, app, config.http, async move {
             let _ = stop.wait_for(|s| *s).await;
         }));
     }
@@ -280,14 +313,16 @@ pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Res
 /// Serves HTTP/1.1 connections from `listener` with `app` until `shutdown` completes, then
 /// lets the open connections finish. Header names go out title-cased
 /// (`Access-Control-Allow-Origin`), as llama-server writes them: clients that copy the
-/// headers into a plain dictionary look them up that way.
+/// headers into a plain dictionary look them up that way. `limits` bound each connection.
 async fn serve_http1(
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    limits: HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let connections = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -306,13 +341,32 @@ async fn serve_http1(
             },
             _ = &mut shutdown => break,
         };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tokio::spawn(http_limits::refuse_connection(
+                stream,
+                limits.max_connections,
+            ));
+            continue;
+        };
+        let app = app.clone();
+        let body_timeout = limits.body_timeout;
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let req = req
+                    .map(|b| axum::body::Body::new(http_limits::TimeoutBody::new(b, body_timeout)));
+                tower::ServiceExt::oneshot(app.clone(), req)
+            });
         let conn = hyper::server::conn::http1::Builder::new()
             .title_case_headers(true)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .max_headers(limits.max_headers)
+            .max_header_size(limits.max_header_bytes)
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
+            drop(permit);
         });
     }
     graceful.shutdown().await;
@@ -328,7 +382,7 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (app, _tools) = router_with_tools(engine, config).await?;
-    serve_http1(listener, app, shutdown).await
+    serve_http1(listener, app, config.http, shutdown).await
 }
 
 /// Starts a server on an ephemeral loopback port in the current runtime and returns its
@@ -340,7 +394,12 @@ pub async fn spawn_local(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (app, _tools) = router_with_tools(engine, &config).await?;
-    tokio::spawn(serve_http1(listener, app, std::future::pending()));
+    tokio::spawn(serve_http1(
+        listener,
+        app,
+        config.http,
+        std::future::pending(),
+    ));
     Ok(addr)
 }
 
@@ -348,7 +407,12 @@ pub async fn spawn_local(
 pub async fn spawn_app(app: axum::Router) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(serve_http1(listener, app, std::future::pending()));
+    tokio::spawn(serve_http1(
+        listener,
+        app,
+        HttpLimits::default(),
+        std::future::pending(),
+    ));
     Ok(addr)
 }
 

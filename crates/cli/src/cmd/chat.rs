@@ -20,8 +20,8 @@ pub struct ChatArgs {
     /// A system message that starts the conversation.
     #[arg(long = "system-prompt", visible_alias = "sys")]
     pub system_prompt: Option<String>,
-    /// Most tokens per reply (-1: until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    /// Most tokens per reply (-1: until end of generation, -2: until the context is full; as llama.cpp).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = super::n_predict)]
     pub n_predict: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,

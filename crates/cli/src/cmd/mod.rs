@@ -73,6 +73,18 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// A count flag's value: a clear message for a negative one, rather than clap's "unexpected
+/// argument".
+pub fn non_negative(s: &str) -> Result<usize, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n < 0 => Err(format!("{n} is negative; it must be 0 or more")),
+        Ok(n) => usize::try_from(n).map_err(|_| format!("{n} is too large")),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
+pub use serve::n_predict;
+
 /// Model and context flags shared by the commands that run a model (llama.cpp's names).
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
@@ -80,7 +92,7 @@ pub struct LoadArgs {
     #[arg(short = 'm', long, default_value = hub::DEFAULT_MODEL)]
     pub model: String,
     /// Context size in tokens (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096, allow_negative_numbers = true, value_parser = non_negative)]
     pub ctx_size: usize,
     /// Threads to compute with (default: all cores).
     #[arg(short = 't', long)]
@@ -358,6 +370,8 @@ pub struct Loaded {
 
 /// Resolves `-m`, loads the model onto the CPU and creates a context.
 pub fn load(args: &LoadArgs) -> anyhow::Result<Loaded> {
+    anyhow::ensure!(args.batch_size > 0, "-b must be at least 1");
+    anyhow::ensure!(args.ubatch_size > 0, "-ub must be at least 1");
     let mut params = lamina_model::ContextParams {
         n_ctx: args.ctx_size,
         n_ubatch: args.ubatch_size,
@@ -384,6 +398,15 @@ pub fn load_with(
         params.n_threads = threads.unwrap_or(lamina_cpu::CpuConfig::from_env()?.threads);
     }
     let context = lamina_model::Context::new(std::sync::Arc::new(model), params)?;
+    // As llama.cpp: a context longer than the model was trained on is allowed, with a warning.
+    let n_ctx_seq = context.n_ctx() / context.params().n_seq_max.max(1);
+    let n_ctx_train = context.model().hparams.n_ctx_train as usize;
+    if n_ctx_train > 0 && n_ctx_seq > n_ctx_train {
+        eprintln!(
+            "warning: n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({n_ctx_train}) -- possible training \
+             context overflow"
+        );
+    }
     Ok(Loaded { context, tokenizer })
 }
 

@@ -23,8 +23,8 @@ pub struct RunArgs {
     /// Read the prompt from a file.
     #[arg(short = 'f', long)]
     pub file: Option<PathBuf>,
-    /// Tokens to generate (-1: until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    /// Tokens to generate (-1: until end of generation, -2: until the context is full; as llama.cpp).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = super::n_predict)]
     pub n_predict: i64,
     /// Don't print the prompt before the generated text.
     #[arg(long)]

@@ -70,7 +70,8 @@ pub struct ServeArgs {
         short = 'n',
         long = "n-predict",
         visible_alias = "predict",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = n_predict
     )]
     pub n_predict: Option<i64>,
     /// Serve `/slots` (the default).
@@ -209,6 +210,19 @@ pub struct ServeArgs {
     /// (for models trained that way).
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
+    /// Largest request head (start line and headers) in bytes; larger ones get 431.
+    #[arg(long = "max-header-bytes", default_value_t = 64 << 10, value_parser = clap::value_parser!(u32).range(8192..))]
+    pub max_header_bytes: u32,
+    /// Most connections open at once; more are answered 503.
+    #[arg(long = "max-connections", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Seconds a client may take to send a request's head; also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long = "header-timeout", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a request body may stall between two reads before the server answers 408.
+    #[arg(long = "body-timeout", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
     /// Lamina runs no warm-up pass before serving, so this is what it always does; accepted
     /// for llama-server's command lines.
     #[arg(long = "no-warmup")]
@@ -272,6 +286,8 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub fn config(&self) -> anyhow::Result<ServerConfig> {
         use anyhow::Context as _;
+        anyhow::ensure!(self.batch_size > 0, "-b must be at least 1");
+        anyhow::ensure!(self.ubatch_size > 0, "-ub must be at least 1");
         let csv = |s: &Option<String>| -> Vec<String> {
             s.iter()
                 .flat_map(|s| s.split(','))
@@ -361,6 +377,13 @@ impl ServeArgs {
             },
             cache_idle_slots: !self.no_cache_idle_slots,
             ctx_shift: self.context_shift && !self.no_context_shift,
+            http: lamina_server::HttpLimits {
+                max_header_bytes: self.max_header_bytes as usize,
+                max_headers: lamina_server::HttpLimits::default().max_headers,
+                header_timeout: Duration::from_secs(self.header_timeout),
+                body_timeout: Duration::from_secs(self.body_timeout),
+                max_connections: self.max_connections as usize,
+            },
             swa_full: self.swa_full,
             spm_infill: self.spm_infill,
             sleep_idle: self
@@ -571,4 +594,15 @@ pub fn run(args: &ServeArgs, config: ServerConfig, engine: Box<dyn Engine>) -> a
     );
     lamina_server::serve_blocking(engine, config)?;
     Ok(())
+}
+
+/// `-n`: a token count, -1 (no limit) or -2 (until the context is full), as llama.cpp takes it.
+pub fn n_predict(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= -2 => Ok(n),
+        Ok(n) => Err(format!(
+            "{n}: it must be a token count, -1 (no limit) or -2 (until the context is full)"
+        )),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
 }
