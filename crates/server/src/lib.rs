@@ -124,6 +124,9 @@ pub struct HttpLimits {
     pub body_timeout: Duration,
     /// Most connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
+    /// server exits anyway.
+    pub drain_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -134,6 +137,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -298,6 +302,9 @@ pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Res
     drop(app);
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
+        _ = terminated() => {
+            eprintln!("lamina serve: SIGTERM, finishing the requests in flight");
+        }
         Some(r) = servers.join_next() => {
             let _ = stop_tx.send(true);
             r.map_err(std::io::Error::other)??;
@@ -308,6 +315,16 @@ pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Res
         r.map_err(std::io::Error::other)??;
     }
     Ok(())
+}
+
+/// Completes when the process gets SIGTERM (never elsewhere than on Unix).
+async fn terminated() {
+    #[cfg(unix)]
+    if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        s.recv().await;
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 /// Serves HTTP/1.1 connections from `listener` with `app` until `shutdown` completes, then
@@ -369,7 +386,16 @@ async fn serve_http1(
             drop(permit);
         });
     }
-    graceful.shutdown().await;
+    // Requests in flight finish, within the drain bound.
+    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "lamina serve: requests still running after {} s; closing them",
+            limits.drain_timeout.as_secs()
+        );
+    }
     Ok(())
 }
 

@@ -21,9 +21,41 @@ impl Rng {
 }
 
 const PIECES: &[&str] = &[
-    " ", "  ", "\n", "\n\n", "\t", "\r\n", "a", "Hello", " world", "é", "ñ", "€", "𝄞", "🦙", "中文",
-    "日本語", "한국어", "ا", "\u{200b}", "\u{feff}", "'s", "'ll", "123", "4567", "-", "...", "<s>",
-    "</s>", "<|endoftext|>", "<|im_start|>", "<unk>", "[CLS]", "\u{0}", "\u{7f}", "\u{fffd}",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "a",
+    "Hello",
+    " world",
+    "é",
+    "ñ",
+    "€",
+    "𝄞",
+    "🦙",
+    "中文",
+    "日本語",
+    "한국어",
+    "ا",
+    "\u{200b}",
+    "\u{feff}",
+    "'s",
+    "'ll",
+    "123",
+    "4567",
+    "-",
+    "...",
+    "<s>",
+    "</s>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<unk>",
+    "[CLS]",
+    "\u{0}",
+    "\u{7f}",
+    "\u{fffd}",
 ];
 
 fn random_text(rng: &mut Rng, inputs: &[String]) -> String {
@@ -109,8 +141,15 @@ fn tokenizing_random_text_never_panics_and_bpe_round_trips() {
                 if lossless && !add_special && !parse_special {
                     // The pieces themselves (detokenize also applies the vocabulary's space
                     // clean-up, which is lossy by design).
-                    let raw: Vec<u8> = ids.iter().flat_map(|&t| tok.token_to_piece(t, false)).collect();
-                    assert_eq!(String::from_utf8_lossy(&raw), text, "{name}: no round trip for {text:?}");
+                    let raw: Vec<u8> = ids
+                        .iter()
+                        .flat_map(|&t| tok.token_to_piece(t, false))
+                        .collect();
+                    assert_eq!(
+                        String::from_utf8_lossy(&raw),
+                        text,
+                        "{name}: no round trip for {text:?}"
+                    );
                 }
             }
             checked += 1;
@@ -137,11 +176,27 @@ fn mutated_chat_templates_never_panic() {
     sources.sort();
     assert!(!sources.is_empty());
     const FRAGMENTS: &[&str] = &[
-        "{{", "}}", "{%", "%}", "{% for x in messages %}", "{% endfor %}", "{% if %}",
-        "{% endif %}", "{{ raise_exception('x') }}", "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
-        "{% for i in range(1000000000) %}x{% endfor %}", "{{ messages[99] }}", "{{ 1/0 }}",
-        "{{ 'a' * 100000000 }}", "{{ tools | tojson }}", "{% set x = namespace(a=1) %}", "\u{0}",
-        "{{ messages[0]['content'][::-1] }}", "{{ x.y.z }}", "{#", "#}",
+        "{{",
+        "}}",
+        "{%",
+        "%}",
+        "{% for x in messages %}",
+        "{% endfor %}",
+        "{% if %}",
+        "{% endif %}",
+        "{{ raise_exception('x') }}",
+        "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
+        "{% for i in range(1000000000) %}x{% endfor %}",
+        "{{ messages[99] }}",
+        "{{ 1/0 }}",
+        "{{ 'a' * 100000000 }}",
+        "{{ tools | tojson }}",
+        "{% set x = namespace(a=1) %}",
+        "\u{0}",
+        "{{ messages[0]['content'][::-1] }}",
+        "{{ x.y.z }}",
+        "{#",
+        "#}",
     ];
     let messages = vec![
         ChatMessage::new("system", "S"),
@@ -182,5 +237,8 @@ fn mutated_chat_templates_never_panic() {
         }
     }
     // The mutations are small: many templates still work.
-    assert!(compiled > 50 && rendered > 10, "{compiled} compiled, {rendered} rendered");
+    assert!(
+        compiled > 50 && rendered > 10,
+        "{compiled} compiled, {rendered} rendered"
+    );
 }

@@ -383,6 +383,7 @@ impl ServeArgs {
                 header_timeout: Duration::from_secs(self.header_timeout),
                 body_timeout: Duration::from_secs(self.body_timeout),
                 max_connections: self.max_connections as usize,
+                drain_timeout: lamina_server::HttpLimits::default().drain_timeout,
             },
             swa_full: self.swa_full,
             spm_infill: self.spm_infill,
