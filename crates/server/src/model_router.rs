@@ -65,8 +65,8 @@ struct Inner {
 #[derive(Clone)]
 struct RouterState(Arc<Inner>);
 
-/// The router's HTTP front: its own `/models`, `/models/load`, `/models/unload`, `/props`
-/// and `/health`, and every other request handed to the model it names.
+/// The router's HTTP front: its own `/models`, `/models/load`, `/models/unload`, `/props`,
+/// `/health` and chat page (`/`), and every other request handed to the model it names.
 pub fn build(
     cfg: RouterConfig,
     loader: Loader,
@@ -82,23 +82,33 @@ pub fn build(
         loaded: tokio::sync::Mutex::new(HashMap::new()),
         loading: Mutex::new(None),
     }));
-    Router::new()
-        .route(
-            "/health",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
-        )
-        .route(
-            "/v1/health",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
-        )
-        .route("/models", get(list))
-        .route("/v1/models", get(list))
-        .route("/models/load", post(load))
-        .route("/models/unload", post(unload))
-        .route("/tools", get(tools_list).post(tools_call))
-        .layer(axum::Extension(tools))
-        .fallback(dispatch)
-        .with_state(state)
+    let web_ui = state.0.server.web_ui;
+    let mut app = Router::new();
+    if web_ui {
+        // The router's own page, with its model picker: handed to a model, `/` would
+        // load one just to show the page (or fail when several are served and none is
+        // the default).
+        app = app.route(
+            "/",
+            get(|| async { axum::response::Html(crate::routes::CHAT_PAGE) }),
+        );
+    }
+    app.route(
+        "/health",
+        get(|| async { axum::Json(json!({"status": "ok"})) }),
+    )
+    .route(
+        "/v1/health",
+        get(|| async { axum::Json(json!({"status": "ok"})) }),
+    )
+    .route("/models", get(list))
+    .route("/v1/models", get(list))
+    .route("/models/load", post(load))
+    .route("/models/unload", post(unload))
+    .route("/tools", get(tools_list).post(tools_call))
+    .layer(axum::Extension(tools))
+    .fallback(dispatch)
+    .with_state(state)
 }
 
 impl RouterState {

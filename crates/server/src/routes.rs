@@ -31,7 +31,7 @@ use crate::scheduler::{
 };
 use lamina_chat::{ChatError, Format, ParsedMessage, ReasoningFormat, ToolCall, ToolChoice, Tools};
 
-const CHAT_PAGE: &str = include_str!("chat.html");
+pub(crate) const CHAT_PAGE: &str = include_str!("chat.html");
 
 #[derive(Clone)]
 struct AppState(Arc<Inner>);

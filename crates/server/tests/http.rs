@@ -574,7 +574,8 @@ async fn chat_page_is_served() {
     let r = get(addr, "/").await;
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/html"));
-    assert!(r.text().contains("/v1/chat/completions"));
+    // Relative, so the page also works behind a proxy that serves it under a sub-path.
+    assert!(r.text().contains("\"v1/chat/completions\""));
 }
 
 /// Opens a streaming request with a generation that would run for minutes and returns
