@@ -1,7 +1,7 @@
 //! The chat page at `/` in headless Chromium, driven over the DevTools protocol against
-//! servers on the fake engine: streaming, Stop, settings, Markdown, history, the API key
-//! prompt, router mode, accessibility and phone width. Every wait polls the page (or the
-//! server) until a condition holds; the limits only fail a test that hangs.
+//! servers on the fake engine: streaming, Stop, settings, Markdown, history, branches,
+//! the API key prompt, router mode, accessibility and phone width. Every wait polls the
+//! page (or the server) until a condition holds; the limits only fail a test that hangs.
 //!
 //! Skipped with a message when Chromium is missing, unless LAMINA_REQUIRE_CHROMIUM=1.
 //! LAMINA_UI_SCREENSHOTS=1 also writes /tmp/lamina-ui-desktop.png (1280x800),
@@ -54,11 +54,9 @@ async fn wait_turns(page: &mut Page, n: u32) -> anyhow::Result<String> {
     Ok(state.as_str().unwrap_or_default().to_string())
 }
 
-/// The open conversation's messages as the page keeps them.
+/// The open conversation's displayed messages (root to the selected leaf).
 async fn messages(page: &mut Page) -> anyhow::Result<Vec<Value>> {
-    let v = page
-        .eval("lamina.current() ? lamina.current().messages : []")
-        .await?;
+    let v = page.eval("lamina.path()").await?;
     Ok(v.as_array().cloned().unwrap_or_default())
 }
 
@@ -131,7 +129,7 @@ async fn import(page: &mut Page, conversations: Value) -> anyhow::Result<String>
 }
 
 /// A conversation that uses most of what the renderer knows, with lines wider than a
-/// phone.
+/// phone, and a reply in two versions.
 fn showcase() -> Value {
     let reply = "Use `BufReader::lines`, which yields each line without its newline:\n\n\
         ```rust\nuse std::fs::File;\nuse std::io::{self, BufRead, BufReader};\n\n\
@@ -152,11 +150,14 @@ fn showcase() -> Value {
             "id": "showcase",
             "title": "Read a file line by line in Rust",
             "updated": 1_700_000_300_000u64,
+            // A tree: two versions of the reply, the first one shown.
+            "leaf": "a",
             "messages": [
-                {"role": "user", "content": "How do I read a file line by line in Rust?"},
-                {"role": "assistant", "content": reply,
+                {"id": "u", "parent": null, "role": "user", "content": "How do I read a file line by line in Rust?"},
+                {"id": "a", "parent": "u", "role": "assistant", "content": reply,
                  "reasoning": "The user wants idiomatic Rust. BufRead::lines is the usual answer; \
                                mention the allocation per line and read_line as the alternative."},
+                {"id": "a0", "parent": "u", "role": "assistant", "content": "Use `BufRead::lines`."},
             ],
         },
         {"id": "older-1", "title": "Explain KV cache quantization", "updated": 1_700_000_200_000u64,
@@ -668,8 +669,8 @@ async fn history_is_kept_across_reloads() {
         .await;
 }
 
-/// Editing a user message drops what followed and answers the new text; Regenerate
-/// asks again for the last reply.
+/// Editing a user message answers the new text (the old one stays as another
+/// version); Regenerate asks again for the last reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edit_resends_and_regenerate_asks_again() {
     let Some(browser) = Browser::launch().await else {
@@ -711,6 +712,190 @@ async fn edit_resends_and_regenerate_asks_again() {
             let m = messages(&mut page).await?;
             assert_eq!(m.len(), 2, "{m:?}");
             assert_eq!(m[1]["content"], expect.as_str());
+            Ok(())
+        })
+        .await;
+}
+
+/// What the page shows: each displayed message's text and its "k/n" switcher, if any.
+async fn shown(page: &mut Page) -> anyhow::Result<Value> {
+    page.eval(
+        "[...document.querySelectorAll('#log .msg')].map((a) => \
+         [(a.querySelector('.bubble, .md.content') || {}).textContent, \
+          a.querySelector('.versions > span')?.textContent ?? ''])",
+    )
+    .await
+}
+
+/// Regenerate and edit + resend keep the old version as a sibling branch, reachable
+/// through "‹ k/n ›"; the choice survives a reload, and a request carries only the
+/// displayed path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regenerate_and_edit_make_branches_you_can_switch_between() {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let config = ServerConfig {
+        metrics_endpoint: true,
+        ..ServerConfig::default()
+    };
+    let addr = start(4096, 2, config).await;
+    // Sampled replies: the first seed after 1 whose reply differs from seed 1's.
+    let ask = |messages: Value, seed: u32| json!({"messages": messages, "temperature": 1, "seed": seed, "max_tokens": 20});
+    let (a1, _, _) = direct_reply(addr, ask(user("hello"), 1)).await;
+    let mut seed = 2;
+    let a2 = loop {
+        let (a2, _, _) = direct_reply(addr, ask(user("hello"), seed)).await;
+        if a2.trim() != a1.trim() {
+            break a2;
+        }
+        seed += 1;
+        assert!(seed < 50, "every seed gives {a1:?}");
+    };
+    let (b1, _, _) = direct_reply(addr, ask(user("hi there"), seed)).await;
+    let later = json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": a2},
+                       {"role": "user", "content": "and then?"}]);
+    let (c1, _, _) = direct_reply(addr, ask(later, seed)).await;
+    let url = chat_url(addr, "");
+    browser
+        .check(async {
+            let mut page = browser.page().await?;
+            page.open_chat(&url).await?;
+            page.eval("settings = {temperature: 1, seed: 1, max_tokens: 20}").await?;
+            send(&mut page, "hello").await?;
+            assert_eq!(wait_turns(&mut page, 1).await?, "done");
+            let first = shown(&mut page).await?;
+            assert_eq!(first, json!([["hello", ""], [a1.trim(), ""]]));
+
+            // Regenerate: a second reply beside the first.
+            let sampling = format!("settings = {{temperature: 1, seed: {seed}, max_tokens: 20}}");
+            page.eval(&sampling).await?;
+            let before = metric(&get(addr, "/metrics").await.text(), "requests_total");
+            page.click("button[aria-label='Regenerate']").await?;
+            assert_eq!(wait_turns(&mut page, 2).await?, "done");
+            let after = metric(&get(addr, "/metrics").await.text(), "requests_total");
+            assert_eq!(after, before + 1.0);
+            assert_eq!(shown(&mut page).await?, json!([["hello", ""], [a2.trim(), "2/2"]]));
+            page.click(".msg.assistant button[aria-label='Previous version']").await?;
+            assert_eq!(shown(&mut page).await?, json!([["hello", ""], [a1.trim(), "1/2"]]));
+            assert_eq!(
+                page.eval("document.querySelector(\".msg.assistant button[aria-label='Previous version']\").disabled")
+                    .await?,
+                true
+            );
+            page.click(".msg.assistant button[aria-label='Next version']").await?;
+            assert_eq!(shown(&mut page).await?, json!([["hello", ""], [a2.trim(), "2/2"]]));
+
+            // Edit + resend: a second user message with its own reply.
+            page.click(".msg.user button[aria-label='Edit']").await?;
+            page.fill("textarea[aria-label='Edit message']", "hi there").await?;
+            page.press("Enter", false).await?;
+            assert_eq!(wait_turns(&mut page, 3).await?, "done");
+            assert_eq!(shown(&mut page).await?, json!([["hi there", "2/2"], [b1.trim(), ""]]));
+            assert_eq!(titles(&mut page).await?, json!(["hi there"]));
+            page.click(".msg.user button[aria-label='Previous version']").await?;
+            let back = json!([["hello", "1/2"], [a2.trim(), "2/2"]]);
+            assert_eq!(shown(&mut page).await?, back);
+            assert_eq!(titles(&mut page).await?, json!(["hello"]));
+
+            // Kept across a reload: all five messages and the selected branch.
+            page.open_chat(&url).await?;
+            assert_eq!(shown(&mut page).await?, back);
+            assert_eq!(page.eval("lamina.current().messages.length").await?, 5);
+            assert_eq!(titles(&mut page).await?, json!(["hello"]));
+
+            // Export and import again: the same tree, the same branch shown.
+            let copy = page
+                .eval(
+                    "lamina.importJson(lamina.exportJson()) && (() => { \
+                       const c = lamina.conversations().find((x) => x.id !== lamina.current().id); \
+                       return [c.messages.length, pathOf(c).map((m) => m.content)]; })()",
+                )
+                .await?;
+            assert_eq!(copy, json!([5, ["hello", a2]]));
+
+            // Only the displayed path goes to the server.
+            page.eval(&sampling).await?;
+            send(&mut page, "and then?").await?;
+            assert_eq!(wait_turns(&mut page, 1).await?, "done");
+            let m = messages(&mut page).await?;
+            assert_eq!(m.len(), 4, "{m:?}");
+            assert_eq!(m[3]["content"], c1.as_str());
+            Ok(())
+        })
+        .await;
+}
+
+/// A conversation stored by the page before branches (a flat list) loads, shows its
+/// messages and carries on; llama.cpp's tree export imports with its selected branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flat_conversations_from_before_branches_still_load() {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let addr = start_default().await;
+    let follow = json!([{"role": "user", "content": "old question"},
+                        {"role": "assistant", "content": "old answer"},
+                        {"role": "user", "content": "next"}]);
+    let (expect, _, _) = direct_reply(
+        addr,
+        json!({"messages": follow, "temperature": 0, "max_tokens": 20}),
+    )
+    .await;
+    let url = chat_url(addr, "?temperature=0&max_tokens=20");
+    browser
+        .check(async {
+            let mut page = browser.page().await?;
+            page.open_chat(&url).await?;
+            let old = json!([{"id": "old", "title": "old question", "created": 1_700_000_000_000u64,
+                "updated": 1_700_000_000_000u64, "messages": [
+                    {"id": "m1", "role": "user", "content": "old question"},
+                    {"id": "m2", "role": "assistant", "content": "old answer", "created": 1_700_000_000_000u64,
+                     "stats": {"predicted_n": 2, "total_tokens": 9}}]}]);
+            page.eval(&format!(
+                "localStorage.setItem('lamina.conversations', {}); localStorage.setItem('lamina.current', '\"old\"')",
+                json!(old.to_string())
+            ))
+            .await?;
+            page.open_chat(&url).await?;
+            assert_eq!(titles(&mut page).await?, json!(["old question"]));
+            assert_eq!(
+                shown(&mut page).await?,
+                json!([["old question", ""], ["old answer", ""]])
+            );
+            send(&mut page, "next").await?;
+            assert_eq!(wait_turns(&mut page, 1).await?, "done");
+            let m = messages(&mut page).await?;
+            assert_eq!(m.len(), 4, "{m:?}");
+            assert_eq!(m[3]["content"], expect.as_str());
+
+            // llama.cpp: a root node, parents, and currNode naming the shown leaf.
+            let llama = json!({"conv": {"id": "ll", "name": "From llama.cpp", "lastModified": 1_800_000_000_000u64,
+                                        "currNode": "a1"},
+                "messages": [
+                    {"id": "r", "type": "root", "role": "system", "content": "", "parent": null, "children": ["u"]},
+                    {"id": "u", "type": "text", "role": "user", "content": "question", "parent": "r", "children": ["a1", "a2"]},
+                    {"id": "a1", "type": "text", "role": "assistant", "content": "first answer", "parent": "u", "children": []},
+                    {"id": "a2", "type": "text", "role": "assistant", "content": "second answer", "parent": "u", "children": []}]});
+            let added = page
+                .eval(&format!("lamina.importJson({})", json!(llama.to_string())))
+                .await?;
+            assert_eq!(added, 1);
+            page.eval("openConversation('ll')").await?;
+            assert_eq!(
+                shown(&mut page).await?,
+                json!([["question", ""], ["first answer", "1/2"]])
+            );
+            // A file whose parents go round in a circle still imports, as one branch.
+            let circle = json!({"id": "circle", "leaf": "y", "messages": [
+                {"id": "x", "parent": "y", "role": "user", "content": "x"},
+                {"id": "y", "parent": "x", "role": "assistant", "content": "y"}]});
+            let added = page
+                .eval(&format!("lamina.importJson({})", json!(circle.to_string())))
+                .await?;
+            assert_eq!(added, 1);
+            page.eval("openConversation('circle')").await?;
+            assert_eq!(shown(&mut page).await?, json!([["x", ""], ["y", ""]]));
             Ok(())
         })
         .await;
@@ -885,6 +1070,8 @@ async fn every_control_has_an_accessible_name() {
                 ("button", "Copy"),
                 ("button", "Regenerate"),
                 ("button", "Edit"),
+                ("button", "Previous version"),
+                ("button", "Next version"),
                 ("button", "Export"),
                 ("button", "Import"),
                 ("button", "Rename Read a file line by line in Rust"),
