@@ -258,14 +258,26 @@ pub async fn router_with_tools(
 /// until Ctrl-C.
 pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
     let (app, tools) = router_with_tools(engine, &config).await?;
-    let r = serve_app(app, &config).await;
+    let stopping = tools.clone();
+    let r = serve_app_until(app, &config, async move { stopping.shutdown().await }).await;
     tools.shutdown().await;
     r
 }
 
 /// Serves `app` (one model's server, or the router of several) on every address of
-/// `config.host` at `config.port` until Ctrl-C.
+/// `config.host` at `config.port` until Ctrl-C or SIGTERM.
 pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Result<()> {
+    serve_app_until(app, config, async {}).await
+}
+
+/// [`serve_app`], running `on_stop` as soon as a stop is asked for, before the requests in
+/// flight drain: the server tools stop there, so a slow tool call ends at once instead of
+/// holding the shutdown (as llama-server's).
+async fn serve_app_until(
+    app: axum::Router,
+    config: &ServerConfig,
+    on_stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let hosts: Vec<&str> = config
         .host
         .split(',')
@@ -311,6 +323,7 @@ pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Res
         }
     }
     let _ = stop_tx.send(true);
+    on_stop.await;
     while let Some(r) = servers.join_next().await {
         r.map_err(std::io::Error::other)??;
     }
@@ -473,7 +486,8 @@ pub fn serve_router_blocking(
                 .await
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             let app = model_router::build(router, loader, config.clone(), tools.clone());
-            let r = serve_app(app, &config).await;
+            let stopping = tools.clone();
+            let r = serve_app_until(app, &config, async move { stopping.shutdown().await }).await;
             tools.shutdown().await;
             r
         })
