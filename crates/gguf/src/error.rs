@@ -97,6 +97,8 @@ pub enum GgufError {
     },
     #[error("writing GGUF data failed: {0}")]
     Write(#[source] std::io::Error),
+    #[error("the file has {expected} tensors, {written} were written")]
+    TensorCount { expected: usize, written: usize },
     #[error("no tensor named {0:?}")]
     NoSuchTensor(String),
     #[error(transparent)]

@@ -16,4 +16,4 @@ pub use error::GgufError;
 pub use file::GgufFile;
 pub use metadata::{Array, Metadata, MetadataError, StrArray, StrArrayIter, Value, ValueType};
 pub use parse::{DEFAULT_ALIGNMENT, GGUF_MAGIC, Gguf, MAX_ARRAY_NESTING, MAX_DIMS, TensorInfo};
-pub use write::{GgufWriter, TensorToWrite, write_gguf};
+pub use write::{GgufStreamWriter, GgufWriter, TensorHeader, TensorToWrite, write_gguf};

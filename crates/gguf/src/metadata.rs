@@ -522,6 +522,25 @@ impl Metadata {
         }
     }
 
+    /// Removes a key, keeping the others in order; returns its value.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        let i = self.index.remove(key)?;
+        let (_, value) = self.entries.remove(i);
+        for slot in self.index.values_mut() {
+            if *slot > i {
+                *slot -= 1;
+            }
+        }
+        Some(value)
+    }
+
+    /// Sets a key as gguf.cpp's `gguf_set_val_*` do: an existing key is removed first, so the
+    /// key always ends up last.
+    pub fn set_last(&mut self, key: &str, value: Value) {
+        self.remove(key);
+        self.insert(key.to_string(), value);
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.index.get(key).map(|&i| &self.entries[i].1)
     }

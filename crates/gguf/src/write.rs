@@ -126,24 +126,7 @@ impl<'a> GgufWriter<'a> {
         data: &'a [u8],
     ) -> Result<(), GgufError> {
         let name = name.into();
-        if dims.is_empty() || dims.len() > MAX_DIMS {
-            return Err(GgufError::BadDimCount {
-                tensor: name,
-                n_dims: dims.len() as u32,
-            });
-        }
-        let mut shape = [1u64; MAX_DIMS];
-        for (dim, (&value, slot)) in dims.iter().zip(shape.iter_mut()).enumerate() {
-            if value > i64::MAX as u64 {
-                return Err(GgufError::DimTooLarge {
-                    tensor: name,
-                    dim,
-                    value,
-                });
-            }
-            *slot = value;
-        }
-        let size = tensor_nbytes(&name, dtype, &shape, dims.len())?;
+        let size = checked_size(&name, dtype, dims)?;
         if size != data.len() as u64 {
             return Err(GgufError::TensorDataSize {
                 tensor: name,
@@ -243,6 +226,145 @@ pub fn write_gguf<'a>(
     writer.write_to(out)
 }
 
+/// The byte size of a tensor of `dtype` and `dims`, refusing what a reader would refuse: 0 or
+/// more than 4 dimensions, a dimension past i64, a row that is not whole blocks, a size past u64.
+fn checked_size(name: &str, dtype: DType, dims: &[u64]) -> Result<u64, GgufError> {
+    if dims.is_empty() || dims.len() > MAX_DIMS {
+        return Err(GgufError::BadDimCount {
+            tensor: name.to_string(),
+            n_dims: dims.len() as u32,
+        });
+    }
+    let mut shape = [1u64; MAX_DIMS];
+    for (dim, (&value, slot)) in dims.iter().zip(shape.iter_mut()).enumerate() {
+        if value > i64::MAX as u64 {
+            return Err(GgufError::DimTooLarge {
+                tensor: name.to_string(),
+                dim,
+                value,
+            });
+        }
+        *slot = value;
+    }
+    tensor_nbytes(name, dtype, &shape, dims.len())
+}
+
+/// A tensor-table entry whose bytes are supplied later, through [`GgufStreamWriter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorHeader {
+    pub name: String,
+    pub dtype: DType,
+    /// Dimensions, innermost first (ggml's `ne`), 1 to 4 of them.
+    pub dims: Vec<u64>,
+}
+
+/// Writes a GGUF file whose tensor bytes are produced one tensor at a time, in table order, so
+/// a converter never holds more than one tensor. The table is fixed up front (a tensor's size
+/// follows from its type and dims), written first, and each [`write_tensor`] call must then
+/// supply exactly that tensor's bytes. The result is byte for byte what [`GgufWriter`] writes.
+///
+/// [`write_tensor`]: GgufStreamWriter::write_tensor
+pub struct GgufStreamWriter<W: Write> {
+    w: CountingWriter<BufWriter<W>>,
+    table: Vec<TensorInfo>,
+    alignment: u64,
+    next: usize,
+}
+
+impl<W: Write> GgufStreamWriter<W> {
+    /// Validates the table (as [`GgufWriter::add_tensor`] does) and writes the header, the
+    /// metadata, the tensor table and the padding before the data.
+    pub fn new(
+        out: W,
+        metadata: &Metadata,
+        tensors: &[TensorHeader],
+    ) -> Result<GgufStreamWriter<W>, GgufError> {
+        let probe = GgufWriter::new(metadata.clone());
+        let alignment = probe.alignment()?;
+        for (key, value) in metadata.entries() {
+            if let Value::Array(a) = value {
+                check_nesting(key, a, 1)?;
+            }
+        }
+        let mut names = HashSet::with_capacity(tensors.len());
+        let mut table = Vec::with_capacity(tensors.len());
+        let mut offset = 0u64;
+        for t in tensors {
+            let size = checked_size(&t.name, t.dtype, &t.dims)?;
+            if !names.insert(t.name.as_str()) {
+                return Err(GgufError::DuplicateTensor(t.name.clone()));
+            }
+            let mut shape = [1u64; MAX_DIMS];
+            shape[..t.dims.len()].copy_from_slice(&t.dims);
+            table.push(TensorInfo {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape,
+                n_dims: t.dims.len(),
+                offset,
+                size,
+            });
+            offset = offset
+                .checked_add(size)
+                .and_then(|end| align_up(end, alignment))
+                .ok_or_else(|| GgufError::ShapeOverflow {
+                    tensor: t.name.clone(),
+                    shape: t.dims.clone(),
+                })?;
+        }
+        let mut w = CountingWriter {
+            inner: BufWriter::with_capacity(1 << 16, out),
+            written: 0,
+        };
+        write_header(&mut w, 3, metadata, &table).map_err(GgufError::Write)?;
+        if !table.is_empty() {
+            w.pad_to(alignment).map_err(GgufError::Write)?;
+        }
+        Ok(GgufStreamWriter {
+            w,
+            table,
+            alignment,
+            next: 0,
+        })
+    }
+
+    /// The tensor table as written: offsets and sizes.
+    pub fn table(&self) -> &[TensorInfo] {
+        &self.table
+    }
+
+    /// The next tensor's bytes, followed by the padding to the alignment.
+    pub fn write_tensor(&mut self, data: &[u8]) -> Result<(), GgufError> {
+        let info = self.table.get(self.next).ok_or(GgufError::TensorCount {
+            expected: self.table.len(),
+            written: self.next + 1,
+        })?;
+        if info.size != data.len() as u64 {
+            return Err(GgufError::TensorDataSize {
+                tensor: info.name.clone(),
+                expected: info.size,
+                actual: data.len() as u64,
+            });
+        }
+        self.w.write_all(data).map_err(GgufError::Write)?;
+        self.w.pad_to(self.alignment).map_err(GgufError::Write)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Flushes the file; refuses if some tensor was not written. Returns the bytes written.
+    pub fn finish(mut self) -> Result<u64, GgufError> {
+        if self.next != self.table.len() {
+            return Err(GgufError::TensorCount {
+                expected: self.table.len(),
+                written: self.next,
+            });
+        }
+        self.w.flush().map_err(GgufError::Write)?;
+        Ok(self.w.written)
+    }
+}
+
 fn check_nesting(key: &str, array: &Array, depth: usize) -> Result<(), GgufError> {
     if depth > MAX_ARRAY_NESTING {
         return Err(GgufError::NestingTooDeep {
@@ -293,11 +415,30 @@ fn write_all<W: Write>(
     infos: &[TensorInfo],
     alignment: u64,
 ) -> io::Result<()> {
+    write_header(w, file.version, &file.metadata, infos)?;
+    if file.tensors.is_empty() {
+        return Ok(());
+    }
+    w.pad_to(alignment)?;
+    for t in &file.tensors {
+        w.write_all(t.data)?;
+        w.pad_to(alignment)?;
+    }
+    Ok(())
+}
+
+/// Header, metadata and tensor table (no padding after it).
+fn write_header<W: Write>(
+    w: &mut CountingWriter<W>,
+    version: u32,
+    metadata: &Metadata,
+    infos: &[TensorInfo],
+) -> io::Result<()> {
     w.write_all(&GGUF_MAGIC)?;
-    w.write_all(&file.version.to_le_bytes())?;
+    w.write_all(&version.to_le_bytes())?;
     w.write_all(&(infos.len() as u64).to_le_bytes())?;
-    w.write_all(&(file.metadata.len() as u64).to_le_bytes())?;
-    for (key, value) in file.metadata.entries() {
+    w.write_all(&(metadata.len() as u64).to_le_bytes())?;
+    for (key, value) in metadata.entries() {
         write_str(w, key)?;
         w.write_all(&(value.value_type() as u32).to_le_bytes())?;
         write_value(w, value)?;
@@ -310,14 +451,6 @@ fn write_all<W: Write>(
         }
         w.write_all(&info.dtype.id().to_le_bytes())?;
         w.write_all(&info.offset.to_le_bytes())?;
-    }
-    if file.tensors.is_empty() {
-        return Ok(());
-    }
-    w.pad_to(alignment)?;
-    for t in &file.tensors {
-        w.write_all(t.data)?;
-        w.pad_to(alignment)?;
     }
     Ok(())
 }

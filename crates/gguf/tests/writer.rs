@@ -9,8 +9,8 @@ use std::path::Path;
 use common::{sample_file, test_model, vocab_files};
 use lamina_core::DType;
 use lamina_gguf::{
-    Array, Gguf, GgufError, GgufFile, GgufWriter, MAX_ARRAY_NESTING, Metadata, TensorToWrite,
-    Value, write_gguf,
+    Array, Gguf, GgufError, GgufFile, GgufStreamWriter, GgufWriter, MAX_ARRAY_NESTING, Metadata,
+    TensorHeader, TensorToWrite, Value, write_gguf,
 };
 use sha2::{Digest, Sha256};
 
@@ -54,6 +54,7 @@ fn assert_round_trips(path: &Path) {
     };
     let written = GgufWriter::from_file(&file).write_to(&mut out).unwrap();
     let name = path.display();
+    check_stream(&file, &out, written);
     assert_eq!(written, out.pos as u64);
     assert_eq!(out.first_mismatch, None, "{name}: first differing byte");
     assert_eq!(written, file.bytes().len() as u64, "{name}: length");
@@ -63,6 +64,106 @@ fn assert_round_trips(path: &Path) {
         file_hash,
         "{name}: sha256 of the written stream"
     );
+}
+
+/// The same file through [`GgufStreamWriter`], one tensor at a time, gives the same stream.
+fn check_stream(file: &GgufFile, whole: &CompareWriter<'_>, written: u64) {
+    let g = file.gguf();
+    let table: Vec<TensorHeader> = g
+        .tensors
+        .iter()
+        .map(|t| TensorHeader {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            dims: t.dims().to_vec(),
+        })
+        .collect();
+    let mut out = CompareWriter {
+        expected: file.bytes(),
+        hasher: Sha256::new(),
+        pos: 0,
+        first_mismatch: None,
+    };
+    if g.version != 3 {
+        return; // the stream writer writes v3 only
+    }
+    let mut stream = GgufStreamWriter::new(&mut out, &g.metadata, &table).unwrap();
+    for t in &g.tensors {
+        stream.write_tensor(file.tensor_data(t)).unwrap();
+    }
+    let streamed = stream.finish().unwrap();
+    assert_eq!(streamed, written, "{}", file.path().display());
+    assert_eq!(out.first_mismatch, whole.first_mismatch);
+}
+
+#[test]
+fn stream_writer_checks_what_it_is_given() {
+    let m = Metadata::default();
+    let table = [TensorHeader {
+        name: "w".into(),
+        dtype: DType::F32,
+        dims: vec![4],
+    }];
+    let mut out = Vec::new();
+    let mut s = GgufStreamWriter::new(&mut out, &m, &table).unwrap();
+    assert!(matches!(
+        s.write_tensor(&[0u8; 8]),
+        Err(GgufError::TensorDataSize {
+            expected: 16,
+            actual: 8,
+            ..
+        })
+    ));
+    s.write_tensor(&[0u8; 16]).unwrap();
+    assert!(matches!(
+        s.write_tensor(&[0u8; 16]),
+        Err(GgufError::TensorCount {
+            expected: 1,
+            written: 2
+        })
+    ));
+    s.finish().unwrap();
+    let g = Gguf::parse(&out).unwrap();
+    assert_eq!(g.tensors[0].dims(), &[4]);
+
+    let mut out = Vec::new();
+    let s = GgufStreamWriter::new(&mut out, &m, &table).unwrap();
+    assert!(matches!(
+        s.finish(),
+        Err(GgufError::TensorCount {
+            expected: 1,
+            written: 0
+        })
+    ));
+    let twice = [table[0].clone(), table[0].clone()];
+    assert!(matches!(
+        GgufStreamWriter::new(Vec::new(), &m, &twice),
+        Err(GgufError::DuplicateTensor(_))
+    ));
+    let bad = [TensorHeader {
+        name: "q".into(),
+        dtype: DType::Q4_0,
+        dims: vec![31],
+    }];
+    assert!(matches!(
+        GgufStreamWriter::new(Vec::new(), &m, &bad),
+        Err(GgufError::RowNotBlockMultiple { .. })
+    ));
+}
+
+#[test]
+fn metadata_remove_and_set_last_keep_order() {
+    let mut m = Metadata::default();
+    for (i, k) in ["a", "b", "c", "d"].iter().enumerate() {
+        m.set(k, Value::U32(i as u32));
+    }
+    assert_eq!(m.remove("b"), Some(Value::U32(1)));
+    assert_eq!(m.remove("b"), None);
+    m.set_last("a", Value::U32(9));
+    let keys: Vec<&str> = m.entries().iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["c", "d", "a"]);
+    assert_eq!(m.get("d"), Some(&Value::U32(3)));
+    assert_eq!(m.get("a"), Some(&Value::U32(9)));
 }
 
 #[test]
