@@ -43,6 +43,8 @@ enum Command {
     Logits(cmd::logits::LogitsArgs),
     /// Measure prompt and generation speed (llama-bench's flags and output).
     Bench(cmd::bench::BenchArgs),
+    /// Quantize a GGUF model (llama-quantize's arguments, type names and output bytes).
+    Quantize(cmd::quantize::QuantizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve {
         /// Model: a GGUF path or a known model name (pulled on first use). Without it, the
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Quantize(args) => cmd::quantize::run(&args),
         Command::Logits(args) => cmd::logits::run(&args),
         Command::Serve {
             model,

@@ -8,6 +8,7 @@ pub mod logits;
 pub mod model_engine;
 pub mod perplexity;
 pub mod pull;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod tokenize;

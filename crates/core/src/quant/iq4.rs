@@ -31,13 +31,15 @@ struct XsScales<'a> {
     scales_l: &'a mut [u8; QK_K / 64],
 }
 
-/// `quantize_row_iq4_nl_impl` with `nvalues = 16`, `block_size = 32` and no importance
-/// weights, for one super-block `x` (32 elements for IQ4_NL, 256 for IQ4_XS).
+/// `quantize_row_iq4_nl_impl` with `nvalues = 16` and `block_size = 32`, for one super-block
+/// `x` (32 elements for IQ4_NL, 256 for IQ4_XS) with optional importance weights `qw` (one
+/// per element of `x`).
 fn quantize_iq4_impl(
     x: &[f32],
     dh: &mut half::f16,
     q4: &mut [u8],
     xs: Option<XsScales<'_>>,
+    qw: Option<&[f32]>,
     ntry: i32,
 ) {
     const BLOCK: usize = 32;
@@ -49,6 +51,12 @@ fn quantize_iq4_impl(
     let mut scales = [0f32; QK_K / BLOCK];
     let mut weight = [0f32; BLOCK];
 
+    let mut sigma2 = 0.0f32;
+    for &v in x {
+        sigma2 += v * v;
+    }
+    sigma2 *= 2.0 / super_block_size as f32;
+
     q4.fill(0);
     *dh = f32_to_f16(0.0);
 
@@ -57,8 +65,18 @@ fn quantize_iq4_impl(
     for ib in 0..nb {
         let xb = &x[ib * BLOCK..(ib + 1) * BLOCK];
         let lb = &mut l_all[ib * BLOCK..(ib + 1) * BLOCK];
-        for (w, &v) in weight.iter_mut().zip(xb) {
-            *w = v * v;
+        match qw {
+            Some(qw) => {
+                let qwb = &qw[ib * BLOCK..(ib + 1) * BLOCK];
+                for ((w, &v), &q) in weight.iter_mut().zip(xb).zip(qwb) {
+                    *w = q * (sigma2 + v * v).sqrt();
+                }
+            }
+            None => {
+                for (w, &v) in weight.iter_mut().zip(xb) {
+                    *w = v * v;
+                }
+            }
         }
         let mut amax = 0.0f32;
         let mut max = 0.0f32;
@@ -166,7 +184,28 @@ fn quantize_iq4_impl(
 /// `quantize_row_iq4_nl_ref`.
 pub fn quantize_row_iq4_nl(x: &[f32], y: &mut [BlockIQ4NL]) {
     for (xb, yb) in x.chunks_exact(QK4_NL).zip(y.iter_mut()) {
-        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, None, -1);
+        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, None, None, -1);
+    }
+}
+
+/// ggml's `quantize_iq4_nl` (what quantizing a tensor runs, unlike the `_ref` row quantizer:
+/// seven scale trials) with optional importance weights, one per element.
+pub fn quantize_row_iq4_nl_weighted(x: &[f32], y: &mut [BlockIQ4NL], qw: Option<&[f32]>) {
+    for (ib, (xb, yb)) in x.chunks_exact(QK4_NL).zip(y.iter_mut()).enumerate() {
+        let w = qw.map(|w| &w[ib * QK4_NL..(ib + 1) * QK4_NL]);
+        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, None, w, 7);
+    }
+}
+
+/// ggml's `quantize_iq4_xs` with optional importance weights, one per element.
+pub fn quantize_row_iq4_xs_weighted(x: &[f32], y: &mut [BlockIQ4XS], qw: Option<&[f32]>) {
+    for (ib, (xb, yb)) in x.chunks_exact(QK_K).zip(y.iter_mut()).enumerate() {
+        let xs = XsScales {
+            scales_h: &mut yb.scales_h,
+            scales_l: &mut yb.scales_l,
+        };
+        let w = qw.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
+        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, Some(xs), w, 7);
     }
 }
 
@@ -177,7 +216,7 @@ pub fn quantize_row_iq4_xs(x: &[f32], y: &mut [BlockIQ4XS]) {
             scales_h: &mut yb.scales_h,
             scales_l: &mut yb.scales_l,
         };
-        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, Some(xs), 7);
+        quantize_iq4_impl(xb, &mut yb.d, &mut yb.qs, Some(xs), None, 7);
     }
 }
 

@@ -21,6 +21,7 @@ mod iq4;
 mod kquants;
 mod legacy;
 mod mxfp4;
+mod weighted;
 
 use std::borrow::Cow;
 
@@ -42,6 +43,7 @@ pub use kquants::{
 };
 pub use legacy::*;
 pub use mxfp4::{dequantize_row_mxfp4, e8m0_to_fp32_half, quantize_row_mxfp4};
+pub use weighted::quantize_row_weighted;
 
 /// Errors from the row-level quantization routines.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,7 +90,12 @@ pub fn row_bytes(dtype: DType, n: usize) -> Result<usize, QuantError> {
         .ok_or(QuantError::RowTooLarge { dtype, len: n })
 }
 
-fn check_len(what: &'static str, dtype: DType, n: usize, actual: usize) -> Result<(), QuantError> {
+pub(crate) fn check_len(
+    what: &'static str,
+    dtype: DType,
+    n: usize,
+    actual: usize,
+) -> Result<(), QuantError> {
     let expected = row_bytes(dtype, n)?;
     if expected != actual {
         return Err(QuantError::LengthMismatch {
@@ -124,7 +131,7 @@ pub fn blocks_from_bytes<B: bytemuck::Pod>(bytes: &[u8]) -> Result<Cow<'_, [B]>,
 }
 
 /// Runs `f` on `bytes` viewed as mutable blocks, through an aligned copy if needed.
-fn with_blocks_mut<B: bytemuck::Pod>(bytes: &mut [u8], f: impl FnOnce(&mut [B])) {
+pub(crate) fn with_blocks_mut<B: bytemuck::Pod>(bytes: &mut [u8], f: impl FnOnce(&mut [B])) {
     match bytemuck::try_cast_slice_mut::<u8, B>(bytes) {
         Ok(blocks) => f(blocks),
         Err(_) => {

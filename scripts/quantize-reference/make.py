@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Makes crates/cli/tests/data/quantize_reference.json: the sha256 and size of what
+llama-quantize writes for each case below, on the project's two test models, and the exit
+status of the cases it refuses. `lamina quantize` must write the same bytes
+(crates/cli/tests/quantize.rs).
+
+llama-quantize comes from llama.cpp 0c1e570 as vendored by the llama-cpp-python 0.3.36 source
+package. Build it once (about 10 minutes on 2 cores):
+
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d /tmp/lcp
+    tar xzf /tmp/lcp/llama_cpp_python-0.3.36.tar.gz -C /tmp/lcp
+    cmake -S /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/lcp/build -DGGML_NATIVE=ON
+    cmake --build /tmp/lcp/build --target llama-quantize -j2
+
+Run:  LLAMA_QUANTIZE=/tmp/lcp/build/bin/llama-quantize python3 scripts/quantize-reference/make.py
+(models from `lamina pull`, i.e. ~/.cache/lamina/models or $LAMINA_CACHE/models).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "crates/cli/tests/data/quantize_reference.json"
+QUANTIZE = os.environ.get("LLAMA_QUANTIZE", "/tmp/lcp/build/bin/llama-quantize")
+CACHE = Path(os.environ.get("LAMINA_CACHE", Path.home() / ".cache/lamina")) / "models"
+MODELS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
+}
+
+R = ["--allow-requantize"]
+# (flags, type): every file type Lamina can write, then the options that change the choice.
+CASES = [(R, t) for t in [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "F16", "BF16",
+    "F32", "COPY", "MXFP4_MOE",
+]] + [
+    (R + ["--pure"], "Q4_K_M"),
+    (R + ["--leave-output-tensor"], "Q6_K"),
+    (R + ["--output-tensor-type", "q8_0", "--token-embedding-type", "q4_0"], "Q5_K_M"),
+    (R + ["--tensor-type", "attn_v=q8_0", "--tensor-type", r"blk\.1\.ffn_.*=q5_1"], "Q4_0"),
+    (R + ["--prune-layers", "3,5,1"], "Q8_0"),
+    (R + ["--override-kv", "general.name=str:hello", "--override-kv", "foo.bar=int:-3",
+          "--override-kv", "a.f=float:1.5", "--override-kv", "a.b=bool:false"], "Q4_0"),
+    # Refused: requantizing without --allow-requantize; Q2_K_S without an importance matrix.
+    ([], "Q4_0"),
+    (R, "Q2_K_S"),
+]
+
+
+def main():
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.gguf"
+        for model, file in MODELS.items():
+            path = CACHE / file
+            if not path.exists():
+                sys.exit(f"{path} is missing: run `lamina pull {model}`")
+            for flags, qtype in CASES:
+                out.unlink(missing_ok=True)
+                p = subprocess.run([QUANTIZE, *flags, str(path), str(out), qtype, "2"],
+                                   capture_output=True)
+                case = {"model": model, "args": flags + [qtype], "status": p.returncode}
+                if p.returncode == 0:
+                    data = out.read_bytes()
+                    case["sha256"] = hashlib.sha256(data).hexdigest()
+                    case["size"] = len(data)
+                cases.append(case)
+                print(model, " ".join(case["args"]), case["status"], case.get("sha256", "")[:16])
+    OUT.write_text(json.dumps({
+        "generator": "scripts/quantize-reference/make.py",
+        "llama.cpp": "0c1e570 (llama-cpp-python 0.3.36 sdist), GGML_NATIVE=ON",
+        "cases": cases,
+    }, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
