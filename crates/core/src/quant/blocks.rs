@@ -245,3 +245,27 @@ block!(
         qs: [u8; QK_K / 2],
     }
 );
+
+block!(
+    /// Ternary, 1.6875 bits per value: values are `(t - 1) * d` with trits `t` in {0, 1, 2},
+    /// five to a byte (`qs`, as a base-3 fraction scaled to 256) and four to a byte (`qh`).
+    BlockTQ1_0, QK_K, 54, {
+        /// Trits 0..240: byte `j + m` of the first 32 holds elements `m + 32n` (n = 0..5) of
+        /// the first 160, the next 16 bytes elements `160 + m + 16n` of the next 80.
+        qs: [u8; (QK_K - 4 * QK_K / 64) / 5],
+        /// Trits 240..256: byte `j` holds elements `240 + j + 4n` (n = 0..4).
+        qh: [u8; QK_K / 64],
+        /// Scale (the block's absolute maximum).
+        d: f16,
+    }
+);
+
+block!(
+    /// Ternary, 2.0625 bits per value: value = ((q & 3) - 1) * d, four 2-bit values per byte.
+    BlockTQ2_0, QK_K, 66, {
+        /// 2-bit values: byte `j + m` (j = 0, 32) holds elements `4j + m + 32l` at bits `2l`.
+        qs: [u8; QK_K / 4],
+        /// Scale (the block's absolute maximum).
+        d: f16,
+    }
+);

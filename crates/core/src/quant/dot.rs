@@ -10,6 +10,7 @@ use super::blocks::*;
 use super::float::{bf16_to_f32, f16_to_f32};
 use super::iq4::iq4_xs_scale;
 use super::kquants::{get_scale_min_k4, q3_k_scales};
+use super::ternary::{tq1_0_trits, tq2_0_values};
 
 /// `ggml_vec_dot_f32` (scalar): f32 products summed in f64.
 pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
@@ -383,6 +384,33 @@ pub fn vec_dot_iq4_xs_q8_k(x: &[BlockIQ4XS], y: &[BlockQ8K]) -> f32 {
             }
             sumf += dl * (sumi1 + sumi2) as f32;
         }
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_tq1_0_q8_K_generic`.
+pub fn vec_dot_tq1_0_q8_k(x: &[BlockTQ1_0], y: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y) {
+        let mut sum = 0i32;
+        for (&t, &q) in tq1_0_trits(xb).iter().zip(&yb.qs) {
+            sum += (i32::from(t) - 1) * i32::from(q);
+        }
+        sumf += sum as f32 * (f16_to_f32(xb.d) * yb.d);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_tq2_0_q8_K_generic`.
+pub fn vec_dot_tq2_0_q8_k(x: &[BlockTQ2_0], y: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y) {
+        let mut sumi = 0i32;
+        for (&v, &q) in tq2_0_values(xb).iter().zip(&yb.qs) {
+            sumi += i32::from(q) * (i32::from(v) - 1);
+        }
+        let d = yb.d * f16_to_f32(xb.d);
+        sumf += sumi as f32 * d;
     }
     sumf
 }
