@@ -157,8 +157,8 @@ pub fn registry() -> Result<&'static Registry, ConfigError> {
 }
 
 /// The weight types `mul_mat` multiplies with llama.cpp's exact arithmetic (float types, then
-/// the legacy and K/IQ quantizations), in the order the tests go through them.
-pub const MATMUL_WEIGHT_TYPES: [DType; 16] = [
+/// the legacy, K/IQ and ternary quantizations), in the order the tests go through them.
+pub const MATMUL_WEIGHT_TYPES: [DType; 18] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -175,6 +175,8 @@ pub const MATMUL_WEIGHT_TYPES: [DType; 16] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::IQ4_XS,
+    DType::TQ1_0,
+    DType::TQ2_0,
 ];
 
 fn type_supported(dtype: DType) -> bool {
