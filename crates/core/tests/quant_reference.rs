@@ -140,11 +140,13 @@ fn round_trip_and_dot_within_test_quantize_fns_limits() {
         let q = quantize(dtype, &data);
         let out = dequantize(dtype, &q, TEST_SIZE);
         let err = array_rmse(&data, &out);
-        // test-quantize-fns' MAX_QUANTIZATION_TOTAL_ERROR{,_2BITS,_3BITS,_TERNARY}.
+        // test-quantize-fns' MAX_QUANTIZATION_TOTAL_ERROR{,_2BITS,_3BITS,_TERNARY,_BINARY,_FP4}.
         let limit = match dtype {
             DType::Q2_K => 0.0075,
             DType::Q3_K => 0.0040,
-            DType::TQ1_0 | DType::TQ2_0 => 0.01,
+            DType::TQ1_0 | DType::TQ2_0 | DType::Q2_0 => 0.01,
+            DType::Q1_0 => 0.025,
+            DType::NVFP4 => 0.0030,
             _ => 0.002,
         };
         assert!(err < limit, "{dtype}: quantization error {err} >= {limit}");
@@ -155,10 +157,12 @@ fn round_trip_and_dot_within_test_quantize_fns_limits() {
         let qy = quantize(dot_type, &data2);
         let result = vec_dot(dtype, TEST_SIZE, &q, &qy).unwrap();
         let err = (result - dot_product(&data, &data2)).abs() / TEST_SIZE as f32;
-        // MAX_DOT_PRODUCT_ERROR{,_LOWBIT,_TERNARY}.
+        // MAX_DOT_PRODUCT_ERROR{,_LOWBIT,_TERNARY,_BINARY,_FP4}.
         let limit = match dtype {
             DType::Q2_K => 0.04,
-            DType::TQ1_0 | DType::TQ2_0 => 0.15,
+            DType::TQ1_0 | DType::TQ2_0 | DType::Q2_0 => 0.15,
+            DType::Q1_0 => 0.40,
+            DType::NVFP4 => 0.03,
             _ => 0.02,
         };
         assert!(err < limit, "{dtype}: dot product error {err} >= {limit}");
@@ -437,7 +441,13 @@ fn ggml_0c1e570_records() -> Vec<Record> {
 }
 
 /// The types of this build that ggml_0c1e570_vectors.bin must cover.
-const TYPES_0C1E570: &[DType] = &[DType::TQ1_0, DType::TQ2_0];
+const TYPES_0C1E570: &[DType] = &[
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
+];
 
 #[test]
 fn new_types_dequantize_like_gguf_py_and_ggml_c() {

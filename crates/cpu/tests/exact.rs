@@ -357,7 +357,13 @@ fn tiled_products(
 #[test]
 fn new_type_dots_match_llama_cpp_x86() {
     const V: &[u8] = include_bytes!("../../core/tests/data/ggml_0c1e570_vectors.bin");
-    const WANT: &[DType] = &[DType::TQ1_0, DType::TQ2_0];
+    const WANT: &[DType] = &[
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
+    ];
     let u32_at = |p: usize| u32::from_le_bytes(V[p..p + 4].try_into().unwrap());
     assert_eq!(&V[..4], b"LQG1");
     let count = u32_at(4);

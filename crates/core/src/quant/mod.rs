@@ -20,6 +20,7 @@ mod float;
 mod iq4;
 mod kquants;
 mod legacy;
+mod lowbit;
 mod mxfp4;
 mod ternary;
 
@@ -42,7 +43,13 @@ pub use kquants::{
     quantize_row_q3_k, quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k,
 };
 pub use legacy::*;
-pub use mxfp4::{dequantize_row_mxfp4, e8m0_to_fp32_half, quantize_row_mxfp4};
+pub use lowbit::{
+    dequantize_row_q1_0, dequantize_row_q2_0, q2_0_value, quantize_row_q1_0, quantize_row_q2_0,
+};
+pub use mxfp4::{
+    dequantize_row_mxfp4, dequantize_row_nvfp4, e8m0_to_fp32_half, fp32_to_ue4m3,
+    quantize_row_mxfp4, quantize_row_nvfp4, ue4m3_to_fp32,
+};
 pub use ternary::{
     dequantize_row_tq1_0, dequantize_row_tq2_0, quantize_row_tq1_0, quantize_row_tq2_0,
     tq1_0_trits, tq1_trit, tq2_0_values,
@@ -164,6 +171,9 @@ pub fn supports_dequantize(dtype: DType) -> bool {
             | MXFP4
             | TQ1_0
             | TQ2_0
+            | NVFP4
+            | Q1_0
+            | Q2_0
     )
 }
 
@@ -207,6 +217,9 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         MXFP4 => run!(BlockMXFP4, dequantize_row_mxfp4),
         TQ1_0 => run!(BlockTQ1_0, dequantize_row_tq1_0),
         TQ2_0 => run!(BlockTQ2_0, dequantize_row_tq2_0),
+        NVFP4 => run!(BlockNVFP4, dequantize_row_nvfp4),
+        Q1_0 => run!(BlockQ1_0, dequantize_row_q1_0),
+        Q2_0 => run!(BlockQ2_0, dequantize_row_q2_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -250,6 +263,9 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         MXFP4 => run!(BlockMXFP4, quantize_row_mxfp4),
         TQ1_0 => run!(BlockTQ1_0, quantize_row_tq1_0),
         TQ2_0 => run!(BlockTQ2_0, quantize_row_tq2_0),
+        NVFP4 => run!(BlockNVFP4, quantize_row_nvfp4),
+        Q1_0 => run!(BlockQ1_0, quantize_row_q1_0),
+        Q2_0 => run!(BlockQ2_0, quantize_row_q2_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -264,7 +280,7 @@ pub fn vec_dot_type(dtype: DType) -> Option<DType> {
         F32 => Some(F32),
         F16 => Some(F16),
         BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Some(Q8_0),
         Q4_1 | Q5_1 => Some(Q8_1),
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ1_0 | TQ2_0 => Some(Q8_K),
         _ => None,
@@ -305,6 +321,9 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32, QuantE
         MXFP4 => run!(BlockMXFP4, BlockQ8_0, vec_dot_mxfp4_q8_0),
         TQ1_0 => run!(BlockTQ1_0, BlockQ8K, vec_dot_tq1_0_q8_k),
         TQ2_0 => run!(BlockTQ2_0, BlockQ8K, vec_dot_tq2_0_q8_k),
+        NVFP4 => run!(BlockNVFP4, BlockQ8_0, vec_dot_nvfp4_q8_0),
+        Q1_0 => run!(BlockQ1_0, BlockQ8_0, vec_dot_q1_0_q8_0),
+        Q2_0 => run!(BlockQ2_0, BlockQ8_0, vec_dot_q2_0_q8_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     })
 }

@@ -50,6 +50,9 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q3_K => dot_q3_k,
         DType::TQ1_0 => dot_tq1_0,
         DType::TQ2_0 => dot_tq2_0,
+        DType::NVFP4 => dot_nvfp4,
+        DType::Q1_0 => dot_q1_0,
+        DType::Q2_0 => dot_q2_0,
         _ => return None,
     })
 }
@@ -644,6 +647,100 @@ pub fn dot_tq2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
     hsum8(&acc)
 }
 
+/// `ggml_vec_dot_nvfp4_q8_0` (AVX2): per half block (32 values, one Q8_0 block) the 8 lanes
+/// of the levels (sign trick), lanes 0-3 scaled by the first sub-block's
+/// `ue4m3(d) * dy`, lanes 4-7 by the second's, one FMA each, then `hsum_float_8`.
+#[inline(always)]
+pub fn dot_nvfp4(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(36).zip(y.chunks_exact(68)).take(n / 64) {
+        for h in 0..2 {
+            let y8 = &yb[34 * h..34 * h + 34];
+            let dy = f16_at(y8, 0);
+            let s0 = lamina_core::quant::ue4m3_to_fp32(xb[2 * h]) * dy;
+            let s1 = lamina_core::quant::ue4m3_to_fp32(xb[2 * h + 1]) * dy;
+            let q = &xb[4 + 16 * h..20 + 16 * h];
+            // Element r of sub-block `sub`: the low nibble of byte `8 sub + r` for r < 8, the
+            // high nibble of byte `8 sub + r - 8` after.
+            let qx: [i8; 32] = std::array::from_fn(|p| {
+                let (sub, r) = (p / 16, p % 16);
+                let b = q[8 * sub + r % 8];
+                KVALUES_MXFP4[usize::from(if r < 8 { b & 15 } else { b >> 4 })]
+            });
+            let qy = as_i8(&y8[2..34]);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let s = if l < 4 { s0 } else { s1 };
+                *a = s.mul_add(lane_ss(&qx, qy, l) as f32, *a);
+            }
+        }
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q1_0_q8_0` (AVX2): per Q8_0 block the 8 lanes of the activations with the
+/// weight's signs applied (8-bit negation, which keeps -128), scaled by `dy` into a block
+/// accumulator (a product for the first of the 4, FMAs after), then `acc = fma(d, block,
+/// acc)` and `hsum_float_8`.
+#[inline(always)]
+pub fn dot_q1_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(4 * 34)).take(n / 128) {
+        let d0 = f16_at(xb, 0);
+        let mut blk = [0f32; 8];
+        for k in 0..4 {
+            let y8 = &yb[34 * k..34 * k + 34];
+            let dy = f16_at(y8, 0);
+            let qy = as_i8(&y8[2..34]);
+            for (l, b) in blk.iter_mut().enumerate() {
+                let mut s = 0i32;
+                for p in 4 * l..4 * l + 4 {
+                    let bit = (xb[2 + 4 * k + p / 8] >> (p % 8)) & 1;
+                    let v = if bit != 0 {
+                        qy[p]
+                    } else {
+                        qy[p].wrapping_neg()
+                    };
+                    s += i32::from(v);
+                }
+                *b = if k == 0 {
+                    dy * s as f32
+                } else {
+                    dy.mul_add(s as f32, *b)
+                };
+            }
+        }
+        for (a, b) in acc.iter_mut().zip(blk) {
+            *a = d0.mul_add(b, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q2_0_q8_0` on x86: the generic C (arch/x86 has no Q2_0 kernel) as GCC
+/// compiles it with FMA: `sumi = fma(d1, sumi_block, sumi)` per Q8_0 block, `sumf = fma(d0,
+/// sumi, sumf)` per Q2_0 block.
+#[inline(always)]
+pub fn dot_q2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0f32;
+    for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(2 * 34)).take(n / 64) {
+        let d0 = f16_at(xb, 0);
+        let mut sumi = 0f32;
+        for k in 0..2 {
+            let y8 = &yb[34 * k..34 * k + 34];
+            let d1 = f16_at(y8, 0);
+            let qy = as_i8(&y8[2..34]);
+            let mut sumi_block = 0i32;
+            for (p, &q) in qy.iter().enumerate() {
+                let v = (xb[2 + 8 * k + p / 4] >> (2 * (p % 4))) & 3;
+                sumi_block += (i32::from(v) - 1) * i32::from(q);
+            }
+            sumi = d1.mul_add(sumi_block as f32, sumi);
+        }
+        sumf = d0.mul_add(sumi, sumf);
+    }
+    sumf
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Ports of the AVX2 branches of `arch/x86/quants.c`.
@@ -718,6 +815,9 @@ mod avx2 {
             DType::Q3_K => |n, x, y| check(n, x, y, 110, 292, 256, q3_k),
             DType::TQ1_0 => |n, x, y| check(n, x, y, 54, 292, 256, tq1_0),
             DType::TQ2_0 => |n, x, y| check(n, x, y, 66, 292, 256, tq2_0),
+            DType::NVFP4 => |n, x, y| check(n, x, y, 36, 68, 64, nvfp4),
+            DType::Q1_0 => |n, x, y| check(n, x, y, 18, 136, 128, q1_0),
+            DType::Q2_0 => |n, x, y| check(n, x, y, 18, 68, 64, q2_0),
             _ => return None,
         })
     }
@@ -754,6 +854,9 @@ mod avx2 {
         q2_k => dot_q2_k, 84, 292, 256;
         iq4_xs => dot_iq4_xs, 136, 292, 256;
         q3_k => dot_q3_k, 110, 292, 256;
+        nvfp4 => dot_nvfp4, 36, 68, 64;
+        q1_0 => dot_q1_0, 18, 136, 128;
+        q2_0 => dot_q2_0, 18, 68, 64;
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

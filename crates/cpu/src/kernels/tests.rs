@@ -42,6 +42,7 @@ fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
             DType::Q3_K => &[108],
             DType::TQ1_0 => &[52],
             DType::TQ2_0 => &[64],
+            DType::Q1_0 | DType::Q2_0 => &[0],
             _ => &[],
         };
         for &o in offs {
