@@ -854,8 +854,6 @@ mod avx2 {
         q2_k => dot_q2_k, 84, 292, 256;
         iq4_xs => dot_iq4_xs, 136, 292, 256;
         q3_k => dot_q3_k, 110, 292, 256;
-        nvfp4 => dot_nvfp4, 36, 68, 64;
-        q1_0 => dot_q1_0, 18, 136, 128;
         q2_0 => dot_q2_0, 18, 68, 64;
     }
 
@@ -1236,6 +1234,84 @@ mod avx2 {
                 // not change the bits).
                 let sumi = _mm256_add_epi16(sumi0, _mm256_add_epi16(sumi1, sumi2));
                 acc = ternary_acc(acc, sumi, yb, d);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nvfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`; the level table is 16 bytes.
+        unsafe {
+            let values = _mm_loadu_si128(super::KVALUES_MXFP4.as_ptr() as *const __m128i);
+            let m4b = _mm_set1_epi8(0x0f);
+            // The 16 levels of 16 bytes, low nibbles then high ones per 8-byte sub-block:
+            // sub-block 2h in the low half, 2h + 1 in the high one.
+            let levels = |q: __m128i| {
+                let lo = _mm_shuffle_epi8(values, _mm_and_si128(q, m4b));
+                let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), m4b));
+                _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi))
+            };
+            let ue = lamina_core::quant::ue4m3_to_fp32;
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 36);
+                let yb = y.as_ptr().add(ib * 68);
+                let q4_01 = levels(_mm_loadu_si128(xb.add(4) as *const __m128i));
+                let q4_23 = levels(_mm_loadu_si128(xb.add(20) as *const __m128i));
+                let q8_01 = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                let q8_23 = _mm256_loadu_si256(yb.add(36) as *const __m256i);
+                let p1 = mul_sum_i8_pairs_float(q4_01, q8_01);
+                let p2 = mul_sum_i8_pairs_float(q4_23, q8_23);
+                let dy0 = f16_in_block(y, ib * 68);
+                let dy1 = f16_in_block(y, ib * 68 + 34);
+                let s0 = ue(*xb) * dy0;
+                let s1 = ue(*xb.add(1)) * dy0;
+                let s2 = ue(*xb.add(2)) * dy1;
+                let s3 = ue(*xb.add(3)) * dy1;
+                let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+                acc = _mm256_fmadd_ps(scales01, p1, acc);
+                acc = _mm256_fmadd_ps(scales23, p2, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let ones_8 = _mm256_set1_epi8(1);
+            let ones_16 = _mm256_set1_epi16(1);
+            #[rustfmt::skip]
+            let byte_shuf = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            );
+            let bit_masks = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let zero = _mm256_setzero_si256();
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 18);
+                let yb = y.as_ptr().add(ib * 136);
+                let d0 = f16_in_block(x, ib * 18);
+                let mut acc_block = _mm256_setzero_ps();
+                for k in 0..4 {
+                    let qy = _mm256_loadu_si256(yb.add(34 * k + 2) as *const __m256i);
+                    let bits = (xb.add(2 + 4 * k) as *const i32).read_unaligned();
+                    let sel = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), byte_shuf);
+                    let sm = _mm256_cmpeq_epi8(_mm256_and_si256(sel, bit_masks), zero);
+                    let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
+                    let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
+                    let dy = _mm256_set1_ps(f16_in_block(y, ib * 136 + 34 * k));
+                    acc_block = if k == 0 {
+                        _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
+                    } else {
+                        _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), acc_block)
+                    };
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d0), acc_block, acc);
             }
             hsum_float_8(acc)
         }
