@@ -38,7 +38,7 @@ R = ["--allow-requantize"]
 CASES = [(R, t) for t in [
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
     "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "F16", "BF16",
-    "F32", "COPY", "MXFP4_MOE",
+    "F32", "COPY", "MXFP4_MOE", "TQ1_0", "TQ2_0", "Q1_0", "Q2_0",
 ]] + [
     (R + ["--pure"], "Q4_K_M"),
     (R + ["--leave-output-tensor"], "Q6_K"),

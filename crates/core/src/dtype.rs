@@ -39,6 +39,9 @@ pub enum DType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
+    Q2_0 = 42,
 }
 
 /// Errors about types and their shapes.
@@ -54,7 +57,7 @@ pub enum DTypeError {
 
 impl DType {
     /// Every type, in id order.
-    pub const ALL: [DType; 32] = [
+    pub const ALL: [DType; 35] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -87,6 +90,9 @@ impl DType {
         DType::TQ1_0,
         DType::TQ2_0,
         DType::MXFP4,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
     ];
 
     /// The type with ggml id `id`.
@@ -139,6 +145,9 @@ impl DType {
             TQ1_0 => "tq1_0",
             TQ2_0 => "tq2_0",
             MXFP4 => "mxfp4",
+            NVFP4 => "nvfp4",
+            Q1_0 => "q1_0",
+            Q2_0 => "q2_0",
         }
     }
 
@@ -157,6 +166,8 @@ impl DType {
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 | Q2_0 => 64,
+            Q1_0 => 128,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
             | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => 256,
         }
@@ -197,6 +208,9 @@ impl DType {
             TQ1_0 => 54,
             TQ2_0 => 66,
             MXFP4 => 17,
+            NVFP4 => 36,
+            Q1_0 => 18,
+            Q2_0 => 18,
         }
     }
 
@@ -239,6 +253,7 @@ mod tests {
         }
         assert_eq!(DType::from_id(4), Err(DTypeError::UnknownId(4)));
         assert_eq!(DType::from_id(1000), Err(DTypeError::UnknownId(1000)));
+        assert_eq!(DType::from_id(43), Err(DTypeError::UnknownId(43)));
     }
 
     #[test]
@@ -247,5 +262,10 @@ mod tests {
         assert_eq!(DType::F16.row_size(7).unwrap(), 14);
         assert!(DType::Q8_0.row_size(33).is_err());
         assert!(DType::F64.row_size(u64::MAX).is_err());
+        // ggml's sizes (gguf-py GGML_QUANT_SIZES) for the newest types.
+        assert_eq!(DType::NVFP4.row_size(128).unwrap(), 72);
+        assert_eq!(DType::Q1_0.row_size(256).unwrap(), 36);
+        assert_eq!(DType::Q2_0.row_size(128).unwrap(), 36);
+        assert_eq!(DType::TQ1_0.row_size(256).unwrap(), 54);
     }
 }

@@ -140,9 +140,13 @@ fn round_trip_and_dot_within_test_quantize_fns_limits() {
         let q = quantize(dtype, &data);
         let out = dequantize(dtype, &q, TEST_SIZE);
         let err = array_rmse(&data, &out);
+        // test-quantize-fns' MAX_QUANTIZATION_TOTAL_ERROR{,_2BITS,_3BITS,_TERNARY,_BINARY,_FP4}.
         let limit = match dtype {
             DType::Q2_K => 0.0075,
             DType::Q3_K => 0.0040,
+            DType::TQ1_0 | DType::TQ2_0 | DType::Q2_0 => 0.01,
+            DType::Q1_0 => 0.025,
+            DType::NVFP4 => 0.0030,
             _ => 0.002,
         };
         assert!(err < limit, "{dtype}: quantization error {err} >= {limit}");
@@ -153,7 +157,14 @@ fn round_trip_and_dot_within_test_quantize_fns_limits() {
         let qy = quantize(dot_type, &data2);
         let result = vec_dot(dtype, TEST_SIZE, &q, &qy).unwrap();
         let err = (result - dot_product(&data, &data2)).abs() / TEST_SIZE as f32;
-        let limit = if dtype == DType::Q2_K { 0.04 } else { 0.02 };
+        // MAX_DOT_PRODUCT_ERROR{,_LOWBIT,_TERNARY,_BINARY,_FP4}.
+        let limit = match dtype {
+            DType::Q2_K => 0.04,
+            DType::TQ1_0 | DType::TQ2_0 | DType::Q2_0 => 0.15,
+            DType::Q1_0 => 0.40,
+            DType::NVFP4 => 0.03,
+            _ => 0.02,
+        };
         assert!(err < limit, "{dtype}: dot product error {err} >= {limit}");
     }
 }
@@ -386,6 +397,126 @@ fn vec_dot_matches_ggml_generic_kernels_bit_for_bit() {
     for t in [
         Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
     ] {
+        assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
+    }
+}
+
+/// Vectors from llama.cpp 0c1e570 (tests/data/gen_ggml_0c1e570_vectors.py) for the types the
+/// older references lack: kind 0 gguf-py dequantization, 1 quantization, 2 generic dot, 3 C
+/// dequantization, 4 x86 AVX2 dot (checked by lamina-cpu). Records of types this build does not
+/// know are skipped; the coverage lists below say which must be there.
+const GGML_0C1E570_VECTORS: &[u8] = include_bytes!("data/ggml_0c1e570_vectors.bin");
+
+fn ggml_0c1e570_records() -> Vec<Record> {
+    let buf = GGML_0C1E570_VECTORS;
+    assert_eq!(&buf[..4], b"LQG1");
+    let mut pos = 4;
+    let count = read_u32(buf, &mut pos);
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let kind = read_u32(buf, &mut pos);
+        let id = read_u32(buf, &mut pos);
+        let n = read_u32(buf, &mut pos) as usize;
+        let m = read_u32(buf, &mut pos) as usize;
+        let bytes = buf[pos..pos + m].to_vec();
+        pos += m;
+        let n_floats = if kind == 2 || kind == 4 { 1 } else { n };
+        let floats = buf[pos..pos + 4 * n_floats]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        pos += 4 * n_floats;
+        if let Ok(dtype) = DType::from_id(id) {
+            out.push(Record {
+                kind,
+                dtype,
+                n,
+                bytes,
+                floats,
+            });
+        }
+    }
+    assert_eq!(pos, buf.len());
+    out
+}
+
+/// The types of this build that ggml_0c1e570_vectors.bin must cover.
+const TYPES_0C1E570: &[DType] = &[
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
+];
+
+#[test]
+fn new_types_dequantize_like_gguf_py_and_ggml_c() {
+    let mut seen = Vec::new();
+    for r in ggml_0c1e570_records()
+        .into_iter()
+        .filter(|r| r.kind == 0 || r.kind == 3)
+    {
+        let mut out = vec![0f32; r.n];
+        dequantize_row(r.dtype, &r.bytes, &mut out).unwrap();
+        for (i, (a, b)) in out.iter().zip(&r.floats).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{} (kind {}) element {i}: ours {a:e}, reference {b:e}",
+                r.dtype,
+                r.kind
+            );
+        }
+        seen.push((r.kind, r.dtype));
+    }
+    for &t in TYPES_0C1E570 {
+        assert!(
+            seen.contains(&(3, t)),
+            "no ggml C dequantize vectors for {t}"
+        );
+    }
+    for t in [DType::TQ1_0, DType::TQ2_0] {
+        assert!(
+            seen.contains(&(0, t)),
+            "no gguf-py dequantize vectors for {t}"
+        );
+    }
+}
+
+#[test]
+fn new_types_quantize_like_ggml_c() {
+    let mut seen = Vec::new();
+    for r in ggml_0c1e570_records().into_iter().filter(|r| r.kind == 1) {
+        let mut out = vec![0u8; r.bytes.len()];
+        quantize_row(r.dtype, &r.floats, &mut out).unwrap();
+        let size = r.dtype.type_size() as usize;
+        for (b, (ours, theirs)) in out.chunks(size).zip(r.bytes.chunks(size)).enumerate() {
+            assert_eq!(ours, theirs, "{} block {b}", r.dtype);
+        }
+        seen.push(r.dtype);
+    }
+    for &t in TYPES_0C1E570 {
+        assert!(seen.contains(&t), "no ggml quantize vectors for {t}");
+    }
+}
+
+#[test]
+fn new_types_vec_dot_like_ggml_generic() {
+    let mut seen = Vec::new();
+    for r in ggml_0c1e570_records().into_iter().filter(|r| r.kind == 2) {
+        let x_len = row_bytes(r.dtype, r.n).unwrap();
+        let (x, y) = r.bytes.split_at(x_len);
+        let got = vec_dot(r.dtype, r.n, x, y).unwrap();
+        assert_eq!(
+            got.to_bits(),
+            r.floats[0].to_bits(),
+            "{}: ours {got:e}, ggml {:e}",
+            r.dtype,
+            r.floats[0]
+        );
+        seen.push(r.dtype);
+    }
+    for &t in TYPES_0C1E570 {
         assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
     }
 }

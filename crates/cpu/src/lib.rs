@@ -157,8 +157,9 @@ pub fn registry() -> Result<&'static Registry, ConfigError> {
 }
 
 /// The weight types `mul_mat` multiplies with llama.cpp's exact arithmetic (float types, then
-/// the legacy and K/IQ quantizations), in the order the tests go through them.
-pub const MATMUL_WEIGHT_TYPES: [DType; 16] = [
+/// the legacy, K/IQ, ternary and newest low-bit quantizations), in the order the tests go
+/// through them.
+pub const MATMUL_WEIGHT_TYPES: [DType; 21] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -175,6 +176,11 @@ pub const MATMUL_WEIGHT_TYPES: [DType; 16] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::IQ4_XS,
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
 ];
 
 fn type_supported(dtype: DType) -> bool {

@@ -17,7 +17,8 @@ use lamina_core::graph::Graph;
 use lamina_cpu::kernels::MatMul;
 use lamina_cpu::{CpuBackendReg, CpuConfig, quant};
 
-const WEIGHT_TYPES: [DType; 16] = lamina_cpu::MATMUL_WEIGHT_TYPES;
+const WEIGHT_TYPES: [DType; lamina_cpu::MATMUL_WEIGHT_TYPES.len()] =
+    lamina_cpu::MATMUL_WEIGHT_TYPES;
 
 /// Normalized MSE limit for quantized products (ggml's test-backend-ops value).
 const MUL_MAT_NMSE: f64 = 5e-4;

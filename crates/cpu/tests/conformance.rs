@@ -15,7 +15,8 @@ use common::conf::*;
 use lamina_core::DType;
 use lamina_core::graph::{GluOp, Graph, RopeMode, RopeParams, build_kq_mask};
 
-const WEIGHT_TYPES: [DType; 16] = lamina_cpu::MATMUL_WEIGHT_TYPES;
+const WEIGHT_TYPES: [DType; lamina_cpu::MATMUL_WEIGHT_TYPES.len()] =
+    lamina_cpu::MATMUL_WEIGHT_TYPES;
 
 #[test]
 fn mul_mat_all_types() {

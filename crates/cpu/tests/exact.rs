@@ -347,3 +347,74 @@ fn tiled_products(
     }
     got
 }
+
+/// llama.cpp 0c1e570's x86 `ggml_vec_dot_*` (its AVX2 kernels, or the generic code renamed for
+/// x86, built with gcc -O3 -march=haswell) for the types newer than this file's harness: kind-4
+/// records of lamina-core's `tests/data/ggml_0c1e570_vectors.bin` (written by
+/// `gen_ggml_0c1e570_vectors.py`), weight row then activation row (quantized by llama.cpp's
+/// x86 `quantize_row_q8_K`/`q8_0`), and ggml's result. Records of types this build does not
+/// know are skipped; `WANT` says which must be there.
+#[test]
+fn new_type_dots_match_llama_cpp_x86() {
+    const V: &[u8] = include_bytes!("../../core/tests/data/ggml_0c1e570_vectors.bin");
+    const WANT: &[DType] = &[
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
+    ];
+    let u32_at = |p: usize| u32::from_le_bytes(V[p..p + 4].try_into().unwrap());
+    assert_eq!(&V[..4], b"LQG1");
+    let count = u32_at(4);
+    let mut pos = 8;
+    let mut seen = Vec::new();
+    for _ in 0..count {
+        let (kind, id, n, m) = (
+            u32_at(pos),
+            u32_at(pos + 4),
+            u32_at(pos + 8),
+            u32_at(pos + 12),
+        );
+        let (n, m) = (n as usize, m as usize);
+        pos += 16;
+        let bytes = &V[pos..pos + m];
+        pos += m;
+        let floats = if kind == 2 || kind == 4 { 1 } else { n };
+        let want = f32s(&V[pos..pos + 4 * floats]);
+        pos += 4 * floats;
+        let Ok(dtype) = DType::from_id(id) else {
+            continue;
+        };
+        if kind != 4 {
+            continue;
+        }
+        let (x, y) = bytes.split_at(dtype.row_size(n as u64).unwrap() as usize);
+        let got = dot::vec_dot(dtype, n, x, y).expect("kernel");
+        assert_bits(&[got], &want, &format!("{dtype} dot (dispatch) n={n}"));
+        let got = dot::vec_dot_scalar(dtype, n, x, y).expect("kernel");
+        assert_bits(&[got], &want, &format!("{dtype} dot (scalar) n={n}"));
+        for isa in [
+            kernels::Isa::Scalar,
+            kernels::Isa::Avx2,
+            kernels::Isa::Avx512,
+        ] {
+            if isa > kernels::detected_isa() {
+                continue;
+            }
+            let plan = kernels::MatMul::plan(dtype, 1, 1, n, true, true).expect("plan");
+            let mut out = [0f32];
+            plan.dot_tile_at(isa, n, &[x], &[y], 0, &mut out);
+            assert_bits(
+                &out,
+                &want,
+                &format!("{dtype} mul_mat tile ({isa:?}) n={n}"),
+            );
+        }
+        seen.push(dtype);
+    }
+    assert_eq!(pos, V.len());
+    for t in WANT {
+        assert!(seen.contains(t), "no x86 dot vectors for {t}");
+    }
+}

@@ -357,6 +357,11 @@ fn dtype_named(s: &str) -> DType {
         "q6_K" => DType::Q6_K,
         "iq4_xs" => DType::IQ4_XS,
         "mxfp4" => DType::MXFP4,
+        "tq1_0" => DType::TQ1_0,
+        "tq2_0" => DType::TQ2_0,
+        "nvfp4" => DType::NVFP4,
+        "q1_0" => DType::Q1_0,
+        "q2_0" => DType::Q2_0,
         _ => panic!("unknown type {s}"),
     }
 }
@@ -378,7 +383,8 @@ fn mul_mat_id_matches_llama_cpp() {
         c.check(&devs);
         n += 1;
     }
-    assert_eq!(n, 56);
+    // 14 types x 4 cases, then 5 newer types x 2.
+    assert_eq!(n, 66);
 }
 
 /// A whole build_moe_ffn (softmax gating, norm_w, SwiGLU experts, the weighted expert outputs
@@ -475,4 +481,53 @@ fn mxfp4_matches_llama_cpp() {
         n += 1;
     }
     assert_eq!(n, 9);
+}
+
+/// The types newer than the other cases (TQ1_0, TQ2_0, NVFP4, Q1_0, Q2_0): ggml's reference
+/// quantizer and dequantizer give its bytes and values, and 2-D products (`ggml_vec_dot_*` per
+/// output on x86: no tinyBLAS, repack or tiled kernels for them) have its bits.
+#[test]
+fn newest_types_match_llama_cpp() {
+    const TYPES: [DType; 5] = [
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
+    ];
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("quant:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        if !TYPES.contains(&dtype) {
+            continue;
+        }
+        let x: Vec<f32> = r.arrays[0]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut q = vec![0u8; r.arrays[1].len()];
+        lamina_cpu::quant::quantize_row(dtype, &x, &mut q).unwrap();
+        assert_eq!(q, r.arrays[1], "{}", r.name);
+        let mut back = vec![0f32; x.len()];
+        lamina_cpu::quant::dequantize_row(dtype, &q, &mut back).unwrap();
+        assert_bits(&back, r.arrays[2], r.name);
+        n += 1;
+    }
+    for r in records().iter().filter(|r| r.name.starts_with("mulmat:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        if !TYPES.contains(&dtype) {
+            continue;
+        }
+        let d = dims(r.name);
+        let (m, nn, k) = (d[0], d[1], d[2]);
+        let mut c = Case::new();
+        let w = c.input(dtype, &[k, m], r.arrays[0]);
+        let x = c.input(DType::F32, &[k, nn], r.arrays[1]);
+        let out = c.g.mul_mat(w, x).unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 5 * (2 + 4));
 }

@@ -501,12 +501,33 @@ fn zero_dimension_is_an_empty_tensor() {
 
 #[test]
 fn unknown_tensor_type() {
-    for type_id in [4u32, 5, 31, 40, u32::MAX] {
+    // 4, 5 and 31..=33, 36..=38 are ids ggml retired; 43 is past the newest (Q2_0).
+    for type_id in [4u32, 5, 31, 36, 38, 43, u32::MAX] {
         let e = parse_err(&one_tensor("t", &[32], type_id, 0, 128));
         assert!(
             matches!(&e, GgufError::UnknownTensorType { tensor, type_id: id } if tensor == "t" && *id == type_id),
             "{e:?}"
         );
+    }
+}
+
+#[test]
+fn newest_tensor_types_parse_with_ggml_sizes() {
+    // (id, elements, bytes): TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0 as in ggml 0c1e570.
+    for (type_id, n, size) in [
+        (34u32, 256u64, 54u64),
+        (35, 256, 66),
+        (39, 64, 34),
+        (40, 128, 72),
+        (41, 256, 36),
+        (42, 128, 36),
+    ] {
+        let g = Gguf::parse(&one_tensor("t", &[n], type_id, 0, 128)).unwrap();
+        assert_eq!(g.tensors[0].dtype.id(), type_id);
+        assert_eq!(g.tensors[0].size, size, "type {type_id}");
+        // Not a whole number of blocks.
+        let e = parse_err(&one_tensor("t", &[n / 2 + 1], type_id, 0, 128));
+        assert!(matches!(e, GgufError::RowNotBlockMultiple { .. }), "{e:?}");
     }
 }
 

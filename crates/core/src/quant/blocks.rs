@@ -245,3 +245,68 @@ block!(
         qs: [u8; QK_K / 2],
     }
 );
+
+block!(
+    /// Ternary, 1.6875 bits per value: values are `(t - 1) * d` with trits `t` in {0, 1, 2},
+    /// five to a byte (`qs`, as a base-3 fraction scaled to 256) and four to a byte (`qh`).
+    BlockTQ1_0, QK_K, 54, {
+        /// Trits 0..240: byte `j + m` of the first 32 holds elements `m + 32n` (n = 0..5) of
+        /// the first 160, the next 16 bytes elements `160 + m + 16n` of the next 80.
+        qs: [u8; (QK_K - 4 * QK_K / 64) / 5],
+        /// Trits 240..256: byte `j` holds elements `240 + j + 4n` (n = 0..4).
+        qh: [u8; QK_K / 64],
+        /// Scale (the block's absolute maximum).
+        d: f16,
+    }
+);
+
+block!(
+    /// Ternary, 2.0625 bits per value: value = ((q & 3) - 1) * d, four 2-bit values per byte.
+    BlockTQ2_0, QK_K, 66, {
+        /// 2-bit values: byte `j + m` (j = 0, 32) holds elements `4j + m + 32l` at bits `2l`.
+        qs: [u8; QK_K / 4],
+        /// Scale (the block's absolute maximum).
+        d: f16,
+    }
+);
+
+/// Elements per NVFP4 block, and per sub-block with its own scale.
+pub const QK_NVFP4: usize = 64;
+/// Elements per NVFP4 sub-block.
+pub const QK_NVFP4_SUB: usize = 16;
+/// Elements per Q1_0 block.
+pub const QK1_0: usize = 128;
+/// Elements per Q2_0 block.
+pub const QK2_0: usize = 64;
+
+block!(
+    /// NVIDIA's NVFP4: four sub-blocks of 16 E2M1 values, each with an unsigned E4M3 scale:
+    /// value = KVALUES_MXFP4[q] * ue4m3(d[s]) / 2.
+    BlockNVFP4, QK_NVFP4, 36, {
+        /// UE4M3 scales, one per sub-block of 16.
+        d: [u8; QK_NVFP4 / QK_NVFP4_SUB],
+        /// Nibbles: sub-block `s` in bytes `8s..8s + 8`, element `j` in the low nibble of byte
+        /// `8s + j`, element `j + 8` in the high one.
+        qs: [u8; QK_NVFP4 / 2],
+    }
+);
+
+block!(
+    /// 1-bit: value = d for a set bit, -d for a clear one.
+    BlockQ1_0, QK1_0, 18, {
+        /// Scale (the mean absolute value).
+        d: f16,
+        /// Sign bits: element `j` is bit `j % 8` of byte `j / 8`.
+        qs: [u8; QK1_0 / 8],
+    }
+);
+
+block!(
+    /// 2-bit: value = (q - 1) * d with q in 0..=3 (levels -d, 0, d, 2d).
+    BlockQ2_0, QK2_0, 18, {
+        /// Scale (the absolute maximum).
+        d: f16,
+        /// 2-bit values: element `j` at bits `2 (j % 4)` of byte `j / 4`.
+        qs: [u8; QK2_0 / 4],
+    }
+);

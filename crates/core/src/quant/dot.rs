@@ -10,6 +10,9 @@ use super::blocks::*;
 use super::float::{bf16_to_f32, f16_to_f32};
 use super::iq4::iq4_xs_scale;
 use super::kquants::{get_scale_min_k4, q3_k_scales};
+use super::lowbit::q2_0_value;
+use super::mxfp4::ue4m3_to_fp32;
+use super::ternary::{tq1_0_trits, tq2_0_values};
 
 /// `ggml_vec_dot_f32` (scalar): f32 products summed in f64.
 pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
@@ -383,6 +386,96 @@ pub fn vec_dot_iq4_xs_q8_k(x: &[BlockIQ4XS], y: &[BlockQ8K]) -> f32 {
             }
             sumf += dl * (sumi1 + sumi2) as f32;
         }
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_tq1_0_q8_K_generic`.
+pub fn vec_dot_tq1_0_q8_k(x: &[BlockTQ1_0], y: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y) {
+        let mut sum = 0i32;
+        for (&t, &q) in tq1_0_trits(xb).iter().zip(&yb.qs) {
+            sum += (i32::from(t) - 1) * i32::from(q);
+        }
+        sumf += sum as f32 * (f16_to_f32(xb.d) * yb.d);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_tq2_0_q8_K_generic`.
+pub fn vec_dot_tq2_0_q8_k(x: &[BlockTQ2_0], y: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y) {
+        let mut sumi = 0i32;
+        for (&v, &q) in tq2_0_values(xb).iter().zip(&yb.qs) {
+            sumi += i32::from(q) * (i32::from(v) - 1);
+        }
+        let d = yb.d * f16_to_f32(xb.d);
+        sumf += sumi as f32 * d;
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_nvfp4_q8_0_generic`: one NVFP4 block against two Q8_0 blocks, one f32 term
+/// per sub-block of 16.
+pub fn vec_dot_nvfp4_q8_0(x: &[BlockNVFP4], y: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y.chunks_exact(2)) {
+        for s in 0..4 {
+            let d = ue4m3_to_fp32(xb.d[s]);
+            let y8 = &yb[s / 2];
+            let off = (s % 2) * QK_NVFP4_SUB;
+            let dy = f16_to_f32(y8.d);
+            let mut sumi_lo = 0i32;
+            let mut sumi_hi = 0i32;
+            for j in 0..QK_NVFP4_SUB / 2 {
+                let qv = xb.qs[s * (QK_NVFP4_SUB / 2) + j];
+                sumi_lo += y8.qs[off + j] as i32 * KVALUES_MXFP4[(qv & 0xf) as usize] as i32;
+                sumi_hi += y8.qs[off + j + QK_NVFP4_SUB / 2] as i32
+                    * KVALUES_MXFP4[(qv >> 4) as usize] as i32;
+            }
+            sumf += dy * d * (sumi_lo + sumi_hi) as f32;
+        }
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q1_0_q8_0_generic`: one Q1_0 block against four Q8_0 blocks.
+pub fn vec_dot_q1_0_q8_0(x: &[BlockQ1_0], y: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y.chunks_exact(4)) {
+        let d0 = f16_to_f32(xb.d);
+        let mut sumi = 0.0f32;
+        for (k, y8) in yb.iter().enumerate() {
+            let d1 = f16_to_f32(y8.d);
+            let mut sumi_block = 0i32;
+            for (p, &q) in y8.qs.iter().enumerate() {
+                let bit = (xb.qs[4 * k + p / 8] >> (p % 8)) & 1;
+                sumi_block += if bit != 0 { q as i32 } else { -(q as i32) };
+            }
+            sumi += d1 * sumi_block as f32;
+        }
+        sumf += d0 * sumi;
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q2_0_q8_0_generic`: one Q2_0 block against two Q8_0 blocks.
+pub fn vec_dot_q2_0_q8_0(x: &[BlockQ2_0], y: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (xb, yb) in x.iter().zip(y.chunks_exact(2)) {
+        let d0 = f16_to_f32(xb.d);
+        let mut sumi = 0.0f32;
+        for (k, y8) in yb.iter().enumerate() {
+            let d1 = f16_to_f32(y8.d);
+            let mut sumi_block = 0i32;
+            for (p, &q) in y8.qs.iter().enumerate() {
+                sumi_block += (i32::from(q2_0_value(xb, 32 * k + p)) - 1) * q as i32;
+            }
+            sumi += d1 * sumi_block as f32;
+        }
+        sumf += d0 * sumi;
     }
     sumf
 }

@@ -20,7 +20,9 @@ mod float;
 mod iq4;
 mod kquants;
 mod legacy;
+mod lowbit;
 mod mxfp4;
+mod ternary;
 mod weighted;
 
 use std::borrow::Cow;
@@ -42,7 +44,17 @@ pub use kquants::{
     quantize_row_q3_k, quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k,
 };
 pub use legacy::*;
-pub use mxfp4::{dequantize_row_mxfp4, e8m0_to_fp32_half, quantize_row_mxfp4};
+pub use lowbit::{
+    dequantize_row_q1_0, dequantize_row_q2_0, q2_0_value, quantize_row_q1_0, quantize_row_q2_0,
+};
+pub use mxfp4::{
+    dequantize_row_mxfp4, dequantize_row_nvfp4, e8m0_to_fp32_half, fp32_to_ue4m3,
+    quantize_row_mxfp4, quantize_row_nvfp4, ue4m3_to_fp32,
+};
+pub use ternary::{
+    dequantize_row_tq1_0, dequantize_row_tq2_0, quantize_row_tq1_0, quantize_row_tq2_0,
+    tq1_0_trits, tq1_trit, tq2_0_values,
+};
 pub use weighted::quantize_row_weighted;
 
 /// Errors from the row-level quantization routines.
@@ -164,6 +176,11 @@ pub fn supports_dequantize(dtype: DType) -> bool {
             | IQ4_NL
             | IQ4_XS
             | MXFP4
+            | TQ1_0
+            | TQ2_0
+            | NVFP4
+            | Q1_0
+            | Q2_0
     )
 }
 
@@ -205,6 +222,11 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         IQ4_NL => run!(BlockIQ4NL, dequantize_row_iq4_nl),
         IQ4_XS => run!(BlockIQ4XS, dequantize_row_iq4_xs),
         MXFP4 => run!(BlockMXFP4, dequantize_row_mxfp4),
+        TQ1_0 => run!(BlockTQ1_0, dequantize_row_tq1_0),
+        TQ2_0 => run!(BlockTQ2_0, dequantize_row_tq2_0),
+        NVFP4 => run!(BlockNVFP4, dequantize_row_nvfp4),
+        Q1_0 => run!(BlockQ1_0, dequantize_row_q1_0),
+        Q2_0 => run!(BlockQ2_0, dequantize_row_q2_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -246,6 +268,11 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         IQ4_NL => run!(BlockIQ4NL, quantize_row_iq4_nl),
         IQ4_XS => run!(BlockIQ4XS, quantize_row_iq4_xs),
         MXFP4 => run!(BlockMXFP4, quantize_row_mxfp4),
+        TQ1_0 => run!(BlockTQ1_0, quantize_row_tq1_0),
+        TQ2_0 => run!(BlockTQ2_0, quantize_row_tq2_0),
+        NVFP4 => run!(BlockNVFP4, quantize_row_nvfp4),
+        Q1_0 => run!(BlockQ1_0, quantize_row_q1_0),
+        Q2_0 => run!(BlockQ2_0, quantize_row_q2_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -260,9 +287,9 @@ pub fn vec_dot_type(dtype: DType) -> Option<DType> {
         F32 => Some(F32),
         F16 => Some(F16),
         BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Some(Q8_0),
         Q4_1 | Q5_1 => Some(Q8_1),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ1_0 | TQ2_0 => Some(Q8_K),
         _ => None,
     }
 }
@@ -299,6 +326,11 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32, QuantE
         Q6_K => run!(BlockQ6K, BlockQ8K, vec_dot_q6_k_q8_k),
         IQ4_XS => run!(BlockIQ4XS, BlockQ8K, vec_dot_iq4_xs_q8_k),
         MXFP4 => run!(BlockMXFP4, BlockQ8_0, vec_dot_mxfp4_q8_0),
+        TQ1_0 => run!(BlockTQ1_0, BlockQ8K, vec_dot_tq1_0_q8_k),
+        TQ2_0 => run!(BlockTQ2_0, BlockQ8K, vec_dot_tq2_0_q8_k),
+        NVFP4 => run!(BlockNVFP4, BlockQ8_0, vec_dot_nvfp4_q8_0),
+        Q1_0 => run!(BlockQ1_0, BlockQ8_0, vec_dot_q1_0_q8_0),
+        Q2_0 => run!(BlockQ2_0, BlockQ8_0, vec_dot_q2_0_q8_0),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     })
 }

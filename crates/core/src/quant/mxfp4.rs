@@ -1,7 +1,8 @@
-//! MXFP4 (the OCP microscaling 4-bit float, gpt-oss's expert weights): ggml's
-//! `quantize_row_mxfp4_ref`, `dequantize_row_mxfp4` and `ggml_e8m0_to_fp32_half`.
+//! The 4-bit floats: MXFP4 (the OCP microscaling format, gpt-oss's expert weights) and NVFP4
+//! (NVIDIA's, with E4M3 scales per 16 values): ggml's `quantize_row_{mxfp4,nvfp4}_ref`, the
+//! dequantizers, `ggml_e8m0_to_fp32_half` and the UE4M3 conversions of `ggml-impl.h`.
 
-use super::blocks::{BlockMXFP4, KVALUES_MXFP4, QK_MXFP4};
+use super::blocks::{BlockMXFP4, BlockNVFP4, KVALUES_MXFP4, QK_MXFP4, QK_NVFP4_SUB};
 
 /// `ggml_e8m0_to_fp32_half`: `2^(e - 128)` (half the E8M0 value), the subnormals `2^-128` and
 /// `2^-127` for `e` 0 and 1.
@@ -54,6 +55,97 @@ pub fn quantize_row_mxfp4(x: &[f32], y: &mut [BlockMXFP4]) {
     }
 }
 
+/// `2^e` for `e` in the normal f32 range (exact).
+#[inline]
+fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// `ggml_ue4m3_to_fp32`: an unsigned E4M3 byte (bias 7; the top bit ignored) as f32, halved for
+/// the doubled E2M1 levels; 0 and 0x7F (NaN in E4M3) give 0.
+#[inline]
+pub fn ue4m3_to_fp32(x: u8) -> f32 {
+    if x == 0 || x == 0x7F {
+        return 0.0;
+    }
+    let exp = i32::from((x >> 3) & 0xF);
+    let man = f32::from(x & 0x7);
+    let raw = if exp == 0 {
+        man * pow2(-9)
+    } else {
+        (1.0 + man / 8.0) * pow2(exp - 7)
+    };
+    raw * 0.5
+}
+
+/// `ggml_fp32_to_ue4m3`: round to nearest (ties up) by the first dropped mantissa bit,
+/// saturating at 448 (0x7E); zero, negative and NaN inputs give 0.
+#[inline]
+pub fn fp32_to_ue4m3(x: f32) -> u8 {
+    // `!(x > 0)` also catches NaN.
+    if x.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+        return 0;
+    }
+    let x = if x > 448.0 { 448.0 } else { x };
+    let bits = x.to_bits();
+    let fp32_exp = ((bits >> 23) & 0xFF) as i32 - 127;
+    let fp32_man = ((bits >> 20) & 0x7) as i32;
+    let mut exp = fp32_exp + 7;
+    if exp <= 0 {
+        // Subnormal: man * 2^-9 with man = (int)(x * 512 + 0.5), at most 7.
+        let man = ((x * 512.0 + 0.5) as i32).min(7);
+        return if man < 1 { 0 } else { man as u8 };
+    }
+    if exp >= 15 {
+        return 0x7E;
+    }
+    let mut man = fp32_man + ((bits >> 19) & 1) as i32;
+    if man > 7 {
+        man = 0;
+        exp += 1;
+        if exp >= 15 {
+            return 0x7E;
+        }
+    }
+    ((exp << 3) | man) as u8
+}
+
+/// `quantize_row_nvfp4_ref`.
+pub fn quantize_row_nvfp4(x: &[f32], y: &mut [BlockNVFP4]) {
+    for (xb, yb) in x.chunks_exact(4 * QK_NVFP4_SUB).zip(y.iter_mut()) {
+        for (s, xs) in xb.chunks_exact(QK_NVFP4_SUB).enumerate() {
+            let mut amax = 0f32;
+            for &v in xs {
+                if amax < v.abs() {
+                    amax = v.abs();
+                }
+            }
+            let ue = fp32_to_ue4m3(amax / 6.0);
+            yb.d[s] = ue;
+            let d = ue4m3_to_fp32(ue);
+            for j in 0..QK_NVFP4_SUB / 2 {
+                let x0 = best_index(xs[j], d);
+                let x1 = best_index(xs[QK_NVFP4_SUB / 2 + j], d);
+                yb.qs[s * (QK_NVFP4_SUB / 2) + j] = x0 | (x1 << 4);
+            }
+        }
+    }
+}
+
+/// `dequantize_row_nvfp4`.
+pub fn dequantize_row_nvfp4(x: &[BlockNVFP4], y: &mut [f32]) {
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(4 * QK_NVFP4_SUB)) {
+        for (s, ys) in yb.chunks_exact_mut(QK_NVFP4_SUB).enumerate() {
+            let d = ue4m3_to_fp32(xb.d[s]);
+            for j in 0..QK_NVFP4_SUB / 2 {
+                let q = xb.qs[s * (QK_NVFP4_SUB / 2) + j];
+                ys[j] = f32::from(KVALUES_MXFP4[(q & 0x0F) as usize]) * d;
+                ys[j + QK_NVFP4_SUB / 2] = f32::from(KVALUES_MXFP4[(q >> 4) as usize]) * d;
+            }
+        }
+    }
+}
+
 /// `dequantize_row_mxfp4`.
 pub fn dequantize_row_mxfp4(x: &[BlockMXFP4], y: &mut [f32]) {
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK_MXFP4)) {
@@ -76,6 +168,19 @@ mod tests {
         assert_eq!(e8m0_to_fp32_half(127), 0.5);
         assert_eq!(e8m0_to_fp32_half(128), 1.0);
         assert_eq!(e8m0_to_fp32_half(254), 2f32.powi(126));
+    }
+
+    #[test]
+    fn ue4m3_round_trips() {
+        // Exponent 15 is reached only by saturating to 0x7E.
+        for b in (1u8..0x78).chain([0x7E]) {
+            let v = ue4m3_to_fp32(b);
+            assert_eq!(fp32_to_ue4m3(2.0 * v), b, "{b:#x}");
+        }
+        assert_eq!(ue4m3_to_fp32(0x7E), 224.0);
+        assert_eq!(fp32_to_ue4m3(1e9), 0x7E);
+        assert_eq!(fp32_to_ue4m3(f32::NAN), 0);
+        assert_eq!(fp32_to_ue4m3(-1.0), 0);
     }
 
     #[test]

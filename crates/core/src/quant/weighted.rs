@@ -47,7 +47,9 @@ pub fn quantize_row_weighted(
     }
     match dtype {
         // No weighted variant in ggml: the weights are ignored.
-        F32 | F16 | BF16 | Q8_0 | MXFP4 => quantize_row(dtype, src, dst),
+        F32 | F16 | BF16 | Q8_0 | MXFP4 | NVFP4 | TQ1_0 | TQ2_0 | Q1_0 | Q2_0 => {
+            quantize_row(dtype, src, dst)
+        }
         _ => Err(QuantError::UnsupportedType(dtype)),
     }
 }

@@ -48,6 +48,11 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q2_K => dot_q2_k,
         DType::IQ4_XS => dot_iq4_xs,
         DType::Q3_K => dot_q3_k,
+        DType::TQ1_0 => dot_tq1_0,
+        DType::TQ2_0 => dot_tq2_0,
+        DType::NVFP4 => dot_nvfp4,
+        DType::Q1_0 => dot_q1_0,
+        DType::Q2_0 => dot_q2_0,
         _ => return None,
     })
 }
@@ -565,6 +570,177 @@ pub fn dot_iq4_xs(n: usize, x: &[u8], y: &[u8]) -> f32 {
     hsum8(&acc)
 }
 
+/// The f32 step of the ternary kernels: `acc = acc + lanes * d` per lane, which GCC fuses
+/// (`_mm256_add_ps(_mm256_mul_ps(..), acc)` under its default `-ffp-contract=fast`).
+#[inline(always)]
+fn ternary_acc(acc: &mut [f32; 8], d: f32, s16: &[i16; 16], bsums: &[u8]) {
+    for (l, a) in acc.iter_mut().enumerate() {
+        // `_mm256_sub_epi16(.., ysum)` then `_mm256_madd_epi16(.., 1)`: 16-bit wrapping.
+        let w = |t: usize| {
+            let bsum = i16::from_le_bytes([bsums[2 * t], bsums[2 * t + 1]]);
+            i32::from(s16[t].wrapping_sub(bsum))
+        };
+        let lane = w(2 * l) + w(2 * l + 1);
+        *a = (lane as f32).mul_add(d, *a);
+    }
+}
+
+/// `_mm256_maddubs_epi16` of 32 unsigned bytes against 32 signed ones, added with 16-bit
+/// wrapping into `s16`.
+#[inline(always)]
+fn maddubs_acc(s16: &mut [i16; 16], a: &[u8; 32], b: &[i8]) {
+    for (t, s) in s16.iter_mut().enumerate() {
+        let p = maddubs_pair(a[2 * t], b[2 * t], a[2 * t + 1], b[2 * t + 1]);
+        *s = s.wrapping_add(p as i16);
+    }
+}
+
+/// `ggml_vec_dot_tq1_0_q8_K` (AVX2): the trits (0, 1, 2) times the activations in 16-bit
+/// lanes (`maddubs`), minus the Q8_K block sums for the -1 offset, widened to 8 i32 lanes
+/// (`madd` by 1), then `acc += lanes * d` (fused by GCC) and `hsum_float_8`.
+#[inline(always)]
+pub fn dot_tq1_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(54).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 52);
+        let q8 = as_i8(&yb[4..260]);
+        let mut s16 = [0i16; 16];
+        // Vector byte `p` of the one starting at activation `o` is element `o + p` in every
+        // part; ggml's three accumulators differ only in association, which 16-bit wrapping
+        // sums do not see.
+        for k in 0..8 {
+            let v: [u8; 32] = std::array::from_fn(|p| {
+                let (byte, pow) = match k {
+                    0..5 => (xb[p], k),
+                    _ if p < 16 => (xb[32 + p], 2 * (k - 5)),
+                    7 => (xb[48 + p % 4], (p - 16) / 4),
+                    _ => (xb[32 + p - 16], 2 * (k - 5) + 1),
+                };
+                lamina_core::quant::tq1_trit(byte, pow) as u8
+            });
+            maddubs_acc(&mut s16, &v, &q8[32 * k..32 * k + 32]);
+        }
+        ternary_acc(&mut acc, d, &s16, &yb[260..292]);
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_tq2_0_q8_K` (AVX2): as [`dot_tq1_0`] with the 2-bit values (0..=3).
+#[inline(always)]
+pub fn dot_tq2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(66).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let d = yd * f16_at(xb, 64);
+        let q8 = as_i8(&yb[4..260]);
+        let mut s16 = [0i16; 16];
+        for j in [0, 32] {
+            for l in 0..4 {
+                let v: [u8; 32] = std::array::from_fn(|p| (xb[j + p] >> (2 * l)) & 3);
+                let o = 4 * j + 32 * l;
+                maddubs_acc(&mut s16, &v, &q8[o..o + 32]);
+            }
+        }
+        ternary_acc(&mut acc, d, &s16, &yb[260..292]);
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_nvfp4_q8_0` (AVX2): per half block (32 values, one Q8_0 block) the 8 lanes
+/// of the levels (sign trick), lanes 0-3 scaled by the first sub-block's
+/// `ue4m3(d) * dy`, lanes 4-7 by the second's, one FMA each, then `hsum_float_8`.
+#[inline(always)]
+pub fn dot_nvfp4(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(36).zip(y.chunks_exact(68)).take(n / 64) {
+        for h in 0..2 {
+            let y8 = &yb[34 * h..34 * h + 34];
+            let dy = f16_at(y8, 0);
+            let s0 = lamina_core::quant::ue4m3_to_fp32(xb[2 * h]) * dy;
+            let s1 = lamina_core::quant::ue4m3_to_fp32(xb[2 * h + 1]) * dy;
+            let q = &xb[4 + 16 * h..20 + 16 * h];
+            // Element r of sub-block `sub`: the low nibble of byte `8 sub + r` for r < 8, the
+            // high nibble of byte `8 sub + r - 8` after.
+            let qx: [i8; 32] = std::array::from_fn(|p| {
+                let (sub, r) = (p / 16, p % 16);
+                let b = q[8 * sub + r % 8];
+                KVALUES_MXFP4[usize::from(if r < 8 { b & 15 } else { b >> 4 })]
+            });
+            let qy = as_i8(&y8[2..34]);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let s = if l < 4 { s0 } else { s1 };
+                *a = s.mul_add(lane_ss(&qx, qy, l) as f32, *a);
+            }
+        }
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q1_0_q8_0` (AVX2): per Q8_0 block the 8 lanes of the activations with the
+/// weight's signs applied (8-bit negation, which keeps -128), scaled by `dy` into a block
+/// accumulator (a product for the first of the 4, FMAs after), then `acc = fma(d, block,
+/// acc)` and `hsum_float_8`.
+#[inline(always)]
+pub fn dot_q1_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(4 * 34)).take(n / 128) {
+        let d0 = f16_at(xb, 0);
+        let mut blk = [0f32; 8];
+        for k in 0..4 {
+            let y8 = &yb[34 * k..34 * k + 34];
+            let dy = f16_at(y8, 0);
+            let qy = as_i8(&y8[2..34]);
+            for (l, b) in blk.iter_mut().enumerate() {
+                let mut s = 0i32;
+                for p in 4 * l..4 * l + 4 {
+                    let bit = (xb[2 + 4 * k + p / 8] >> (p % 8)) & 1;
+                    let v = if bit != 0 {
+                        qy[p]
+                    } else {
+                        qy[p].wrapping_neg()
+                    };
+                    s += i32::from(v);
+                }
+                *b = if k == 0 {
+                    dy * s as f32
+                } else {
+                    dy.mul_add(s as f32, *b)
+                };
+            }
+        }
+        for (a, b) in acc.iter_mut().zip(blk) {
+            *a = d0.mul_add(b, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// `ggml_vec_dot_q2_0_q8_0` on x86: the generic C (arch/x86 has no Q2_0 kernel) as GCC
+/// compiles it with FMA: `sumi = fma(d1, sumi_block, sumi)` per Q8_0 block, `sumf = fma(d0,
+/// sumi, sumf)` per Q2_0 block.
+#[inline(always)]
+pub fn dot_q2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0f32;
+    for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(2 * 34)).take(n / 64) {
+        let d0 = f16_at(xb, 0);
+        let mut sumi = 0f32;
+        for k in 0..2 {
+            let y8 = &yb[34 * k..34 * k + 34];
+            let d1 = f16_at(y8, 0);
+            let qy = as_i8(&y8[2..34]);
+            let mut sumi_block = 0i32;
+            for (p, &q) in qy.iter().enumerate() {
+                let v = (xb[2 + 8 * k + p / 4] >> (2 * (p % 4))) & 3;
+                sumi_block += (i32::from(v) - 1) * i32::from(q);
+            }
+            sumi = d1.mul_add(sumi_block as f32, sumi);
+        }
+        sumf = d0.mul_add(sumi, sumf);
+    }
+    sumf
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Ports of the AVX2 branches of `arch/x86/quants.c`.
@@ -637,6 +813,11 @@ mod avx2 {
             DType::Q2_K => |n, x, y| check(n, x, y, 84, 292, 256, q2_k),
             DType::IQ4_XS => |n, x, y| check(n, x, y, 136, 292, 256, iq4_xs),
             DType::Q3_K => |n, x, y| check(n, x, y, 110, 292, 256, q3_k),
+            DType::TQ1_0 => |n, x, y| check(n, x, y, 54, 292, 256, tq1_0),
+            DType::TQ2_0 => |n, x, y| check(n, x, y, 66, 292, 256, tq2_0),
+            DType::NVFP4 => |n, x, y| check(n, x, y, 36, 68, 64, nvfp4),
+            DType::Q1_0 => |n, x, y| check(n, x, y, 18, 136, 128, q1_0),
+            DType::Q2_0 => |n, x, y| check(n, x, y, 18, 68, 64, q2_0),
             _ => return None,
         })
     }
@@ -673,6 +854,7 @@ mod avx2 {
         q2_k => dot_q2_k, 84, 292, 256;
         iq4_xs => dot_iq4_xs, 136, 292, 256;
         q3_k => dot_q3_k, 110, 292, 256;
+        q2_0 => dot_q2_0, 18, 68, 64;
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -913,6 +1095,223 @@ mod avx2 {
                 }
                 sumi = _mm256_sub_epi32(sumi, q8sclsub);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    /// `trit(q) = (q * 3) >> 8` of every byte, as ggml computes it without 8-bit multiplies:
+    /// `subs(q, 1)`, two rounding averages (`q * 3/4`), then the top 2 bits.
+    #[inline(always)]
+    unsafe fn trits(q: __m256i) -> __m256i {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            let q = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+            let q = _mm256_avg_epu8(q, _mm256_avg_epu8(q, _mm256_setzero_si256()));
+            _mm256_and_si256(_mm256_srli_epi16(q, 6), _mm256_set1_epi8(3))
+        }
+    }
+
+    /// Times 3 and times 9 of every byte, modulo 256 (`x + x + x`, `(x << 3 & 0xF8) + x`).
+    #[inline(always)]
+    unsafe fn times3(x: __m256i) -> __m256i {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe { _mm256_add_epi8(x, _mm256_add_epi8(x, x)) }
+    }
+
+    #[inline(always)]
+    unsafe fn times9(x: __m256i) -> __m256i {
+        // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+        unsafe {
+            _mm256_add_epi8(
+                _mm256_and_si256(_mm256_slli_epi16(x, 3), _mm256_set1_epi8(-8)),
+                x,
+            )
+        }
+    }
+
+    /// The end of both ternary kernels: `(sumi - bsums)` widened to 8 i32 lanes, then
+    /// `acc + lanes * d` (fused, as GCC compiles ggml's `_mm256_add_ps(_mm256_mul_ps(..))`).
+    #[inline(always)]
+    unsafe fn ternary_acc(acc: __m256, sumi: __m256i, yb: *const u8, d: f32) -> __m256 {
+        // SAFETY: `yb` points at a whole Q8_K block (bsums at byte 260, 32 bytes); AVX2/FMA
+        // enabled by the caller.
+        unsafe {
+            let ysum = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+            let s = _mm256_madd_epi16(_mm256_sub_epi16(sumi, ysum), _mm256_set1_epi16(1));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tq2_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 66);
+                let yb = y.as_ptr().add(i * 292);
+                let q8 = yb.add(4);
+                let mut sumi0 = _mm256_setzero_si256();
+                let mut sumi1 = _mm256_setzero_si256();
+                for j in [0usize, 32] {
+                    let qx0 = _mm256_loadu_si256(xb.add(j) as *const __m256i);
+                    let qx1 = _mm256_and_si256(_mm256_srli_epi16(qx0, 2), m3);
+                    let qx2 = _mm256_and_si256(_mm256_srli_epi16(qx0, 4), m3);
+                    let qx3 = _mm256_and_si256(_mm256_srli_epi16(qx0, 6), m3);
+                    let qx0 = _mm256_and_si256(qx0, m3);
+                    let qy =
+                        |k: usize| _mm256_loadu_si256(q8.add(4 * j + 32 * k) as *const __m256i);
+                    let p0 = _mm256_maddubs_epi16(qx0, qy(0));
+                    let p1 = _mm256_maddubs_epi16(qx1, qy(1));
+                    let p2 = _mm256_maddubs_epi16(qx2, qy(2));
+                    let p3 = _mm256_maddubs_epi16(qx3, qy(3));
+                    sumi0 = _mm256_add_epi16(sumi0, _mm256_add_epi16(p0, p1));
+                    sumi1 = _mm256_add_epi16(sumi1, _mm256_add_epi16(p2, p3));
+                }
+                let d = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)])
+                    * f16_at(x, i * 66 + 64);
+                acc = ternary_acc(acc, _mm256_add_epi16(sumi0, sumi1), yb, d);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tq1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 54);
+                let yb = y.as_ptr().add(i * 292);
+                let q8 = yb.add(4);
+                let qy = |o: usize| _mm256_loadu_si256(q8.add(o) as *const __m256i);
+                // First 32 bytes of 5 trits: elements 0..160.
+                let qx0 = _mm256_loadu_si256(xb as *const __m256i);
+                let qx1 = times3(qx0);
+                let qx2 = times9(qx0);
+                let qx3 = times9(qx1);
+                let qx4 = times9(qx2);
+                let p0 = _mm256_maddubs_epi16(trits(qx0), qy(0));
+                let p1 = _mm256_maddubs_epi16(trits(qx1), qy(32));
+                let p2 = _mm256_maddubs_epi16(trits(qx2), qy(64));
+                let p3 = _mm256_maddubs_epi16(trits(qx3), qy(96));
+                let p4 = _mm256_maddubs_epi16(trits(qx4), qy(128));
+                let mut sumi0 = _mm256_add_epi16(p0, p1);
+                let mut sumi1 = _mm256_add_epi16(p2, p3);
+                let mut sumi2 = p4;
+                // The last 16 bytes of 5 trits (elements 160..240) and the 4 of 4 (240..256).
+                let q0 = _mm_loadu_si128(xb.add(32) as *const __m128i);
+                let qh = (xb.add(48) as *const i32).read_unaligned();
+                let qx5_l = _mm256_cvtepu8_epi16(_mm_set1_epi32(qh));
+                let q0w = _mm256_castsi128_si256(q0);
+                let q1 = _mm256_castsi256_si128(times3(q0w));
+                let q2 = _mm256_castsi256_si128(times9(q0w));
+                let q3 = _mm256_castsi256_si128(times9(times3(q0w)));
+                let q4 = _mm256_castsi256_si128(times9(times9(q0w)));
+                let qx5_l = _mm256_and_si256(
+                    _mm256_mullo_epi16(
+                        qx5_l,
+                        _mm256_set_epi16(27, 27, 27, 27, 9, 9, 9, 9, 3, 3, 3, 3, 1, 1, 1, 1),
+                    ),
+                    _mm256_set1_epi16(0xFF),
+                );
+                let q5 = _mm_packus_epi16(
+                    _mm256_castsi256_si128(qx5_l),
+                    _mm256_extracti128_si256(qx5_l, 1),
+                );
+                let qx01 = _mm256_set_m128i(q1, q0);
+                let qx23 = _mm256_set_m128i(q3, q2);
+                let qx45 = _mm256_set_m128i(q5, q4);
+                sumi0 = _mm256_add_epi16(sumi0, _mm256_maddubs_epi16(trits(qx01), qy(160)));
+                sumi1 = _mm256_add_epi16(sumi1, _mm256_maddubs_epi16(trits(qx23), qy(192)));
+                sumi2 = _mm256_add_epi16(sumi2, _mm256_maddubs_epi16(trits(qx45), qy(224)));
+                let d = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)])
+                    * f16_at(x, i * 54 + 52);
+                // ggml: `sumi0 - ysum + (sumi1 + sumi2)`, all 16-bit wrapping (the order does
+                // not change the bits).
+                let sumi = _mm256_add_epi16(sumi0, _mm256_add_epi16(sumi1, sumi2));
+                acc = ternary_acc(acc, sumi, yb, d);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nvfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`; the level table is 16 bytes.
+        unsafe {
+            let values = _mm_loadu_si128(super::KVALUES_MXFP4.as_ptr() as *const __m128i);
+            let m4b = _mm_set1_epi8(0x0f);
+            // The 16 levels of 16 bytes, low nibbles then high ones per 8-byte sub-block:
+            // sub-block 2h in the low half, 2h + 1 in the high one.
+            let levels = |q: __m128i| {
+                let lo = _mm_shuffle_epi8(values, _mm_and_si128(q, m4b));
+                let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), m4b));
+                _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi))
+            };
+            let ue = lamina_core::quant::ue4m3_to_fp32;
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 36);
+                let yb = y.as_ptr().add(ib * 68);
+                let q4_01 = levels(_mm_loadu_si128(xb.add(4) as *const __m128i));
+                let q4_23 = levels(_mm_loadu_si128(xb.add(20) as *const __m128i));
+                let q8_01 = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                let q8_23 = _mm256_loadu_si256(yb.add(36) as *const __m256i);
+                let p1 = mul_sum_i8_pairs_float(q4_01, q8_01);
+                let p2 = mul_sum_i8_pairs_float(q4_23, q8_23);
+                let dy0 = f16_in_block(y, ib * 68);
+                let dy1 = f16_in_block(y, ib * 68 + 34);
+                let s0 = ue(*xb) * dy0;
+                let s1 = ue(*xb.add(1)) * dy0;
+                let s2 = ue(*xb.add(2)) * dy1;
+                let s3 = ue(*xb.add(3)) * dy1;
+                let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+                acc = _mm256_fmadd_ps(scales01, p1, acc);
+                acc = _mm256_fmadd_ps(scales23, p2, acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: as in `q4_0`.
+        unsafe {
+            let ones_8 = _mm256_set1_epi8(1);
+            let ones_16 = _mm256_set1_epi16(1);
+            #[rustfmt::skip]
+            let byte_shuf = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            );
+            let bit_masks = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let zero = _mm256_setzero_si256();
+            let mut acc = _mm256_setzero_ps();
+            for ib in 0..nb {
+                let xb = x.as_ptr().add(ib * 18);
+                let yb = y.as_ptr().add(ib * 136);
+                let d0 = f16_in_block(x, ib * 18);
+                let mut acc_block = _mm256_setzero_ps();
+                for k in 0..4 {
+                    let qy = _mm256_loadu_si256(yb.add(34 * k + 2) as *const __m256i);
+                    let bits = (xb.add(2 + 4 * k) as *const i32).read_unaligned();
+                    let sel = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), byte_shuf);
+                    let sm = _mm256_cmpeq_epi8(_mm256_and_si256(sel, bit_masks), zero);
+                    let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
+                    let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
+                    let dy = _mm256_set1_ps(f16_in_block(y, ib * 136 + 34 * k));
+                    acc_block = if k == 0 {
+                        _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
+                    } else {
+                        _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), acc_block)
+                    };
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d0), acc_block, acc);
             }
             hsum_float_8(acc)
         }

@@ -17,8 +17,9 @@
 //!    ggml_bf16_t, …>`).
 //! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
 //!
-//! Types without a kernel here (IQ types other than IQ4_NL/IQ4_XS, TQ, NVFP4): `plan` returns
-//! `None`.
+//! TQ1_0, TQ2_0, NVFP4, Q1_0 and Q2_0 have no tinyBLAS, x86 repack or tiled kernels in
+//! llama.cpp: they take step 4. Types without a kernel here (IQ types other than
+//! IQ4_NL/IQ4_XS): `plan` returns `None`.
 //!
 //! `ggml_compute_forward_mul_mat_id` picks differently (no tinyBLAS, gemv only for repacked
 //! experts): see [`MatMul::plan_id`].

@@ -40,6 +40,9 @@ fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
             DType::Q2_K => &[80, 82],
             DType::Q6_K => &[208],
             DType::Q3_K => &[108],
+            DType::TQ1_0 => &[52],
+            DType::TQ2_0 => &[64],
+            DType::Q1_0 | DType::Q2_0 => &[0],
             _ => &[],
         };
         for &o in offs {

@@ -461,6 +461,19 @@ int main(int argc, char **argv) {
     moe_ffn_case(GGML_TYPE_F16, GGML_TYPE_Q8_0, 64, 64, 4, 3, 4);
     moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_Q5_0, 32, 64, 4, 2, 1);
     moe_ffn_case(GGML_TYPE_F32, GGML_TYPE_MXFP4, 64, 32, 8, 4, 6);
+    // The types newer than the cases above (appended, so the records before keep their bytes):
+    // reference quantizer and dequantizer, 2-D products (ggml_vec_dot_* per output on x86) and
+    // mul_mat_id experts.
+    enum ggml_type nts[] = { GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_NVFP4, GGML_TYPE_Q1_0,
+                             GGML_TYPE_Q2_0 };
+    for (size_t i = 0; i < sizeof nts / sizeof nts[0]; i++) {
+        const int b = (int)ggml_blck_size(nts[i]), k = b >= 128 ? b : 2 * b;
+        quant_case(nts[i], 3 * k, 1.0f); quant_case(nts[i], k, 0.01f);
+        mulmat_case(nts[i], 16, 1, k); mulmat_case(nts[i], 8, 5, 2 * k);
+        mulmat_case(nts[i], 12, 9, k); mulmat_case(nts[i], 7, 3, 3 * k);
+        mmid_case(nts[i], k, 16, 4, 2, 1, 1, 0);
+        mmid_case(nts[i], 2 * k, 12, 3, 2, 2, 13, 1);
+    }
     fclose(out);
     return 0;
 }

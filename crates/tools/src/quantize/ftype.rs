@@ -176,7 +176,9 @@ impl FileType {
             F::F16 => DType::F16,
             F::BF16 => DType::BF16,
             F::ALL_F32 => DType::F32,
-            F::Q1_0 | F::Q2_0 | F::NVFP4 => return None,
+            F::Q1_0 => DType::Q1_0,
+            F::Q2_0 => DType::Q2_0,
+            F::NVFP4 => return None,
             F::MXFP4_MOE => DType::MXFP4,
             F::Q2_K_S | F::Q2_K => DType::Q2_K,
             F::IQ3_XS => DType::IQ3_S,
@@ -229,6 +231,9 @@ impl FileType {
             DType::IQ4_XS => F::IQ4_XS,
             DType::IQ3_S => F::IQ3_S,
             DType::MXFP4 => F::MXFP4_MOE,
+            DType::NVFP4 => F::NVFP4,
+            DType::Q1_0 => F::Q1_0,
+            DType::Q2_0 => F::Q2_0,
             _ => F::ALL_F32,
         };
         ftype.id() | 1024

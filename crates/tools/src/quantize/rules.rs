@@ -324,7 +324,7 @@ impl<'a> TypeChooser<'a> {
         use DType::*;
         let mut out = match target {
             IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
-            Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
+            Q2_0 | Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
             Q4_K => Q5_0,
             Q5_K => Q5_1,
             Q6_K => Q8_0,
