@@ -4,4 +4,5 @@
 //! tensor gets which type, streams the tensors through them, and writes the GGUF file the way
 //! llama.cpp writes it, atomically (a temporary file renamed into place).
 
+pub mod imatrix;
 pub mod quantize;

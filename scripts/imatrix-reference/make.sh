@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes the importance-matrix reference files of crates/tools/tests/data with llama.cpp's own
+# llama-imatrix (commit 0c1e570, the llama-cpp-python 0.3.36 source package, CPU native build).
+#
+#   LLAMA_IMATRIX=/path/to/llama-imatrix scripts/imatrix-reference/make.sh
+#
+# SmolLM2-135M-Instruct Q4_1 on the first 2,600 bytes of Areopagitica (../shared/reference/
+# areopagitica-short.txt), 2 chunks of -c 128, 2 threads, flash attention off (Lamina's attention
+# path is llama.cpp's standard one). The text is passed by the relative path below from the
+# workspace root, so the file's imatrix.datasets entry is that string; a Lamina run from the same
+# directory with the same arguments writes the same bytes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${LLAMA_IMATRIX:-/tmp/lcp/build/bin/llama-imatrix}
+MODEL=${MODEL:-$HOME/.cache/lamina/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+TEXT=../shared/reference/areopagitica-short.txt
+OUT=crates/tools/tests/data
+ARGS=(-m "$MODEL" -f "$TEXT" -c 128 --chunks 2 -t 2 -fa off)
+"$BIN" "${ARGS[@]}" -o "$OUT/smollm2-imatrix-c128.gguf" > /dev/null 2>&1
+"$BIN" "${ARGS[@]}" -o "$OUT/smollm2-imatrix-c128.dat" --output-format dat > /dev/null 2>&1
+sha256sum "$OUT"/smollm2-imatrix-c128.*
