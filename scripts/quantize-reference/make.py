@@ -51,6 +51,22 @@ CASES = [(R, t) for t in [
     ([], "Q4_0"),
     (R, "Q2_K_S"),
 ]
+# With llama-imatrix's importance matrix of SmolLM2 (crates/tools/tests/data, made by
+# scripts/imatrix-reference/make.sh), as a path relative to the repository root: llama-quantize
+# records the path as given in quantize.imatrix.file.
+IM = "crates/tools/tests/data/smollm2-imatrix-c128"
+SMOLLM2_CASES = [(R + ["--imatrix", IM + ".gguf"], t) for t in [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_M", "Q4_K_M", "Q5_K_S", "Q6_K",
+    "IQ4_NL", "IQ4_XS", "Q8_0",
+]] + [
+    (R + ["--imatrix", IM + ".dat"], "Q4_K_M"),
+    (R + ["--imatrix", IM + ".gguf", "--include-weights", "ffn"], "Q4_K_M"),
+    (R + ["--imatrix", IM + ".gguf", "--exclude-weights", "attn_v"], "Q4_K_M"),
+]
+GEMMA3_CASES = [
+    # SmolLM2's imatrix on Gemma 3: the sizes do not match, refused.
+    (R + ["--imatrix", IM + ".gguf"], "Q4_K_M"),
+]
 
 
 def main():
@@ -61,10 +77,11 @@ def main():
             path = CACHE / file
             if not path.exists():
                 sys.exit(f"{path} is missing: run `lamina pull {model}`")
-            for flags, qtype in CASES:
+            extra = SMOLLM2_CASES if model == "smollm2-135m" else GEMMA3_CASES
+            for flags, qtype in CASES + extra:
                 out.unlink(missing_ok=True)
                 p = subprocess.run([QUANTIZE, *flags, str(path), str(out), qtype, "2"],
-                                   capture_output=True)
+                                   capture_output=True, cwd=ROOT)
                 case = {"model": model, "args": flags + [qtype], "status": p.returncode}
                 if p.returncode == 0:
                     data = out.read_bytes()
@@ -72,11 +89,14 @@ def main():
                     case["size"] = len(data)
                 cases.append(case)
                 print(model, " ".join(case["args"]), case["status"], case.get("sha256", "")[:16])
-    OUT.write_text(json.dumps({
-        "generator": "scripts/quantize-reference/make.py",
+    ref = {
+        "generator": "scripts/quantize-reference/make.py (then perplexity.py)",
         "llama.cpp": "0c1e570 (llama-cpp-python 0.3.36 sdist), GGML_NATIVE=ON",
         "cases": cases,
-    }, indent=1) + "\n")
+    }
+    if OUT.exists() and "perplexity" in json.loads(OUT.read_text()):
+        ref["perplexity"] = json.loads(OUT.read_text())["perplexity"]
+    OUT.write_text(json.dumps(ref, indent=1) + "\n")
 
 
 if __name__ == "__main__":

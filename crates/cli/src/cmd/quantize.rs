@@ -11,6 +11,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lamina_core::DType;
 use lamina_gguf::Value;
+use lamina_tools::imatrix::Imatrix;
 use lamina_tools::quantize::{
     self, QUANT_OPTIONS, QuantizeParams, TensorDone, parse_file_type, parse_tensor_type,
 };
@@ -219,10 +220,52 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
         params.kv_overrides.push(parse_override(kv)?);
     }
     if let Some(path) = &args.imatrix {
-        bail!(
-            "--imatrix {}: quantizing with an importance matrix is not supported yet",
-            path.display()
+        let imatrix = Imatrix::load(path)
+            .with_context(|| format!("failed to load imatrix from '{}'", path.display()))?;
+        let mut weights = imatrix.quant_weights();
+        eprintln!(
+            "quantize: loaded {} importance matrix entries from {} computed on {} chunks",
+            weights.len(),
+            path.display(),
+            imatrix.chunk_count
         );
+        // llama-quantize's --exclude-weights / --include-weights: substrings of tensor names.
+        if !args.exclude_weights.is_empty() {
+            weights.retain(|name, _| !args.exclude_weights.iter().any(|x| name.contains(x)));
+        }
+        if !args.include_weights.is_empty() {
+            weights.retain(|name, _| args.include_weights.iter().any(|x| name.contains(x)));
+        }
+        if !weights.is_empty() {
+            // The keys llama-quantize records, after the user's overrides, values cut to 127
+            // bytes as its fixed-size override strings cut them.
+            let cut = |s: &str| {
+                let mut end = s.len().min(127);
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s[..end].to_string()
+            };
+            let kv = &mut params.kv_overrides;
+            kv.push((
+                "quantize.imatrix.file".into(),
+                Value::String(cut(&path.to_string_lossy())),
+            ));
+            if let Some(d) = imatrix.datasets.first() {
+                kv.push(("quantize.imatrix.dataset".into(), Value::String(cut(d))));
+            }
+            kv.push((
+                "quantize.imatrix.entries_count".into(),
+                Value::U32(weights.len() as u32),
+            ));
+            if imatrix.chunk_count > 0 {
+                kv.push((
+                    "quantize.imatrix.chunks_count".into(),
+                    Value::U32(imatrix.chunk_count),
+                ));
+            }
+            params.imatrix = Some(weights);
+        }
     }
 
     if args.dry_run {
