@@ -408,7 +408,12 @@ fn vec_dot_matches_ggml_generic_kernels_bit_for_bit() {
 const GGML_0C1E570_VECTORS: &[u8] = include_bytes!("data/ggml_0c1e570_vectors.bin");
 
 fn ggml_0c1e570_records() -> Vec<Record> {
-    let buf = GGML_0C1E570_VECTORS;
+    lqg1_records(GGML_0C1E570_VECTORS)
+}
+
+/// Reads an `LQG1` file: kinds 2 and 4 carry one float, kind 5 (a quantizer with importance
+/// weights) 2n (the row, then the weights), the others n.
+fn lqg1_records(buf: &[u8]) -> Vec<Record> {
     assert_eq!(&buf[..4], b"LQG1");
     let mut pos = 4;
     let count = read_u32(buf, &mut pos);
@@ -420,7 +425,11 @@ fn ggml_0c1e570_records() -> Vec<Record> {
         let m = read_u32(buf, &mut pos) as usize;
         let bytes = buf[pos..pos + m].to_vec();
         pos += m;
-        let n_floats = if kind == 2 || kind == 4 { 1 } else { n };
+        let n_floats = match kind {
+            2 | 4 => 1,
+            5 => 2 * n,
+            _ => n,
+        };
         let floats = buf[pos..pos + 4 * n_floats]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -517,6 +526,77 @@ fn new_types_vec_dot_like_ggml_generic() {
         seen.push(r.dtype);
     }
     for &t in TYPES_0C1E570 {
+        assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
+    }
+}
+
+/// Vectors for the grid i-quants from llama.cpp 0c1e570
+/// (tests/data/gen_ggml_0c1e570_iq_vectors.py): kinds as above, plus 1 = `quantize_iq3_*`
+/// without weights and 5 = `quantize_iq*` with importance weights.
+const GGML_0C1E570_IQ_VECTORS: &[u8] = include_bytes!("data/ggml_0c1e570_iq_vectors.bin");
+
+const IQ_TYPES: &[DType] = &[
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ1_S,
+    DType::IQ1_M,
+];
+
+#[test]
+fn iq_types_dequantize_like_gguf_py_and_ggml_c() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS)
+        .into_iter()
+        .filter(|r| r.kind == 0 || r.kind == 3)
+    {
+        let mut out = vec![0f32; r.n];
+        dequantize_row(r.dtype, &r.bytes, &mut out).unwrap();
+        for (i, (a, b)) in out.iter().zip(&r.floats).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{} (kind {}) element {i}: ours {a:e}, reference {b:e}",
+                r.dtype,
+                r.kind
+            );
+        }
+        seen.push((r.kind, r.dtype));
+    }
+    for &t in IQ_TYPES {
+        assert!(
+            seen.contains(&(3, t)),
+            "no ggml C dequantize vectors for {t}"
+        );
+        assert!(
+            seen.contains(&(0, t)),
+            "no gguf-py dequantize vectors for {t}"
+        );
+    }
+}
+
+#[test]
+fn iq_types_vec_dot_like_ggml_generic() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS)
+        .into_iter()
+        .filter(|r| r.kind == 2)
+    {
+        let x_len = row_bytes(r.dtype, r.n).unwrap();
+        let (x, y) = r.bytes.split_at(x_len);
+        let got = vec_dot(r.dtype, r.n, x, y).unwrap();
+        assert_eq!(
+            got.to_bits(),
+            r.floats[0].to_bits(),
+            "{}: ours {got:e}, ggml {:e}",
+            r.dtype,
+            r.floats[0]
+        );
+        seen.push(r.dtype);
+    }
+    for &t in IQ_TYPES {
         assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
     }
 }
