@@ -53,6 +53,13 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::NVFP4 => dot_nvfp4,
         DType::Q1_0 => dot_q1_0,
         DType::Q2_0 => dot_q2_0,
+        DType::IQ2_XXS => dot_iq2_xxs,
+        DType::IQ2_XS => dot_iq2_xs,
+        DType::IQ2_S => dot_iq2_s,
+        DType::IQ3_XXS => dot_iq3_xxs,
+        DType::IQ3_S => dot_iq3_s,
+        DType::IQ1_S => dot_iq1_s,
+        DType::IQ1_M => dot_iq1_m,
         _ => return None,
     })
 }
@@ -741,6 +748,314 @@ pub fn dot_q2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
     sumf
 }
 
+/// The grid i-quants' AVX2 kernels (`ggml_vec_dot_iq{2_xxs,2_xs,2_s,3_xxs,3_s,1_s,1_m}_q8_K`)
+/// share one integer shape: per element an unsigned weight byte `a` (the grid value, or |grid|
+/// for IQ1) times the activation with the element's sign applied by `_mm256_sign_epi8` or
+/// xor/sub (so -128 stays -128), two at a time in `maddubs` i16 lanes, then `madd` by the
+/// scale of each 16 elements into 8 i32 lanes (lane `j` = bytes `4j..4j+3` of every 32).
+/// Integer sums are exact, so the order within a block does not matter; per block
+/// `acc = fma(d, lanes, acc)`, then `hsum_float_8`.
+#[inline(always)]
+fn iq_lanes(a: &[u8; 256], b: &[i8; 256], ls: &[i32; 16]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for ib in 0..8 {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            let k = 32 * ib + 4 * j;
+            let p = maddubs_pair(a[k], b[k], a[k + 1], b[k + 1])
+                + maddubs_pair(a[k + 2], b[k + 2], a[k + 3], b[k + 3]);
+            *lane = lane.wrapping_add(p.wrapping_mul(ls[2 * ib + j / 4]));
+        }
+    }
+    lanes
+}
+
+/// The activation `q` with the sign bit `neg` applied as the kernels do (wrapping).
+#[inline(always)]
+fn signed(q: i8, neg: bool) -> i8 {
+    if neg { q.wrapping_neg() } else { q }
+}
+
+/// Q8_K block `yb`: (d, the 256 quants, bsum `t`).
+#[inline(always)]
+fn q8k(yb: &[u8]) -> (f32, &[i8]) {
+    (
+        f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]),
+        as_i8(&yb[4..260]),
+    )
+}
+
+#[inline(always)]
+fn q8k_bsum(yb: &[u8], t: usize) -> i32 {
+    i32::from(i16::from_le_bytes([yb[260 + 2 * t], yb[261 + 2 * t]]))
+}
+
+/// The IQ2/IQ3 kernels: `fill(block, q8, a, b, ls)` unpacks a block; the result is
+/// `scale * hsum_float_8(acc)`.
+#[inline(always)]
+fn dot_iq_grid<B: lamina_core::quant::Block>(
+    n: usize,
+    x: &[u8],
+    y: &[u8],
+    scale: f32,
+    d_of: impl Fn(&B) -> f32,
+    fill: impl Fn(&B, &[i8], &mut [u8; 256], &mut [i8; 256], &mut [i32; 16]),
+) -> f32 {
+    let nb = n / 256;
+    let bs = std::mem::size_of::<B>();
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<B>(&x[..nb * bs]) else {
+        return f32::NAN;
+    };
+    let mut acc = [0f32; 8];
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let d = d_of(xb) * yd;
+        fill(xb, q8, &mut a, &mut b, &mut ls);
+        let lanes = iq_lanes(&a, &b, &ls);
+        fma8(&mut acc, d, |j| lanes[j]);
+    }
+    scale * hsum8(&acc)
+}
+
+/// Unpacks 8 grid bytes with a sign byte into `a`/`b` at `o`.
+#[inline(always)]
+fn put8(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, grid: u64, signs: u8) {
+    for j in 0..8 {
+        a[o + j] = (grid >> (8 * j)) as u8;
+        b[o + j] = signed(q8[o + j], signs & (1 << j) != 0);
+    }
+}
+
+/// Unpacks two 4-byte grid words with a sign byte into `a`/`b` at `o`.
+#[inline(always)]
+fn put4x2(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, g: [u32; 2], signs: u8) {
+    put8(
+        a,
+        b,
+        q8,
+        o,
+        u64::from(g[0]) | (u64::from(g[1]) << 32),
+        signs,
+    );
+}
+
+/// `ggml_vec_dot_iq2_xxs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_xxs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2XXS, iq2_xxs_sub};
+    dot_iq_grid::<BlockIQ2XXS>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let (s, grid, signs) = iq2_xxs_sub(xb, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    put8(a, b, q8, 32 * ib + 8 * l, grid[l], signs[l]);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq2_xs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_xs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2XS, iq2_xs_group};
+    dot_iq_grid::<BlockIQ2XS>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                ls[2 * ib] = 2 * i32::from(xb.scales[ib] & 0xf) + 1;
+                ls[2 * ib + 1] = 2 * i32::from(xb.scales[ib] >> 4) + 1;
+                for l in 0..4 {
+                    let (grid, signs) = iq2_xs_group(xb, 4 * ib + l);
+                    put8(a, b, q8, 32 * ib + 8 * l, grid, signs);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq2_s_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2S, iq2_s_group};
+    dot_iq_grid::<BlockIQ2S>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                ls[2 * ib] = 2 * i32::from(xb.scales[ib] & 0xf) + 1;
+                ls[2 * ib + 1] = 2 * i32::from(xb.scales[ib] >> 4) + 1;
+                for l in 0..4 {
+                    let (grid, signs) = iq2_s_group(xb, 4 * ib + l);
+                    put8(a, b, q8, 32 * ib + 8 * l, grid, signs);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq3_xxs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq3_xxs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ3XXS, iq3_xxs_sub};
+    dot_iq_grid::<BlockIQ3XXS>(
+        n,
+        x,
+        y,
+        0.25,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let (s, grid, signs) = iq3_xxs_sub(xb, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    let g = [grid[2 * l], grid[2 * l + 1]];
+                    put4x2(a, b, q8, 32 * ib + 8 * l, g, signs[l]);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq3_s_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq3_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ3S, iq3_s_grid};
+    dot_iq_grid::<BlockIQ3S>(
+        n,
+        x,
+        y,
+        1.0,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let s = 2 * i32::from((xb.scales[ib / 2] >> (4 * (ib % 2))) & 0xf) + 1;
+                ls[2 * ib] = s;
+                ls[2 * ib + 1] = s;
+                let grid = iq3_s_grid(xb, ib);
+                for l in 0..4 {
+                    let g = [grid[2 * l], grid[2 * l + 1]];
+                    put4x2(a, b, q8, 32 * ib + 8 * l, g, xb.signs[4 * ib + l]);
+                }
+            }
+        },
+    )
+}
+
+/// Unpacks 8 signed IQ1 grid bytes as `mul_add_epi8` sees them: |g| and `sign(q8, g)`.
+#[inline(always)]
+fn put_iq1(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, grid: u64) {
+    for j in 0..8 {
+        let g = (grid >> (8 * j)) as u8 as i8;
+        a[o + j] = g.unsigned_abs();
+        b[o + j] = sign_i8(q8[o + j], g);
+    }
+}
+
+/// `ggml_vec_dot_iq1_s_q8_K` (AVX2): the grid lanes as above with `acc = fma(d, lanes, acc)`,
+/// the shifts as a scalar `accum1 += d * sumi1` over the Q8_K block sums (fused by GCC), and
+/// `hsum_float_8(acc) + IQ1S_DELTA * accum1` (fused too).
+#[inline(always)]
+pub fn dot_iq1_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ1S, IQ1S_DELTA, iq1_s_group};
+    let nb = n / 256;
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<BlockIQ1S>(&x[..nb * 50]) else {
+        return f32::NAN;
+    };
+    let mut acc = [0f32; 8];
+    let mut accum1 = 0f32;
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let qh = xb.qh[ib];
+            let s = 2 * i32::from((qh >> 12) & 7) + 1;
+            ls[2 * ib] = s;
+            ls[2 * ib + 1] = s;
+            for l in 0..4 {
+                put_iq1(
+                    &mut a,
+                    &mut b,
+                    q8,
+                    32 * ib + 8 * l,
+                    iq1_s_group(xb, 4 * ib + l),
+                );
+            }
+            let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 = sumi1.wrapping_add(
+                (q8k_bsum(yb, 2 * ib) + q8k_bsum(yb, 2 * ib + 1))
+                    .wrapping_mul(delta)
+                    .wrapping_mul(s),
+            );
+        }
+        let d = yd * xb.d.to_f32();
+        let lanes = iq_lanes(&a, &b, &ls);
+        fma8(&mut acc, d, |j| lanes[j]);
+        accum1 = d.mul_add(sumi1 as f32, accum1);
+    }
+    IQ1S_DELTA.mul_add(accum1, hsum8(&acc))
+}
+
+/// `ggml_vec_dot_iq1_m_q8_K` (AVX2): grid lanes and shift lanes (`maddubs(1, ±q8)`) in two
+/// accumulators, `hsum_float_8(accum1) + IQ1M_DELTA * hsum_float_8(accum2)` (fused by GCC).
+#[inline(always)]
+pub fn dot_iq1_m(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ1M, IQ1S_DELTA, iq1_m_d, iq1_m_group, iq1_m_ls, iq1_m_sc};
+    let nb = n / 256;
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<BlockIQ1M>(&x[..nb * 56]) else {
+        return f32::NAN;
+    };
+    let mut acc1 = [0f32; 8];
+    let mut acc2 = [0f32; 8];
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let ones = [1u8; 256];
+    let mut b2 = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let sc = iq1_m_sc(xb);
+        for ib in 0..8 {
+            ls[2 * ib] = iq1_m_ls(&sc, ib, 0);
+            ls[2 * ib + 1] = iq1_m_ls(&sc, ib, 1);
+            for l in 0..4 {
+                let o = 32 * ib + 8 * l;
+                let (grid, neg) = iq1_m_group(xb, 4 * ib + l);
+                put_iq1(&mut a, &mut b, q8, o, grid);
+                for j in 0..8 {
+                    b2[o + j] = signed(q8[o + j], neg);
+                }
+            }
+        }
+        let d = yd * iq1_m_d(&sc).to_f32();
+        let l1 = iq_lanes(&a, &b, &ls);
+        let l2 = iq_lanes(&ones, &b2, &ls);
+        fma8(&mut acc1, d, |j| l1[j]);
+        fma8(&mut acc2, d, |j| l2[j]);
+    }
+    IQ1S_DELTA.mul_add(hsum8(&acc2), hsum8(&acc1))
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Ports of the AVX2 branches of `arch/x86/quants.c`.
@@ -818,6 +1133,13 @@ mod avx2 {
             DType::NVFP4 => |n, x, y| check(n, x, y, 36, 68, 64, nvfp4),
             DType::Q1_0 => |n, x, y| check(n, x, y, 18, 136, 128, q1_0),
             DType::Q2_0 => |n, x, y| check(n, x, y, 18, 68, 64, q2_0),
+            DType::IQ2_XXS => |n, x, y| check(n, x, y, 66, 292, 256, iq2_xxs),
+            DType::IQ2_XS => |n, x, y| check(n, x, y, 74, 292, 256, iq2_xs),
+            DType::IQ2_S => |n, x, y| check(n, x, y, 82, 292, 256, iq2_s),
+            DType::IQ3_XXS => |n, x, y| check(n, x, y, 98, 292, 256, iq3_xxs),
+            DType::IQ3_S => |n, x, y| check(n, x, y, 110, 292, 256, iq3_s),
+            DType::IQ1_S => |n, x, y| check(n, x, y, 50, 292, 256, iq1_s),
+            DType::IQ1_M => |n, x, y| check(n, x, y, 56, 292, 256, iq1_m),
             _ => return None,
         })
     }
@@ -855,6 +1177,13 @@ mod avx2 {
         iq4_xs => dot_iq4_xs, 136, 292, 256;
         q3_k => dot_q3_k, 110, 292, 256;
         q2_0 => dot_q2_0, 18, 68, 64;
+        iq2_xxs => dot_iq2_xxs, 66, 292, 256;
+        iq2_xs => dot_iq2_xs, 74, 292, 256;
+        iq2_s => dot_iq2_s, 82, 292, 256;
+        iq3_xxs => dot_iq3_xxs, 98, 292, 256;
+        iq3_s => dot_iq3_s, 110, 292, 256;
+        iq1_s => dot_iq1_s, 50, 292, 256;
+        iq1_m => dot_iq1_m, 56, 292, 256;
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

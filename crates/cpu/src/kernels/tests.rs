@@ -43,11 +43,25 @@ fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
             DType::TQ1_0 => &[52],
             DType::TQ2_0 => &[64],
             DType::Q1_0 | DType::Q2_0 => &[0],
+            DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ1_S => &[0],
             _ => &[],
         };
         for &o in offs {
             let h = rng.f16(0.05);
             b[o..o + 2].copy_from_slice(&h);
+        }
+        if dtype == DType::IQ1_M {
+            // The f16 scale lives in the top nibbles of the four scale words (bytes 48..56).
+            let h = u16::from_le_bytes(rng.f16(0.05));
+            for k in 0..4 {
+                let nib = ((h >> (4 * k)) & 0xf) as u8;
+                b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | (nib << 4);
+            }
         }
         if dtype == DType::MXFP4 {
             // An E8M0 scale around 2^-5 (random bytes would overflow).
@@ -151,9 +165,20 @@ fn q8_k_quantizers_simd_match_scalar() {
 #[test]
 fn dots_simd_match_scalar() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // The grid i-quants too: their weights here are random blocks (ggml quantizes them only
+    // with importance weights, so the conformance suites cannot make them from values).
     let quantized = crate::MATMUL_WEIGHT_TYPES
         .into_iter()
-        .filter(|t| t.is_quantized());
+        .filter(|t| t.is_quantized())
+        .chain([
+            DType::IQ2_XXS,
+            DType::IQ2_XS,
+            DType::IQ2_S,
+            DType::IQ3_XXS,
+            DType::IQ3_S,
+            DType::IQ1_S,
+            DType::IQ1_M,
+        ]);
     for dtype in quantized {
         let qk = dtype.block_size() as usize;
         for nb in [1usize, 2, 3, 5, 8, 17] {
