@@ -600,3 +600,57 @@ fn iq_types_vec_dot_like_ggml_generic() {
         assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
     }
 }
+
+/// ggml's `quantize_iq*` on one row of `r` (kind 1: no weights, kind 5: with weights).
+fn quantize_iq_weighted(r: &Record) -> Option<Vec<u8>> {
+    let n = r.n;
+    let (x, qw) = match r.kind {
+        1 => (&r.floats[..], None),
+        5 => (&r.floats[..n], Some(&r.floats[n..])),
+        _ => return None,
+    };
+    let mut out = vec![0u8; r.bytes.len()];
+    macro_rules! run {
+        ($b:ty, $f:path) => {{
+            let mut blocks = vec![<$b as bytemuck::Zeroable>::zeroed(); n / 256];
+            $f(x, &mut blocks, qw);
+            out.copy_from_slice(bytemuck::cast_slice(&blocks));
+        }};
+    }
+    match r.dtype {
+        DType::IQ3_S => run!(BlockIQ3S, quantize_row_iq3_s_weighted),
+        DType::IQ3_XXS => run!(BlockIQ3XXS, quantize_row_iq3_xxs_weighted),
+        DType::IQ2_XXS => run!(BlockIQ2XXS, quantize_row_iq2_xxs_weighted),
+        _ => return None,
+    }
+    Some(out)
+}
+
+#[test]
+fn iq_types_quantize_like_ggml_c() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS) {
+        let Some(out) = quantize_iq_weighted(&r) else {
+            continue;
+        };
+        let size = r.dtype.type_size() as usize;
+        for (b, (ours, theirs)) in out.chunks(size).zip(r.bytes.chunks(size)).enumerate() {
+            assert_eq!(
+                ours, theirs,
+                "{} (kind {}, n {}) block {b}",
+                r.dtype, r.kind, r.n
+            );
+        }
+        seen.push((r.kind, r.dtype));
+    }
+    for t in [DType::IQ3_S, DType::IQ3_XXS] {
+        assert!(
+            seen.contains(&(1, t)),
+            "no unweighted quantize vectors for {t}"
+        );
+        assert!(
+            seen.contains(&(5, t)),
+            "no weighted quantize vectors for {t}"
+        );
+    }
+}

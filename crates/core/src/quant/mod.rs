@@ -18,6 +18,8 @@ mod blocks;
 mod dot;
 mod float;
 mod iq4;
+mod iq_kgrids;
+mod iq_quant;
 mod iq_tables;
 mod iquants;
 mod kquants;
@@ -36,6 +38,9 @@ use crate::DType;
 pub use blocks::*;
 pub use dot::*;
 pub use float::*;
+pub use iq_quant::{
+    quantize_row_iq2_xxs_weighted, quantize_row_iq3_s_weighted, quantize_row_iq3_xxs_weighted,
+};
 pub use iq4::{
     dequantize_row_iq4_nl, dequantize_row_iq4_xs, iq4_xs_scale, quantize_row_iq4_nl,
     quantize_row_iq4_xs,
