@@ -621,6 +621,10 @@ fn quantize_iq_weighted(r: &Record) -> Option<Vec<u8>> {
         DType::IQ3_S => run!(BlockIQ3S, quantize_row_iq3_s_weighted),
         DType::IQ3_XXS => run!(BlockIQ3XXS, quantize_row_iq3_xxs_weighted),
         DType::IQ2_XXS => run!(BlockIQ2XXS, quantize_row_iq2_xxs_weighted),
+        DType::IQ2_XS => run!(BlockIQ2XS, quantize_row_iq2_xs_weighted),
+        DType::IQ2_S => run!(BlockIQ2S, quantize_row_iq2_s_weighted),
+        DType::IQ1_S => run!(BlockIQ1S, quantize_row_iq1_s_weighted),
+        DType::IQ1_M => run!(BlockIQ1M, quantize_row_iq1_m_weighted),
         _ => return None,
     }
     Some(out)
@@ -643,14 +647,17 @@ fn iq_types_quantize_like_ggml_c() {
         }
         seen.push((r.kind, r.dtype));
     }
-    for t in [DType::IQ3_S, DType::IQ3_XXS] {
-        assert!(
-            seen.contains(&(1, t)),
-            "no unweighted quantize vectors for {t}"
-        );
+    // IQ2_XXS, IQ2_XS and IQ1_S need importance weights in ggml; the others also run without.
+    for &t in IQ_TYPES {
         assert!(
             seen.contains(&(5, t)),
             "no weighted quantize vectors for {t}"
+        );
+    }
+    for t in [DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ1_M] {
+        assert!(
+            seen.contains(&(1, t)),
+            "no unweighted quantize vectors for {t}"
         );
     }
 }

@@ -39,7 +39,9 @@ pub use blocks::*;
 pub use dot::*;
 pub use float::*;
 pub use iq_quant::{
-    quantize_row_iq2_xxs_weighted, quantize_row_iq3_s_weighted, quantize_row_iq3_xxs_weighted,
+    quantize_row_iq1_m_weighted, quantize_row_iq1_s_weighted, quantize_row_iq2_s_weighted,
+    quantize_row_iq2_xs_weighted, quantize_row_iq2_xxs_weighted, quantize_row_iq3_s_weighted,
+    quantize_row_iq3_xxs_weighted,
 };
 pub use iq4::{
     dequantize_row_iq4_nl, dequantize_row_iq4_xs, iq4_xs_scale, quantize_row_iq4_nl,
@@ -262,6 +264,47 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         IQ3_S => run!(BlockIQ3S, dequantize_row_iq3_s),
         IQ1_S => run!(BlockIQ1S, dequantize_row_iq1_s),
         IQ1_M => run!(BlockIQ1M, dequantize_row_iq1_m),
+        _ => return Err(QuantError::UnsupportedType(dtype)),
+    }
+    Ok(())
+}
+
+/// Quantizes the row `src` into `dst` as one of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S,
+/// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with ggml's `quantize_iq*` and importance weights `qw` (one per
+/// element; for IQ2_XXS, IQ2_XS and IQ1_S, which ggml quantizes only with weights, `None`
+/// means a weight of 1 for every element). `dst.len()` must be exactly the row size.
+pub fn quantize_row_iq(
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+    qw: Option<&[f32]>,
+) -> Result<(), QuantError> {
+    check_len("quantize destination", dtype, src.len(), dst.len())?;
+    if let Some(w) = qw
+        && w.len() != src.len()
+    {
+        return Err(QuantError::LengthMismatch {
+            what: "importance weights",
+            dtype: DType::F32,
+            len: src.len(),
+            expected: 4 * src.len(),
+            actual: 4 * w.len(),
+        });
+    }
+    macro_rules! run {
+        ($b:ty, $f:path) => {
+            with_blocks_mut::<$b>(dst, |blocks| $f(src, blocks, qw))
+        };
+    }
+    use DType::*;
+    match dtype {
+        IQ2_XXS => run!(BlockIQ2XXS, quantize_row_iq2_xxs_weighted),
+        IQ2_XS => run!(BlockIQ2XS, quantize_row_iq2_xs_weighted),
+        IQ2_S => run!(BlockIQ2S, quantize_row_iq2_s_weighted),
+        IQ3_XXS => run!(BlockIQ3XXS, quantize_row_iq3_xxs_weighted),
+        IQ3_S => run!(BlockIQ3S, quantize_row_iq3_s_weighted),
+        IQ1_S => run!(BlockIQ1S, quantize_row_iq1_s_weighted),
+        IQ1_M => run!(BlockIQ1M, quantize_row_iq1_m_weighted),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())

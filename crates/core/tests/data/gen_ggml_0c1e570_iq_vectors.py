@@ -9,7 +9,8 @@ imports):
   * kind 2: `ggml_vec_dot_iq*_q8_K_generic` (gcc -O2 -ffp-contract=off);
   * kind 4: the x86 `ggml_vec_dot_iq*_q8_K` (arch/x86/quants.c, gcc -O3 -march=haswell) on
     activations from x86's `quantize_row_q8_K`;
-  * kind 1: `quantize_iq3_xxs` / `quantize_iq3_s` without importance weights (floats: the row);
+  * kind 1: `quantize_iq3_xxs` / `quantize_iq3_s` / `quantize_iq2_s` / `quantize_iq1_m`
+    without importance weights (floats: the row);
   * kind 5: `quantize_iq*` with importance weights (floats: the row, then one weight per
     element: 2n floats).
 
@@ -47,9 +48,10 @@ base.TYPES.update({
 IQ_TYPES = [16, 17, 22, 18, 21, 19, 29]
 for t in IQ_TYPES:
     base.DOT_TYPE[t] = 15
-# Quantizers in the order of priority; the IQ2/IQ1 ones need importance weights.
+# Quantizers in the order of priority; IQ2_XXS, IQ2_XS and IQ1_S need importance weights
+# (IQ3_XXS, IQ3_S, IQ2_S and IQ1_M also quantize without).
 QUANT_TYPES = [21, 16, 18, 17, 22, 19, 29]
-NEED_WEIGHTS = {16, 17, 22, 19, 29}
+NEED_WEIGHTS = {16, 17, 19}
 
 
 def iq1_m_blocks(rng, n: int) -> bytes:
