@@ -165,20 +165,9 @@ fn q8_k_quantizers_simd_match_scalar() {
 #[test]
 fn dots_simd_match_scalar() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    // The grid i-quants too: their weights here are random blocks (ggml quantizes them only
-    // with importance weights, so the conformance suites cannot make them from values).
     let quantized = crate::MATMUL_WEIGHT_TYPES
         .into_iter()
-        .filter(|t| t.is_quantized())
-        .chain([
-            DType::IQ2_XXS,
-            DType::IQ2_XS,
-            DType::IQ2_S,
-            DType::IQ3_XXS,
-            DType::IQ3_S,
-            DType::IQ1_S,
-            DType::IQ1_M,
-        ]);
+        .filter(|t| t.is_quantized());
     for dtype in quantized {
         let qk = dtype.block_size() as usize;
         for nb in [1usize, 2, 3, 5, 8, 17] {
