@@ -1223,7 +1223,11 @@ pub fn quantize_row_iq1_m_weighted(
     let (x_p, x_m) = (&IQ1_XP, &IQ1_XM);
     // The levels of group `k` (0, 1) for the shift pattern `best_k`.
     let xx_of = |best_k: usize, k: usize| {
-        let plus = if k == 0 { best_k < 2 } else { best_k.is_multiple_of(2) };
+        let plus = if k == 0 {
+            best_k < 2
+        } else {
+            best_k.is_multiple_of(2)
+        };
         if plus { x_p } else { x_m }
     };
     let weights_of = |xb: &[f32], o: usize, sigma2: f32, weight: &mut [f32; BS]| match qw {

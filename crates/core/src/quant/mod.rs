@@ -43,6 +43,9 @@ pub use iq_quant::{
     quantize_row_iq2_xs_weighted, quantize_row_iq2_xxs_weighted, quantize_row_iq3_s_weighted,
     quantize_row_iq3_xxs_weighted,
 };
+pub use iq_tables::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+};
 pub use iq4::{
     dequantize_row_iq4_nl, dequantize_row_iq4_xs, iq4_xs_scale, quantize_row_iq4_nl,
     quantize_row_iq4_xs,
