@@ -5,6 +5,9 @@
 //! Arithmetic follows the C line by line (ggml-base is built without FMA, so nothing is
 //! contracted). Where ggml would abort (`GGML_ASSERT` on a grid search that found nothing,
 //! which only non-finite intermediate values cause), these pick the first candidate instead.
+//! Nothing panics for any input values, finite or not; `qw`, when given, must hold one weight
+//! per element of `x` (a shorter slice panics; [`super::quantize_row_iq`] checks it). `x` is
+//! quantized in whole blocks of 256, as many as `y` holds.
 
 use std::sync::OnceLock;
 
@@ -1043,15 +1046,13 @@ const IQ1_XM: [f32; 3] = [-1.0 - IQ1S_DELTA, -IQ1S_DELTA, 1.0 - IQ1S_DELTA];
 /// The order of `xb` ascending, as glibc's (stable, merge sort) `qsort` leaves it.
 fn iq1_order<const N: usize>(xb: &[f32]) -> [usize; N] {
     let mut idx: [usize; N] = std::array::from_fn(|j| j);
+    // ggml's comparator (`<`, `>`, else equal) for finite values; NaNs, which ggml's
+    // non-total order leaves wherever the merge puts them, go last here so the order stays
+    // total (the sort may panic otherwise).
     idx.sort_by(|&a, &b| {
         let (l, r) = (xb[a], xb[b]);
-        if l < r {
-            std::cmp::Ordering::Less
-        } else if l > r {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
+        l.partial_cmp(&r)
+            .unwrap_or_else(|| l.is_nan().cmp(&r.is_nan()))
     });
     idx
 }
@@ -1459,6 +1460,38 @@ mod tests {
                 .collect(),
             (0..n).map(|i| if i < 40 { 0.0 } else { rand() }).collect(),
         ]
+    }
+
+    #[test]
+    fn non_finite_inputs_never_panic() {
+        let n = 2 * QK_K;
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0, -2.0, 0.0];
+        let x: Vec<f32> = (0..n)
+            .map(|i| specials[(i * 7 + i / 5) % specials.len()])
+            .collect();
+        let w: Vec<f32> = (0..n)
+            .map(|i| specials[(i * 3) % specials.len()].abs())
+            .collect();
+        for qw in [None, Some(&w[..])] {
+            let mut a = vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq3_s_weighted(&x, &mut a, qw);
+            let mut b = vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq3_xxs_weighted(&x, &mut b, qw);
+            let mut c: Vec<BlockIQ2XXS> = vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq2_xxs_weighted(&x, &mut c, qw);
+            let mut d: Vec<super::super::blocks::BlockIQ2XS> =
+                vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq2_xs_weighted(&x, &mut d, qw);
+            let mut e: Vec<super::super::blocks::BlockIQ2S> =
+                vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq2_s_weighted(&x, &mut e, qw);
+            let mut f: Vec<super::super::blocks::BlockIQ1S> =
+                vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq1_s_weighted(&x, &mut f, qw);
+            let mut g: Vec<super::super::blocks::BlockIQ1M> =
+                vec![bytemuck::Zeroable::zeroed(); n / QK_K];
+            quantize_row_iq1_m_weighted(&x, &mut g, qw);
+        }
     }
 
     #[test]
