@@ -209,6 +209,7 @@ pub fn tiled_applies(dtype: lamina_core::DType, repacked: bool, activation_rows:
 /// One grid i-quant block as ggml's tiled unpackers (`tiled_unpack_src0`) see it: the f32
 /// scale (f16 times 1/8 for IQ2 and IQ1, 1/4 for IQ3_XXS), the integer scale of each 16
 /// values, and the 256 signed values (IQ1: `8 * grid + delta`).
+#[inline(always)]
 fn iq_grid_tile(dtype: lamina_core::DType, xb: &[u8]) -> (f32, [i32; 16], [i8; 256]) {
     use lamina_core::DType::*;
     use lamina_core::quant as q;
@@ -330,6 +331,29 @@ fn bytemuck_read<B: lamina_core::quant::Block>(b: &[u8]) -> B {
 /// IQ3_S, IQ1_S, IQ1_M) and one Q8_K activation row: per superblock the exact
 /// `s1 = Σ scale·v·q8`, then `acc = fma(d_w * (float)s1, d_a, acc)` as for IQ4_XS.
 pub fn dot_iq_grid_tiled(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::DType::*;
+    macro_rules! per_type {
+        ($($t:ident => $f:ident),*) => {
+            match dtype {
+                $($t => {
+                    #[inline(always)]
+                    fn $f(n: usize, x: &[u8], y: &[u8]) -> f32 {
+                        dot_iq_grid_tiled_impl($t, n, x, y)
+                    }
+                    fma_dispatch!($f, n, x, y)
+                })*
+                _ => dot_iq_grid_tiled_impl(dtype, n, x, y),
+            }
+        };
+    }
+    per_type!(
+        IQ2_XXS => iq2_xxs, IQ2_XS => iq2_xs, IQ2_S => iq2_s, IQ3_XXS => iq3_xxs,
+        IQ3_S => iq3_s, IQ1_S => iq1_s, IQ1_M => iq1_m
+    )
+}
+
+#[inline(always)]
+fn dot_iq_grid_tiled_impl(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     let bs = dtype.type_size() as usize;
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(bs).zip(y.chunks_exact(292)).take(n / 256) {
