@@ -408,7 +408,12 @@ fn vec_dot_matches_ggml_generic_kernels_bit_for_bit() {
 const GGML_0C1E570_VECTORS: &[u8] = include_bytes!("data/ggml_0c1e570_vectors.bin");
 
 fn ggml_0c1e570_records() -> Vec<Record> {
-    let buf = GGML_0C1E570_VECTORS;
+    lqg1_records(GGML_0C1E570_VECTORS)
+}
+
+/// Reads an `LQG1` file: kinds 2 and 4 carry one float, kind 5 (a quantizer with importance
+/// weights) 2n (the row, then the weights), the others n.
+fn lqg1_records(buf: &[u8]) -> Vec<Record> {
     assert_eq!(&buf[..4], b"LQG1");
     let mut pos = 4;
     let count = read_u32(buf, &mut pos);
@@ -420,7 +425,11 @@ fn ggml_0c1e570_records() -> Vec<Record> {
         let m = read_u32(buf, &mut pos) as usize;
         let bytes = buf[pos..pos + m].to_vec();
         pos += m;
-        let n_floats = if kind == 2 || kind == 4 { 1 } else { n };
+        let n_floats = match kind {
+            2 | 4 => 1,
+            5 => 2 * n,
+            _ => n,
+        };
         let floats = buf[pos..pos + 4 * n_floats]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -518,5 +527,137 @@ fn new_types_vec_dot_like_ggml_generic() {
     }
     for &t in TYPES_0C1E570 {
         assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
+    }
+}
+
+/// Vectors for the grid i-quants from llama.cpp 0c1e570
+/// (tests/data/gen_ggml_0c1e570_iq_vectors.py): kinds as above, plus 1 = `quantize_iq3_*`
+/// without weights and 5 = `quantize_iq*` with importance weights.
+const GGML_0C1E570_IQ_VECTORS: &[u8] = include_bytes!("data/ggml_0c1e570_iq_vectors.bin");
+
+const IQ_TYPES: &[DType] = &[
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ1_S,
+    DType::IQ1_M,
+];
+
+#[test]
+fn iq_types_dequantize_like_gguf_py_and_ggml_c() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS)
+        .into_iter()
+        .filter(|r| r.kind == 0 || r.kind == 3)
+    {
+        let mut out = vec![0f32; r.n];
+        dequantize_row(r.dtype, &r.bytes, &mut out).unwrap();
+        for (i, (a, b)) in out.iter().zip(&r.floats).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{} (kind {}) element {i}: ours {a:e}, reference {b:e}",
+                r.dtype,
+                r.kind
+            );
+        }
+        seen.push((r.kind, r.dtype));
+    }
+    for &t in IQ_TYPES {
+        assert!(
+            seen.contains(&(3, t)),
+            "no ggml C dequantize vectors for {t}"
+        );
+        assert!(
+            seen.contains(&(0, t)),
+            "no gguf-py dequantize vectors for {t}"
+        );
+    }
+}
+
+#[test]
+fn iq_types_vec_dot_like_ggml_generic() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS)
+        .into_iter()
+        .filter(|r| r.kind == 2)
+    {
+        let x_len = row_bytes(r.dtype, r.n).unwrap();
+        let (x, y) = r.bytes.split_at(x_len);
+        let got = vec_dot(r.dtype, r.n, x, y).unwrap();
+        assert_eq!(
+            got.to_bits(),
+            r.floats[0].to_bits(),
+            "{}: ours {got:e}, ggml {:e}",
+            r.dtype,
+            r.floats[0]
+        );
+        seen.push(r.dtype);
+    }
+    for &t in IQ_TYPES {
+        assert!(seen.contains(&t), "no ggml vec_dot vectors for {t}");
+    }
+}
+
+/// ggml's `quantize_iq*` on one row of `r` (kind 1: no weights, kind 5: with weights).
+fn quantize_iq_weighted(r: &Record) -> Option<Vec<u8>> {
+    let n = r.n;
+    let (x, qw) = match r.kind {
+        1 => (&r.floats[..], None),
+        5 => (&r.floats[..n], Some(&r.floats[n..])),
+        _ => return None,
+    };
+    let mut out = vec![0u8; r.bytes.len()];
+    macro_rules! run {
+        ($b:ty, $f:path) => {{
+            let mut blocks = vec![<$b as bytemuck::Zeroable>::zeroed(); n / 256];
+            $f(x, &mut blocks, qw);
+            out.copy_from_slice(bytemuck::cast_slice(&blocks));
+        }};
+    }
+    match r.dtype {
+        DType::IQ3_S => run!(BlockIQ3S, quantize_row_iq3_s_weighted),
+        DType::IQ3_XXS => run!(BlockIQ3XXS, quantize_row_iq3_xxs_weighted),
+        DType::IQ2_XXS => run!(BlockIQ2XXS, quantize_row_iq2_xxs_weighted),
+        DType::IQ2_XS => run!(BlockIQ2XS, quantize_row_iq2_xs_weighted),
+        DType::IQ2_S => run!(BlockIQ2S, quantize_row_iq2_s_weighted),
+        DType::IQ1_S => run!(BlockIQ1S, quantize_row_iq1_s_weighted),
+        DType::IQ1_M => run!(BlockIQ1M, quantize_row_iq1_m_weighted),
+        _ => return None,
+    }
+    Some(out)
+}
+
+#[test]
+fn iq_types_quantize_like_ggml_c() {
+    let mut seen = Vec::new();
+    for r in lqg1_records(GGML_0C1E570_IQ_VECTORS) {
+        let Some(out) = quantize_iq_weighted(&r) else {
+            continue;
+        };
+        let size = r.dtype.type_size() as usize;
+        for (b, (ours, theirs)) in out.chunks(size).zip(r.bytes.chunks(size)).enumerate() {
+            assert_eq!(
+                ours, theirs,
+                "{} (kind {}, n {}) block {b}",
+                r.dtype, r.kind, r.n
+            );
+        }
+        seen.push((r.kind, r.dtype));
+    }
+    // IQ2_XXS, IQ2_XS and IQ1_S need importance weights in ggml; the others also run without.
+    for &t in IQ_TYPES {
+        assert!(
+            seen.contains(&(5, t)),
+            "no weighted quantize vectors for {t}"
+        );
+    }
+    for t in [DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ1_M] {
+        assert!(
+            seen.contains(&(1, t)),
+            "no unweighted quantize vectors for {t}"
+        );
     }
 }

@@ -157,9 +157,9 @@ pub fn registry() -> Result<&'static Registry, ConfigError> {
 }
 
 /// The weight types `mul_mat` multiplies with llama.cpp's exact arithmetic (float types, then
-/// the legacy, K/IQ, ternary and newest low-bit quantizations), in the order the tests go
-/// through them.
-pub const MATMUL_WEIGHT_TYPES: [DType; 21] = [
+/// the legacy, K/IQ, ternary, newest low-bit and grid i-quant quantizations), in the order the
+/// tests go through them.
+pub const MATMUL_WEIGHT_TYPES: [DType; 28] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -181,6 +181,13 @@ pub const MATMUL_WEIGHT_TYPES: [DType; 21] = [
     DType::NVFP4,
     DType::Q1_0,
     DType::Q2_0,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ1_S,
+    DType::IQ1_M,
 ];
 
 fn type_supported(dtype: DType) -> bool {

@@ -554,7 +554,7 @@ fn dot_kernel(dtype: DType) -> DotFn {
         DType::BF16 => dot_bf16,
         _ => generic!(
             Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0,
-            TQ2_0, NVFP4, Q1_0, Q2_0
+            TQ2_0, NVFP4, Q1_0, Q2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
         ),
     }
 }

@@ -42,7 +42,11 @@ fn encode(dtype: DType, k: usize, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
     let mut back = vec![0f32; vals.len()];
     for (r, chunk) in vals.chunks(k).enumerate() {
         let b = &mut bytes[r * row..(r + 1) * row];
-        quant::quantize_row(dtype, chunk, b).unwrap();
+        if lamina_core::quant::supports_quantize(dtype) {
+            quant::quantize_row(dtype, chunk, b).unwrap();
+        } else {
+            lamina_core::quant::quantize_row_iq(dtype, chunk, b, None).unwrap();
+        }
         quant::dequantize_row(dtype, b, &mut back[r * k..(r + 1) * k]).unwrap();
     }
     (bytes, back)

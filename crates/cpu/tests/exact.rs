@@ -356,16 +356,40 @@ fn tiled_products(
 /// know are skipped; `WANT` says which must be there.
 #[test]
 fn new_type_dots_match_llama_cpp_x86() {
-    const V: &[u8] = include_bytes!("../../core/tests/data/ggml_0c1e570_vectors.bin");
-    const WANT: &[DType] = &[
-        DType::TQ1_0,
-        DType::TQ2_0,
-        DType::NVFP4,
-        DType::Q1_0,
-        DType::Q2_0,
-    ];
-    let u32_at = |p: usize| u32::from_le_bytes(V[p..p + 4].try_into().unwrap());
-    assert_eq!(&V[..4], b"LQG1");
+    x86_dot_records_match(
+        include_bytes!("../../core/tests/data/ggml_0c1e570_vectors.bin"),
+        &[
+            DType::TQ1_0,
+            DType::TQ2_0,
+            DType::NVFP4,
+            DType::Q1_0,
+            DType::Q2_0,
+        ],
+    );
+}
+
+/// As [`new_type_dots_match_llama_cpp_x86`] for the grid i-quants: kind-4 records of
+/// `ggml_0c1e570_iq_vectors.bin` (`gen_ggml_0c1e570_iq_vectors.py`; random weight blocks,
+/// activations from llama.cpp's x86 `quantize_row_q8_K`).
+#[test]
+fn iq_type_dots_match_llama_cpp_x86() {
+    x86_dot_records_match(
+        include_bytes!("../../core/tests/data/ggml_0c1e570_iq_vectors.bin"),
+        &[
+            DType::IQ2_XXS,
+            DType::IQ2_XS,
+            DType::IQ2_S,
+            DType::IQ3_XXS,
+            DType::IQ3_S,
+            DType::IQ1_S,
+            DType::IQ1_M,
+        ],
+    );
+}
+
+fn x86_dot_records_match(buf: &[u8], types: &[DType]) {
+    let u32_at = |p: usize| u32::from_le_bytes(buf[p..p + 4].try_into().unwrap());
+    assert_eq!(&buf[..4], b"LQG1");
     let count = u32_at(4);
     let mut pos = 8;
     let mut seen = Vec::new();
@@ -378,10 +402,14 @@ fn new_type_dots_match_llama_cpp_x86() {
         );
         let (n, m) = (n as usize, m as usize);
         pos += 16;
-        let bytes = &V[pos..pos + m];
+        let bytes = &buf[pos..pos + m];
         pos += m;
-        let floats = if kind == 2 || kind == 4 { 1 } else { n };
-        let want = f32s(&V[pos..pos + 4 * floats]);
+        let floats = match kind {
+            2 | 4 => 1,
+            5 => 2 * n,
+            _ => n,
+        };
+        let want = f32s(&buf[pos..pos + 4 * floats]);
         pos += 4 * floats;
         let Ok(dtype) = DType::from_id(id) else {
             continue;
@@ -413,8 +441,8 @@ fn new_type_dots_match_llama_cpp_x86() {
         }
         seen.push(dtype);
     }
-    assert_eq!(pos, V.len());
-    for t in WANT {
+    assert_eq!(pos, buf.len());
+    for t in types {
         assert!(seen.contains(t), "no x86 dot vectors for {t}");
     }
 }

@@ -362,6 +362,13 @@ fn dtype_named(s: &str) -> DType {
         "nvfp4" => DType::NVFP4,
         "q1_0" => DType::Q1_0,
         "q2_0" => DType::Q2_0,
+        "iq2_xxs" => DType::IQ2_XXS,
+        "iq2_xs" => DType::IQ2_XS,
+        "iq2_s" => DType::IQ2_S,
+        "iq3_xxs" => DType::IQ3_XXS,
+        "iq3_s" => DType::IQ3_S,
+        "iq1_s" => DType::IQ1_S,
+        "iq1_m" => DType::IQ1_M,
         _ => panic!("unknown type {s}"),
     }
 }
@@ -383,8 +390,8 @@ fn mul_mat_id_matches_llama_cpp() {
         c.check(&devs);
         n += 1;
     }
-    // 14 types x 4 cases, then 5 newer types x 2.
-    assert_eq!(n, 66);
+    // 14 types x 4 cases, then 5 newer types x 2, then the 7 grid i-quants x 2.
+    assert_eq!(n, 80);
 }
 
 /// A whole build_moe_ffn (softmax gating, norm_w, SwiGLU experts, the weighted expert outputs
@@ -530,4 +537,55 @@ fn newest_types_match_llama_cpp() {
         n += 1;
     }
     assert_eq!(n, 5 * (2 + 4));
+}
+
+/// The grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) as llama.cpp
+/// quantizes them with an importance matrix (`quantw:` records: ggml_quantize_chunk's bytes
+/// and to_float's values) and multiplies them (`mulmat:`), bit for bit on every device setup.
+#[test]
+fn iq_types_match_llama_cpp() {
+    const TYPES: [DType; 7] = [
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
+    ];
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let devs = devices();
+    let mut n = 0;
+    for r in records().iter().filter(|r| r.name.starts_with("quantw:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        let x = f32s(r.arrays[0]);
+        let w = f32s(r.arrays[1]);
+        let mut q = vec![0u8; r.arrays[2].len()];
+        lamina_core::quant::quantize_row_iq(dtype, &x, &mut q, Some(&w)).unwrap();
+        assert_eq!(q, r.arrays[2], "{}", r.name);
+        let mut back = vec![0f32; x.len()];
+        lamina_cpu::quant::dequantize_row(dtype, &q, &mut back).unwrap();
+        assert_bits(&back, r.arrays[3], r.name);
+        n += 1;
+    }
+    for r in records().iter().filter(|r| r.name.starts_with("mulmat:")) {
+        let dtype = dtype_named(r.name.split(':').nth(1).unwrap());
+        if !TYPES.contains(&dtype) {
+            continue;
+        }
+        let d = dims(r.name);
+        let (m, nn, k) = (d[0], d[1], d[2]);
+        let mut c = Case::new();
+        let w = c.input(dtype, &[k, m], r.arrays[0]);
+        let x = c.input(DType::F32, &[k, nn], r.arrays[1]);
+        let out = c.g.mul_mat(w, x).unwrap();
+        c.output(out, r.arrays[2], r.name);
+        c.check(&devs);
+        n += 1;
+    }
+    assert_eq!(n, 7 * (2 + 3));
 }

@@ -310,3 +310,100 @@ block!(
         qs: [u8; QK2_0 / 4],
     }
 );
+
+block!(
+    /// 2.0625 bits per value: per 32 elements, four 8-bit indices into `iq2xxs_grid` and a
+    /// 32-bit word of four 7-bit sign indices (`ksigns_iq2xs`) and a 4-bit scale.
+    BlockIQ2XXS, QK_K, 66, {
+        /// Super-block scale.
+        d: f16,
+        /// Four u16 per 32 elements: bytes 0..4 grid indices, bytes 4..8 signs and scale.
+        qs: [u16; QK_K / 8],
+    }
+);
+
+block!(
+    /// 2.3125 bits per value: 9-bit grid indices (`iq2xs_grid`) with 7-bit sign indices, and
+    /// two 4-bit scales per 32 elements.
+    BlockIQ2XS, QK_K, 74, {
+        /// Super-block scale.
+        d: f16,
+        /// One u16 per 8 elements: grid index (low 9 bits), sign index (high 7).
+        qs: [u16; QK_K / 8],
+        /// Two 4-bit scales per 32 elements.
+        scales: [u8; QK_K / 32],
+    }
+);
+
+block!(
+    /// 2.5625 bits per value: 10-bit grid indices (`iq2s_grid`), explicit sign bytes, two 4-bit
+    /// scales per 32 elements.
+    BlockIQ2S, QK_K, 82, {
+        /// Super-block scale.
+        d: f16,
+        /// Low 8 bits of the grid indices (32 bytes), then 32 sign bytes.
+        qs: [u8; QK_K / 4],
+        /// High 2 bits of the four grid indices of each 32 elements.
+        qh: [u8; QK_K / 32],
+        /// Two 4-bit scales per 32 elements.
+        scales: [u8; QK_K / 32],
+    }
+);
+
+block!(
+    /// 3.0625 bits per value: 8-bit indices into `iq3xxs_grid` (4 values each) and, per 32
+    /// elements, a word of four 7-bit sign indices and a 4-bit scale.
+    BlockIQ3XXS, QK_K, 98, {
+        /// Super-block scale.
+        d: f16,
+        /// 64 grid indices, then 8 little-endian u32 of signs and scales.
+        qs: [u8; 3 * QK_K / 8],
+    }
+);
+
+/// Scales per IQ3_S block (one byte, two 4-bit scales, per 64 elements).
+pub const IQ3S_N_SCALE: usize = QK_K / 64;
+
+block!(
+    /// 3.4375 bits per value: 9-bit indices into `iq3s_grid`, explicit signs, 4-bit scales per
+    /// 32 elements.
+    BlockIQ3S, QK_K, 110, {
+        /// Super-block scale.
+        d: f16,
+        /// Low 8 bits of the grid indices.
+        qs: [u8; QK_K / 4],
+        /// The 9th bits of the grid indices, one byte per 32 elements.
+        qh: [u8; QK_K / 32],
+        /// Sign bits, one per element.
+        signs: [u8; QK_K / 8],
+        /// Two 4-bit scales per byte.
+        scales: [u8; IQ3S_N_SCALE],
+    }
+);
+
+block!(
+    /// 1.5625 bits per value: 11-bit indices into `iq1s_grid` (values -1, 0, 1) plus a shift
+    /// of ±1/8, and a 3-bit scale per 32 elements.
+    BlockIQ1S, QK_K, 50, {
+        /// Super-block scale.
+        d: f16,
+        /// Low 8 bits of the grid indices.
+        qs: [u8; QK_K / 8],
+        /// Per 32 elements: high 3 bits of the four indices (bits 0..12), the scale (12..15)
+        /// and the shift's sign (bit 15).
+        qh: [u16; QK_K / 32],
+    }
+);
+
+block!(
+    /// 1.75 bits per value: as IQ1_S with a shift sign per 8 elements and two 3-bit scales per
+    /// 32; the f16 super-block scale is spread over the top nibbles of `scales`.
+    BlockIQ1M, QK_K, 56, {
+        /// Low 8 bits of the grid indices.
+        qs: [u8; QK_K / 8],
+        /// Per 8 elements, a nibble: high 3 bits of the index and the shift's sign.
+        qh: [u8; QK_K / 16],
+        /// Four little-endian u16: 3-bit scales (12 bits each) and the f16 scale's nibbles.
+        scales: [u8; QK_K / 32],
+    }
+);

@@ -18,6 +18,10 @@ mod blocks;
 mod dot;
 mod float;
 mod iq4;
+mod iq_kgrids;
+mod iq_quant;
+mod iq_tables;
+mod iquants;
 mod kquants;
 mod legacy;
 mod lowbit;
@@ -34,9 +38,24 @@ use crate::DType;
 pub use blocks::*;
 pub use dot::*;
 pub use float::*;
+pub use iq_quant::{
+    quantize_row_iq1_m_weighted, quantize_row_iq1_s_weighted, quantize_row_iq2_s_weighted,
+    quantize_row_iq2_xs_weighted, quantize_row_iq2_xxs_weighted, quantize_row_iq3_s_weighted,
+    quantize_row_iq3_xxs_weighted,
+};
+pub use iq_tables::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+};
 pub use iq4::{
     dequantize_row_iq4_nl, dequantize_row_iq4_xs, iq4_xs_scale, quantize_row_iq4_nl,
     quantize_row_iq4_xs,
+};
+pub use iquants::{
+    IQ1S_DELTA, dequantize_row_iq1_m, dequantize_row_iq1_s, dequantize_row_iq2_s,
+    dequantize_row_iq2_xs, dequantize_row_iq2_xxs, dequantize_row_iq3_s, dequantize_row_iq3_xxs,
+    iq1_m_d, iq1_m_group, iq1_m_ls, iq1_m_sc, iq1_s_group, iq2_s_group, iq2_xs_group, iq2_xxs_sub,
+    iq3_s_grid, iq3_xxs_sub, vec_dot_iq1_m_q8_k, vec_dot_iq1_s_q8_k, vec_dot_iq2_s_q8_k,
+    vec_dot_iq2_xs_q8_k, vec_dot_iq2_xxs_q8_k, vec_dot_iq3_s_q8_k, vec_dot_iq3_xxs_q8_k,
 };
 pub use kquants::{
     dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
@@ -181,12 +200,26 @@ pub fn supports_dequantize(dtype: DType) -> bool {
             | NVFP4
             | Q1_0
             | Q2_0
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
     )
 }
 
-/// Whether [`quantize_row`] handles `dtype` (the same set as [`supports_dequantize`]).
+/// Whether [`quantize_row`] handles `dtype`: the [`supports_dequantize`] set less the grid
+/// i-quants (IQ2_*, IQ3_*, IQ1_*), whose ggml quantizers need importance weights or search
+/// tables (`quantize_row_iq*_weighted`).
 pub fn supports_quantize(dtype: DType) -> bool {
+    use DType::*;
     supports_dequantize(dtype)
+        && !matches!(
+            dtype,
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M
+        )
 }
 
 /// Converts a row of `dst.len()` elements stored as `dtype` in `src` to f32.
@@ -227,6 +260,54 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         NVFP4 => run!(BlockNVFP4, dequantize_row_nvfp4),
         Q1_0 => run!(BlockQ1_0, dequantize_row_q1_0),
         Q2_0 => run!(BlockQ2_0, dequantize_row_q2_0),
+        IQ2_XXS => run!(BlockIQ2XXS, dequantize_row_iq2_xxs),
+        IQ2_XS => run!(BlockIQ2XS, dequantize_row_iq2_xs),
+        IQ2_S => run!(BlockIQ2S, dequantize_row_iq2_s),
+        IQ3_XXS => run!(BlockIQ3XXS, dequantize_row_iq3_xxs),
+        IQ3_S => run!(BlockIQ3S, dequantize_row_iq3_s),
+        IQ1_S => run!(BlockIQ1S, dequantize_row_iq1_s),
+        IQ1_M => run!(BlockIQ1M, dequantize_row_iq1_m),
+        _ => return Err(QuantError::UnsupportedType(dtype)),
+    }
+    Ok(())
+}
+
+/// Quantizes the row `src` into `dst` as one of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S,
+/// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with ggml's `quantize_iq*` and importance weights `qw` (one per
+/// element; for IQ2_XXS, IQ2_XS and IQ1_S, which ggml quantizes only with weights, `None`
+/// means a weight of 1 for every element). `dst.len()` must be exactly the row size.
+pub fn quantize_row_iq(
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+    qw: Option<&[f32]>,
+) -> Result<(), QuantError> {
+    check_len("quantize destination", dtype, src.len(), dst.len())?;
+    if let Some(w) = qw
+        && w.len() != src.len()
+    {
+        return Err(QuantError::LengthMismatch {
+            what: "importance weights",
+            dtype: DType::F32,
+            len: src.len(),
+            expected: 4 * src.len(),
+            actual: 4 * w.len(),
+        });
+    }
+    macro_rules! run {
+        ($b:ty, $f:path) => {
+            with_blocks_mut::<$b>(dst, |blocks| $f(src, blocks, qw))
+        };
+    }
+    use DType::*;
+    match dtype {
+        IQ2_XXS => run!(BlockIQ2XXS, quantize_row_iq2_xxs_weighted),
+        IQ2_XS => run!(BlockIQ2XS, quantize_row_iq2_xs_weighted),
+        IQ2_S => run!(BlockIQ2S, quantize_row_iq2_s_weighted),
+        IQ3_XXS => run!(BlockIQ3XXS, quantize_row_iq3_xxs_weighted),
+        IQ3_S => run!(BlockIQ3S, quantize_row_iq3_s_weighted),
+        IQ1_S => run!(BlockIQ1S, quantize_row_iq1_s_weighted),
+        IQ1_M => run!(BlockIQ1M, quantize_row_iq1_m_weighted),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     }
     Ok(())
@@ -289,7 +370,8 @@ pub fn vec_dot_type(dtype: DType) -> Option<DType> {
         BF16 => Some(BF16),
         Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Some(Q8_0),
         Q4_1 | Q5_1 => Some(Q8_1),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ1_0 | TQ2_0 => Some(Q8_K),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | TQ1_0 | TQ2_0 | IQ2_XXS | IQ2_XS | IQ2_S
+        | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M => Some(Q8_K),
         _ => None,
     }
 }
@@ -331,6 +413,13 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32, QuantE
         NVFP4 => run!(BlockNVFP4, BlockQ8_0, vec_dot_nvfp4_q8_0),
         Q1_0 => run!(BlockQ1_0, BlockQ8_0, vec_dot_q1_0_q8_0),
         Q2_0 => run!(BlockQ2_0, BlockQ8_0, vec_dot_q2_0_q8_0),
+        IQ2_XXS => run!(BlockIQ2XXS, BlockQ8K, vec_dot_iq2_xxs_q8_k),
+        IQ2_XS => run!(BlockIQ2XS, BlockQ8K, vec_dot_iq2_xs_q8_k),
+        IQ2_S => run!(BlockIQ2S, BlockQ8K, vec_dot_iq2_s_q8_k),
+        IQ3_XXS => run!(BlockIQ3XXS, BlockQ8K, vec_dot_iq3_xxs_q8_k),
+        IQ3_S => run!(BlockIQ3S, BlockQ8K, vec_dot_iq3_s_q8_k),
+        IQ1_S => run!(BlockIQ1S, BlockQ8K, vec_dot_iq1_s_q8_k),
+        IQ1_M => run!(BlockIQ1M, BlockQ8K, vec_dot_iq1_m_q8_k),
         _ => return Err(QuantError::UnsupportedType(dtype)),
     })
 }
@@ -355,8 +444,8 @@ mod tests {
             Err(QuantError::NotBlockMultiple { block: 256, .. })
         ));
         assert!(matches!(
-            dequantize_row(DType::IQ2_XXS, &[], &mut []),
-            Err(QuantError::UnsupportedType(DType::IQ2_XXS))
+            dequantize_row(DType::F64, &[], &mut []),
+            Err(QuantError::UnsupportedType(DType::F64))
         ));
         assert!(matches!(
             vec_dot(DType::Q8_K, 256, &[], &[]),

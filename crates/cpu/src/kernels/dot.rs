@@ -53,6 +53,13 @@ pub fn scalar_dot_fn(dtype: DType) -> Option<DotFn> {
         DType::NVFP4 => dot_nvfp4,
         DType::Q1_0 => dot_q1_0,
         DType::Q2_0 => dot_q2_0,
+        DType::IQ2_XXS => dot_iq2_xxs,
+        DType::IQ2_XS => dot_iq2_xs,
+        DType::IQ2_S => dot_iq2_s,
+        DType::IQ3_XXS => dot_iq3_xxs,
+        DType::IQ3_S => dot_iq3_s,
+        DType::IQ1_S => dot_iq1_s,
+        DType::IQ1_M => dot_iq1_m,
         _ => return None,
     })
 }
@@ -741,6 +748,314 @@ pub fn dot_q2_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
     sumf
 }
 
+/// The grid i-quants' AVX2 kernels (`ggml_vec_dot_iq{2_xxs,2_xs,2_s,3_xxs,3_s,1_s,1_m}_q8_K`)
+/// share one integer shape: per element an unsigned weight byte `a` (the grid value, or |grid|
+/// for IQ1) times the activation with the element's sign applied by `_mm256_sign_epi8` or
+/// xor/sub (so -128 stays -128), two at a time in `maddubs` i16 lanes, then `madd` by the
+/// scale of each 16 elements into 8 i32 lanes (lane `j` = bytes `4j..4j+3` of every 32).
+/// Integer sums are exact, so the order within a block does not matter; per block
+/// `acc = fma(d, lanes, acc)`, then `hsum_float_8`.
+#[inline(always)]
+fn iq_lanes(a: &[u8; 256], b: &[i8; 256], ls: &[i32; 16]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for ib in 0..8 {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            let k = 32 * ib + 4 * j;
+            let p = maddubs_pair(a[k], b[k], a[k + 1], b[k + 1])
+                + maddubs_pair(a[k + 2], b[k + 2], a[k + 3], b[k + 3]);
+            *lane = lane.wrapping_add(p.wrapping_mul(ls[2 * ib + j / 4]));
+        }
+    }
+    lanes
+}
+
+/// The activation `q` with the sign bit `neg` applied as the kernels do (wrapping).
+#[inline(always)]
+fn signed(q: i8, neg: bool) -> i8 {
+    if neg { q.wrapping_neg() } else { q }
+}
+
+/// Q8_K block `yb`: (d, the 256 quants, bsum `t`).
+#[inline(always)]
+fn q8k(yb: &[u8]) -> (f32, &[i8]) {
+    (
+        f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]),
+        as_i8(&yb[4..260]),
+    )
+}
+
+#[inline(always)]
+fn q8k_bsum(yb: &[u8], t: usize) -> i32 {
+    i32::from(i16::from_le_bytes([yb[260 + 2 * t], yb[261 + 2 * t]]))
+}
+
+/// The IQ2/IQ3 kernels: `fill(block, q8, a, b, ls)` unpacks a block; the result is
+/// `scale * hsum_float_8(acc)`.
+#[inline(always)]
+fn dot_iq_grid<B: lamina_core::quant::Block>(
+    n: usize,
+    x: &[u8],
+    y: &[u8],
+    scale: f32,
+    d_of: impl Fn(&B) -> f32,
+    fill: impl Fn(&B, &[i8], &mut [u8; 256], &mut [i8; 256], &mut [i32; 16]),
+) -> f32 {
+    let nb = n / 256;
+    let bs = std::mem::size_of::<B>();
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<B>(&x[..nb * bs]) else {
+        return f32::NAN;
+    };
+    let mut acc = [0f32; 8];
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let d = d_of(xb) * yd;
+        fill(xb, q8, &mut a, &mut b, &mut ls);
+        let lanes = iq_lanes(&a, &b, &ls);
+        fma8(&mut acc, d, |j| lanes[j]);
+    }
+    scale * hsum8(&acc)
+}
+
+/// Unpacks 8 grid bytes with a sign byte into `a`/`b` at `o`.
+#[inline(always)]
+fn put8(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, grid: u64, signs: u8) {
+    for j in 0..8 {
+        a[o + j] = (grid >> (8 * j)) as u8;
+        b[o + j] = signed(q8[o + j], signs & (1 << j) != 0);
+    }
+}
+
+/// Unpacks two 4-byte grid words with a sign byte into `a`/`b` at `o`.
+#[inline(always)]
+fn put4x2(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, g: [u32; 2], signs: u8) {
+    put8(
+        a,
+        b,
+        q8,
+        o,
+        u64::from(g[0]) | (u64::from(g[1]) << 32),
+        signs,
+    );
+}
+
+/// `ggml_vec_dot_iq2_xxs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_xxs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2XXS, iq2_xxs_sub};
+    dot_iq_grid::<BlockIQ2XXS>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let (s, grid, signs) = iq2_xxs_sub(xb, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    put8(a, b, q8, 32 * ib + 8 * l, grid[l], signs[l]);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq2_xs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_xs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2XS, iq2_xs_group};
+    dot_iq_grid::<BlockIQ2XS>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                ls[2 * ib] = 2 * i32::from(xb.scales[ib] & 0xf) + 1;
+                ls[2 * ib + 1] = 2 * i32::from(xb.scales[ib] >> 4) + 1;
+                for l in 0..4 {
+                    let (grid, signs) = iq2_xs_group(xb, 4 * ib + l);
+                    put8(a, b, q8, 32 * ib + 8 * l, grid, signs);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq2_s_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq2_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ2S, iq2_s_group};
+    dot_iq_grid::<BlockIQ2S>(
+        n,
+        x,
+        y,
+        0.125,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                ls[2 * ib] = 2 * i32::from(xb.scales[ib] & 0xf) + 1;
+                ls[2 * ib + 1] = 2 * i32::from(xb.scales[ib] >> 4) + 1;
+                for l in 0..4 {
+                    let (grid, signs) = iq2_s_group(xb, 4 * ib + l);
+                    put8(a, b, q8, 32 * ib + 8 * l, grid, signs);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq3_xxs_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq3_xxs(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ3XXS, iq3_xxs_sub};
+    dot_iq_grid::<BlockIQ3XXS>(
+        n,
+        x,
+        y,
+        0.25,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let (s, grid, signs) = iq3_xxs_sub(xb, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    let g = [grid[2 * l], grid[2 * l + 1]];
+                    put4x2(a, b, q8, 32 * ib + 8 * l, g, signs[l]);
+                }
+            }
+        },
+    )
+}
+
+/// `ggml_vec_dot_iq3_s_q8_K` (AVX2).
+#[inline(always)]
+pub fn dot_iq3_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ3S, iq3_s_grid};
+    dot_iq_grid::<BlockIQ3S>(
+        n,
+        x,
+        y,
+        1.0,
+        |xb| xb.d.to_f32(),
+        |xb, q8, a, b, ls| {
+            for ib in 0..8 {
+                let s = 2 * i32::from((xb.scales[ib / 2] >> (4 * (ib % 2))) & 0xf) + 1;
+                ls[2 * ib] = s;
+                ls[2 * ib + 1] = s;
+                let grid = iq3_s_grid(xb, ib);
+                for l in 0..4 {
+                    let g = [grid[2 * l], grid[2 * l + 1]];
+                    put4x2(a, b, q8, 32 * ib + 8 * l, g, xb.signs[4 * ib + l]);
+                }
+            }
+        },
+    )
+}
+
+/// Unpacks 8 signed IQ1 grid bytes as `mul_add_epi8` sees them: |g| and `sign(q8, g)`.
+#[inline(always)]
+fn put_iq1(a: &mut [u8; 256], b: &mut [i8; 256], q8: &[i8], o: usize, grid: u64) {
+    for j in 0..8 {
+        let g = (grid >> (8 * j)) as u8 as i8;
+        a[o + j] = g.unsigned_abs();
+        b[o + j] = sign_i8(q8[o + j], g);
+    }
+}
+
+/// `ggml_vec_dot_iq1_s_q8_K` (AVX2): the grid lanes as above with `acc = fma(d, lanes, acc)`,
+/// the shifts as a scalar `accum1 += d * sumi1` over the Q8_K block sums (fused by GCC), and
+/// `hsum_float_8(acc) + IQ1S_DELTA * accum1` (fused too).
+#[inline(always)]
+pub fn dot_iq1_s(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ1S, IQ1S_DELTA, iq1_s_group};
+    let nb = n / 256;
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<BlockIQ1S>(&x[..nb * 50]) else {
+        return f32::NAN;
+    };
+    let mut acc = [0f32; 8];
+    let mut accum1 = 0f32;
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let qh = xb.qh[ib];
+            let s = 2 * i32::from((qh >> 12) & 7) + 1;
+            ls[2 * ib] = s;
+            ls[2 * ib + 1] = s;
+            for l in 0..4 {
+                put_iq1(
+                    &mut a,
+                    &mut b,
+                    q8,
+                    32 * ib + 8 * l,
+                    iq1_s_group(xb, 4 * ib + l),
+                );
+            }
+            let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 = sumi1.wrapping_add(
+                (q8k_bsum(yb, 2 * ib) + q8k_bsum(yb, 2 * ib + 1))
+                    .wrapping_mul(delta)
+                    .wrapping_mul(s),
+            );
+        }
+        let d = yd * xb.d.to_f32();
+        let lanes = iq_lanes(&a, &b, &ls);
+        fma8(&mut acc, d, |j| lanes[j]);
+        accum1 = d.mul_add(sumi1 as f32, accum1);
+    }
+    IQ1S_DELTA.mul_add(accum1, hsum8(&acc))
+}
+
+/// `ggml_vec_dot_iq1_m_q8_K` (AVX2): grid lanes and shift lanes (`maddubs(1, ±q8)`) in two
+/// accumulators, `hsum_float_8(accum1) + IQ1M_DELTA * hsum_float_8(accum2)` (fused by GCC).
+#[inline(always)]
+pub fn dot_iq1_m(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::quant::{BlockIQ1M, IQ1S_DELTA, iq1_m_d, iq1_m_group, iq1_m_ls, iq1_m_sc};
+    let nb = n / 256;
+    let Ok(blocks) = lamina_core::quant::blocks_from_bytes::<BlockIQ1M>(&x[..nb * 56]) else {
+        return f32::NAN;
+    };
+    let mut acc1 = [0f32; 8];
+    let mut acc2 = [0f32; 8];
+    let mut a = [0u8; 256];
+    let mut b = [0i8; 256];
+    let ones = [1u8; 256];
+    let mut b2 = [0i8; 256];
+    let mut ls = [0i32; 16];
+    for (xb, yb) in blocks.iter().zip(y.chunks_exact(292)) {
+        let (yd, q8) = q8k(yb);
+        let sc = iq1_m_sc(xb);
+        for ib in 0..8 {
+            ls[2 * ib] = iq1_m_ls(&sc, ib, 0);
+            ls[2 * ib + 1] = iq1_m_ls(&sc, ib, 1);
+            for l in 0..4 {
+                let o = 32 * ib + 8 * l;
+                let (grid, neg) = iq1_m_group(xb, 4 * ib + l);
+                put_iq1(&mut a, &mut b, q8, o, grid);
+                for j in 0..8 {
+                    b2[o + j] = signed(q8[o + j], neg);
+                }
+            }
+        }
+        let d = yd * iq1_m_d(&sc).to_f32();
+        let l1 = iq_lanes(&a, &b, &ls);
+        let l2 = iq_lanes(&ones, &b2, &ls);
+        fma8(&mut acc1, d, |j| l1[j]);
+        fma8(&mut acc2, d, |j| l2[j]);
+    }
+    IQ1S_DELTA.mul_add(hsum8(&acc2), hsum8(&acc1))
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Ports of the AVX2 branches of `arch/x86/quants.c`.
@@ -818,6 +1133,13 @@ mod avx2 {
             DType::NVFP4 => |n, x, y| check(n, x, y, 36, 68, 64, nvfp4),
             DType::Q1_0 => |n, x, y| check(n, x, y, 18, 136, 128, q1_0),
             DType::Q2_0 => |n, x, y| check(n, x, y, 18, 68, 64, q2_0),
+            DType::IQ2_XXS => |n, x, y| check(n, x, y, 66, 292, 256, iq2_xxs),
+            DType::IQ2_XS => |n, x, y| check(n, x, y, 74, 292, 256, iq2_xs),
+            DType::IQ2_S => |n, x, y| check(n, x, y, 82, 292, 256, iq2_s),
+            DType::IQ3_XXS => |n, x, y| check(n, x, y, 98, 292, 256, iq3_xxs),
+            DType::IQ3_S => |n, x, y| check(n, x, y, 110, 292, 256, iq3_s),
+            DType::IQ1_S => |n, x, y| check(n, x, y, 50, 292, 256, iq1_s),
+            DType::IQ1_M => |n, x, y| check(n, x, y, 56, 292, 256, iq1_m),
             _ => return None,
         })
     }
@@ -835,6 +1157,358 @@ mod avx2 {
         // SAFETY: `dot_fn` hands these out only when AVX2/FMA/F16C are present; the rows hold
         // `nb` blocks (checked above).
         unsafe { k(nb, x, y) }
+    }
+
+    /// ggml's `keven_signs_q2xs` as u64: byte `j` of entry `s` is -1 where bit `j` of
+    /// `ksigns_iq2xs[s]` (the 7 bits of `s` and their parity) is set, else +1.
+    const KEVEN_SIGNS: [u64; 128] = {
+        let mut t = [0u64; 128];
+        let mut s = 0;
+        while s < 128 {
+            let full = s | (((s as u32).count_ones() as usize & 1) << 7);
+            let mut v = 0u64;
+            let mut j = 0;
+            while j < 8 {
+                let b: u64 = if (full >> j) & 1 != 0 { 0xff } else { 0x01 };
+                v |= b << (8 * j);
+                j += 1;
+            }
+            t[s] = v;
+            s += 1;
+        }
+        t
+    };
+
+    /// The little-endian u32 at `p`.
+    ///
+    /// # Safety
+    /// `p..p + 4` readable.
+    #[inline(always)]
+    unsafe fn rd32(p: *const u8) -> u32 {
+        // SAFETY: by the caller's contract.
+        unsafe { u32::from_le_bytes(*(p as *const [u8; 4])) }
+    }
+
+    /// Four u64 lanes (`a[0]` lowest) as a vector.
+    #[inline(always)]
+    fn set4(a: [u64; 4]) -> __m256i {
+        // SAFETY: `_mm256_set_epi64x` only moves values (AVX, enabled in every caller).
+        unsafe { _mm256_set_epi64x(a[3] as i64, a[2] as i64, a[1] as i64, a[0] as i64) }
+    }
+
+    /// Eight u32 lanes (`a[0]` lowest) as a vector.
+    #[inline(always)]
+    fn set8(a: [u32; 8]) -> __m256i {
+        // SAFETY: as in `set4`.
+        unsafe {
+            _mm256_set_epi32(
+                a[7] as i32,
+                a[6] as i32,
+                a[5] as i32,
+                a[4] as i32,
+                a[3] as i32,
+                a[2] as i32,
+                a[1] as i32,
+                a[0] as i32,
+            )
+        }
+    }
+
+    /// `ggml_vec_dot_iq{2_s,3_s}`'s sign expansion: 32 sign bits (4 bytes at `s`) to 0/-1 bytes.
+    ///
+    /// # Safety
+    /// `s..s + 4` readable; AVX2 enabled in the caller.
+    #[inline(always)]
+    unsafe fn sign_mask32(s: *const u8) -> __m256i {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let mask1 = _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            );
+            let mask2 = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let aux = _mm256_set1_epi32(rd32(s) as i32);
+            let aux = _mm256_and_si256(_mm256_shuffle_epi8(aux, mask1), mask2);
+            _mm256_cmpeq_epi8(aux, mask2)
+        }
+    }
+
+    /// `(q8 ^ s) - s`: the activations negated where `s` is -1.
+    #[inline(always)]
+    unsafe fn apply_mask(q8: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: AVX2 enabled in the caller.
+        unsafe { _mm256_sub_epi8(_mm256_xor_si256(s, q8), s) }
+    }
+
+    /// `madd(maddubs(grid, q8s), scales)`: 8 i32 lanes.
+    #[inline(always)]
+    unsafe fn grid_dot(grid: __m256i, q8s: __m256i, scales: __m256i) -> __m256i {
+        // SAFETY: AVX2 enabled in the caller.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8s), scales) }
+    }
+
+    /// The scale vector of 32 values: i16 lanes 0-7 (values 0..16) `lo`, 8-15 `hi`.
+    #[inline(always)]
+    unsafe fn scales2(lo: i32, hi: i32) -> __m256i {
+        // SAFETY: AVX2 enabled in the caller.
+        unsafe { _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16)) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq2_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::IQ2XXS_GRID as G;
+        // SAFETY: `nb` blocks in bounds (checked by `check`); AVX2/FMA/F16C enabled.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 66);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 66) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let a0 = rd32(xb.add(2 + 8 * ib));
+                    let a1 = rd32(xb.add(6 + 8 * ib));
+                    let q2 = set4(std::array::from_fn(|l| {
+                        G[((a0 >> (8 * l)) & 0xff) as usize]
+                    }));
+                    let s2 = set4(std::array::from_fn(|l| {
+                        KEVEN_SIGNS[((a1 >> (7 * l)) & 127) as usize]
+                    }));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let ls = (2 * (a1 >> 28) + 1) as i16;
+                    let p = grid_dot(q2, _mm256_sign_epi8(q8, s2), _mm256_set1_epi16(ls));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            0.125 * hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq2_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::IQ2XS_GRID as G;
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 74);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 74) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let q = |l: usize| {
+                        u16::from_le_bytes(*(xb.add(2 + 8 * ib + 2 * l) as *const [u8; 2]))
+                    };
+                    let q2 = set4(std::array::from_fn(|l| G[usize::from(q(l) & 511)]));
+                    let s2 = set4(std::array::from_fn(|l| KEVEN_SIGNS[usize::from(q(l) >> 9)]));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let sc = *xb.add(66 + ib);
+                    let scales = scales2(2 * i32::from(sc & 0xf) + 1, 2 * i32::from(sc >> 4) + 1);
+                    let p = grid_dot(q2, _mm256_sign_epi8(q8, s2), scales);
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            0.125 * hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq2_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::IQ2S_GRID as G;
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 82);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 82) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let qs = xb.add(2);
+                let qh = xb.add(66);
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let h = usize::from(*qh.add(ib));
+                    let q2 = set4(std::array::from_fn(|l| {
+                        G[usize::from(*qs.add(4 * ib + l)) | ((h << (8 - 2 * l)) & 0x300)]
+                    }));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let q8s = apply_mask(q8, sign_mask32(qs.add(32 + 4 * ib)));
+                    let sc = *xb.add(74 + ib);
+                    let scales = scales2(2 * i32::from(sc & 0xf) + 1, 2 * i32::from(sc >> 4) + 1);
+                    sumi = _mm256_add_epi32(sumi, grid_dot(q2, q8s, scales));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            0.125 * hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq3_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::IQ3XXS_GRID as G;
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 98);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 98) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let q3 = xb.add(2);
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let g = set8(std::array::from_fn(|k| G[usize::from(*q3.add(8 * ib + k))]));
+                    let aux = rd32(q3.add(64 + 4 * ib));
+                    let s2 = set4(std::array::from_fn(|l| {
+                        KEVEN_SIGNS[((aux >> (7 * l)) & 127) as usize]
+                    }));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let ls = (2 * (aux >> 28) + 1) as i16;
+                    let p = grid_dot(g, _mm256_sign_epi8(q8, s2), _mm256_set1_epi16(ls));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            0.25 * hsum_float_8(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq3_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::IQ3S_GRID as G;
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 110);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 110) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let qs = xb.add(2);
+                let qh = xb.add(66);
+                let signs = xb.add(74);
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let h = usize::from(*qh.add(ib));
+                    let g = set8(std::array::from_fn(|k| {
+                        G[usize::from(*qs.add(8 * ib + k)) | ((h << (8 - k)) & 256)]
+                    }));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let q8s = apply_mask(q8, sign_mask32(signs.add(4 * ib)));
+                    let sc = *xb.add(106 + ib / 2) >> (4 * (ib % 2));
+                    let ls = (2 * i32::from(sc & 0xf) + 1) as i16;
+                    sumi = _mm256_add_epi32(sumi, grid_dot(g, q8s, _mm256_set1_epi16(ls)));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    /// `mul_add_epi8`: `maddubs(|x|, sign(y, x))`.
+    #[inline(always)]
+    unsafe fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: AVX2 enabled in the caller.
+        unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq1_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::{IQ1S_DELTA, IQ1S_GRID as G};
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut accum1 = 0f32;
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 50);
+                let yb = y.as_ptr().add(i * 292);
+                let qs = xb.add(2);
+                let bsum = |t: usize| {
+                    i32::from(i16::from_le_bytes(*(yb.add(260 + 2 * t) as *const [u8; 2])))
+                };
+                let mut sumi = _mm256_setzero_si256();
+                let mut sumi1 = 0i32;
+                for ib in 0..8 {
+                    let qh =
+                        usize::from(u16::from_le_bytes(*(xb.add(34 + 2 * ib) as *const [u8; 2])));
+                    let g = set4(std::array::from_fn(|l| {
+                        G[usize::from(*qs.add(4 * ib + l)) | (((qh >> (3 * l)) & 7) << 8)]
+                    }));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+                    let p = _mm256_madd_epi16(mul_add_epi8(g, q8), _mm256_set1_epi16(ls as i16));
+                    sumi = _mm256_add_epi32(sumi, p);
+                    let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+                    sumi1 = sumi1.wrapping_add(
+                        (bsum(2 * ib) + bsum(2 * ib + 1))
+                            .wrapping_mul(delta)
+                            .wrapping_mul(ls),
+                    );
+                }
+                let d = f32::from_le_bytes(*(yb as *const [u8; 4])) * f16_in_block(x, i * 50);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                accum1 = d.mul_add(sumi1 as f32, accum1);
+            }
+            IQ1S_DELTA.mul_add(accum1, hsum_float_8(acc))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq1_m(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        use lamina_core::quant::{IQ1S_DELTA, IQ1S_GRID as G};
+        // SAFETY: as in `iq2_xxs`.
+        unsafe {
+            let mut acc1 = _mm256_setzero_ps();
+            let mut acc2 = _mm256_setzero_ps();
+            let ones = _mm256_set1_epi8(1);
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 56);
+                let yb = y.as_ptr().add(i * 292);
+                let qs = xb;
+                let qh = xb.add(32);
+                let sc: [u16; 4] = std::array::from_fn(|k| {
+                    u16::from_le_bytes(*(xb.add(48 + 2 * k) as *const [u8; 2]))
+                });
+                let mut sumi1 = _mm256_setzero_si256();
+                let mut sumi2 = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let mut g = [0u64; 4];
+                    let mut dl = [0u64; 4];
+                    for l in 0..4 {
+                        let h = u16::from(*qh.add(2 * ib + l / 2));
+                        let (idx, neg) = if l % 2 == 0 {
+                            ((h << 8) & 0x700, h & 0x08 != 0)
+                        } else {
+                            ((h << 4) & 0x700, h & 0x80 != 0)
+                        };
+                        g[l] = G[usize::from(u16::from(*qs.add(4 * ib + l)) | idx)];
+                        dl[l] = if neg { u64::MAX } else { 0x0101_0101_0101_0101 };
+                    }
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let ls =
+                        |k: usize| 2 * i32::from((sc[ib / 2] >> (6 * (ib % 2) + 3 * k)) & 7) + 1;
+                    let scales = scales2(ls(0), ls(1));
+                    let p1 = _mm256_madd_epi16(mul_add_epi8(set4(g), q8), scales);
+                    let p2 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(ones, _mm256_sign_epi8(q8, set4(dl))),
+                        scales,
+                    );
+                    sumi1 = _mm256_add_epi32(sumi1, p1);
+                    sumi2 = _mm256_add_epi32(sumi2, p2);
+                }
+                let scale = (sc[0] >> 12)
+                    | ((sc[1] >> 8) & 0x00f0)
+                    | ((sc[2] >> 4) & 0x0f00)
+                    | (sc[3] & 0xf000);
+                let d = f32::from_le_bytes(*(yb as *const [u8; 4]))
+                    * half::f16::from_bits(scale).to_f32();
+                let dv = _mm256_set1_ps(d);
+                acc1 = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi1), acc1);
+                acc2 = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi2), acc2);
+            }
+            IQ1S_DELTA.mul_add(hsum_float_8(acc2), hsum_float_8(acc1))
+        }
     }
 
     /// Kernels without hand-written intrinsics: the scalar emulation compiled with FMA

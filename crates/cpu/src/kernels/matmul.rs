@@ -7,8 +7,9 @@
 //!    `ggml_gemm_q4_K_8x8_q8_K` (activations quantized by `ggml_quantize_mat_q8_K_4x8`), the
 //!    rest to the gemv kernel; Q4_0/IQ4_NL/MXFP4 use the 8x8 gemv/gemm pair, which agree per
 //!    output ([`super::repack`]).
-//! 2. Else K-quant weights (Q2_K…Q6_K, IQ4_XS) with at least 8 activation rows take the tiled
-//!    path.
+//! 2. Else K-quant and i-quant weights (Q2_K…Q6_K, IQ4_XS, and the grid i-quants IQ2_XXS,
+//!    IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with at least 8 activation rows take the
+//!    tiled path (per superblock `fma(d_w * (float)Σ scale·v·q8, d_a, acc)`).
 //! 3. Else llamafile's tinyBLAS when it accepts the product: f32 (activations contiguous) and,
 //!    after converting activations to f16, f16 weights when `n >= 2`, `k % 8 == 0`,
 //!    `m % 4 == 0`; Q8_0/Q4_0/Q5_0/IQ4_NL weights when `n >= 2` (one FMA chain per output, the
@@ -18,8 +19,7 @@
 //! 4. Else `ggml_vec_dot_<type>` per output (one row at a time on x86).
 //!
 //! TQ1_0, TQ2_0, NVFP4, Q1_0 and Q2_0 have no tinyBLAS, x86 repack or tiled kernels in
-//! llama.cpp: they take step 4. Types without a kernel here (IQ types other than
-//! IQ4_NL/IQ4_XS): `plan` returns `None`.
+//! llama.cpp: they take step 4, as the grid i-quants do below 8 activation rows.
 //!
 //! `ggml_compute_forward_mul_mat_id` picks differently (no tinyBLAS, gemv only for repacked
 //! experts): see [`MatMul::plan_id`].
@@ -66,6 +66,8 @@ enum DotKind {
     Q2KTiled,
     Q3KTiled,
     Iq4XsTiled,
+    /// The grid i-quants (IQ2_*, IQ3_*, IQ1_*) through the tiled kernel.
+    IqGridTiled(DType),
 }
 
 /// The plan of one matrix product (one weight type and shape).
@@ -131,6 +133,17 @@ impl MatMul {
                 gemm_rows: repack::q4_k_gemm_rows(n),
                 exact: true,
             },
+            DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ1_S
+            | DType::IQ1_M
+                if repack::tiled_applies(weight, false, n) =>
+            {
+                simple(ActKind::Q8K, DotKind::IqGridTiled(weight))
+            }
             DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
                 if repack::tiled_applies(weight, false, n) =>
             {
@@ -196,6 +209,17 @@ impl MatMul {
             }
             DType::Q4_0 | DType::IQ4_NL if repacked && repack::q0_repacked(weight, m) => {
                 simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
+            }
+            DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ1_S
+            | DType::IQ1_M
+                if repack::tiled_applies(weight, false, rows) =>
+            {
+                simple(ActKind::Q8K, DotKind::IqGridTiled(weight))
             }
             DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
                 if repack::tiled_applies(weight, false, rows) =>
@@ -310,6 +334,7 @@ impl MatMul {
             DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
             DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
             DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
+            DotKind::IqGridTiled(t) => repack::dot_iq_grid_tiled(t, k, w, act),
         }
     }
 }
@@ -447,6 +472,7 @@ impl MatMul {
             DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
             DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
             DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
+            DotKind::IqGridTiled(t) => repack::dot_iq_grid_tiled(t, k, w, act),
         }
     }
 

@@ -187,7 +187,190 @@ fn dot_q4_k_gemm_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// rows.
 pub fn tiled_applies(dtype: lamina_core::DType, repacked: bool, activation_rows: usize) -> bool {
     use lamina_core::DType::*;
-    !repacked && activation_rows >= 8 && matches!(dtype, Q6_K | Q5_K | Q4_K | Q3_K | Q2_K | IQ4_XS)
+    !repacked
+        && activation_rows >= 8
+        && matches!(
+            dtype,
+            Q6_K | Q5_K
+                | Q4_K
+                | Q3_K
+                | Q2_K
+                | IQ4_XS
+                | IQ2_XXS
+                | IQ2_XS
+                | IQ2_S
+                | IQ3_XXS
+                | IQ3_S
+                | IQ1_S
+                | IQ1_M
+        )
+}
+
+/// One grid i-quant block as ggml's tiled unpackers (`tiled_unpack_src0`) see it: the f32
+/// scale (f16 times 1/8 for IQ2 and IQ1, 1/4 for IQ3_XXS), the integer scale of each 16
+/// values, and the 256 signed values (IQ1: `8 * grid + delta`).
+#[inline(always)]
+fn iq_grid_tile(dtype: lamina_core::DType, xb: &[u8]) -> (f32, [i32; 16], [i8; 256]) {
+    use lamina_core::DType::*;
+    use lamina_core::quant as q;
+    let mut ls = [0i32; 16];
+    let mut v = [0i8; 256];
+    let put8 = |v: &mut [i8; 256], o: usize, grid: u64, signs: u8| {
+        for j in 0..8 {
+            let g = (grid >> (8 * j)) as u8 as i8;
+            v[o + j] = if signs & (1 << j) != 0 { -g } else { g };
+        }
+    };
+    let d = match dtype {
+        IQ2_XXS => {
+            let b: q::BlockIQ2XXS = bytemuck_read(xb);
+            for ib in 0..8 {
+                let (s, grid, signs) = q::iq2_xxs_sub(&b, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    put8(&mut v, 32 * ib + 8 * l, grid[l], signs[l]);
+                }
+            }
+            b.d.to_f32() * 0.125
+        }
+        IQ2_XS | IQ2_S => {
+            let (d, scales) = if dtype == IQ2_XS {
+                let b: q::BlockIQ2XS = bytemuck_read(xb);
+                for g in 0..32 {
+                    let (grid, signs) = q::iq2_xs_group(&b, g);
+                    put8(&mut v, 8 * g, grid, signs);
+                }
+                (b.d, b.scales)
+            } else {
+                let b: q::BlockIQ2S = bytemuck_read(xb);
+                for g in 0..32 {
+                    let (grid, signs) = q::iq2_s_group(&b, g);
+                    put8(&mut v, 8 * g, grid, signs);
+                }
+                (b.d, b.scales)
+            };
+            for ib in 0..8 {
+                ls[2 * ib] = 2 * i32::from(scales[ib] & 0xf) + 1;
+                ls[2 * ib + 1] = 2 * i32::from(scales[ib] >> 4) + 1;
+            }
+            d.to_f32() * 0.125
+        }
+        IQ3_XXS => {
+            let b: q::BlockIQ3XXS = bytemuck_read(xb);
+            for ib in 0..8 {
+                let (s, grid, signs) = q::iq3_xxs_sub(&b, ib);
+                ls[2 * ib] = 2 * s as i32 + 1;
+                ls[2 * ib + 1] = 2 * s as i32 + 1;
+                for l in 0..4 {
+                    let g = u64::from(grid[2 * l]) | (u64::from(grid[2 * l + 1]) << 32);
+                    put8(&mut v, 32 * ib + 8 * l, g, signs[l]);
+                }
+            }
+            b.d.to_f32() * 0.25
+        }
+        IQ3_S => {
+            let b: q::BlockIQ3S = bytemuck_read(xb);
+            for ib in 0..8 {
+                let s = 2 * i32::from((b.scales[ib / 2] >> (4 * (ib % 2))) & 0xf) + 1;
+                ls[2 * ib] = s;
+                ls[2 * ib + 1] = s;
+                let grid = q::iq3_s_grid(&b, ib);
+                for l in 0..4 {
+                    let g = u64::from(grid[2 * l]) | (u64::from(grid[2 * l + 1]) << 32);
+                    put8(&mut v, 32 * ib + 8 * l, g, b.signs[4 * ib + l]);
+                }
+            }
+            b.d.to_f32()
+        }
+        IQ1_S => {
+            let b: q::BlockIQ1S = bytemuck_read(xb);
+            for ib in 0..8 {
+                let qh = b.qh[ib];
+                let s = 2 * i32::from((qh >> 12) & 7) + 1;
+                ls[2 * ib] = s;
+                ls[2 * ib + 1] = s;
+                let delta: i8 = if qh & 0x8000 != 0 { -1 } else { 1 };
+                for l in 0..4 {
+                    let grid = q::iq1_s_group(&b, 4 * ib + l);
+                    for j in 0..8 {
+                        v[32 * ib + 8 * l + j] = 8 * ((grid >> (8 * j)) as u8 as i8) + delta;
+                    }
+                }
+            }
+            b.d.to_f32() * 0.125
+        }
+        _ => {
+            let b: q::BlockIQ1M = bytemuck_read(xb);
+            let sc = q::iq1_m_sc(&b);
+            for ib in 0..8 {
+                ls[2 * ib] = q::iq1_m_ls(&sc, ib, 0);
+                ls[2 * ib + 1] = q::iq1_m_ls(&sc, ib, 1);
+                for l in 0..4 {
+                    let (grid, neg) = q::iq1_m_group(&b, 4 * ib + l);
+                    let delta: i8 = if neg { -1 } else { 1 };
+                    for j in 0..8 {
+                        v[32 * ib + 8 * l + j] = 8 * ((grid >> (8 * j)) as u8 as i8) + delta;
+                    }
+                }
+            }
+            q::iq1_m_d(&sc).to_f32() * 0.125
+        }
+    };
+    (d, ls, v)
+}
+
+/// A block of `B` read from the start of `b` (any alignment).
+fn bytemuck_read<B: lamina_core::quant::Block>(b: &[u8]) -> B {
+    let size = std::mem::size_of::<B>();
+    let blocks = lamina_core::quant::blocks_from_bytes::<B>(&b[..size]).expect("whole block");
+    blocks[0]
+}
+
+/// The tiled kernel's value for one grid i-quant weight row (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+/// IQ3_S, IQ1_S, IQ1_M) and one Q8_K activation row: per superblock the exact
+/// `s1 = Σ scale·v·q8`, then `acc = fma(d_w * (float)s1, d_a, acc)` as for IQ4_XS.
+pub fn dot_iq_grid_tiled(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use lamina_core::DType::*;
+    macro_rules! per_type {
+        ($($t:ident => $f:ident),*) => {
+            match dtype {
+                $($t => {
+                    #[inline(always)]
+                    fn $f(n: usize, x: &[u8], y: &[u8]) -> f32 {
+                        dot_iq_grid_tiled_impl($t, n, x, y)
+                    }
+                    fma_dispatch!($f, n, x, y)
+                })*
+                _ => dot_iq_grid_tiled_impl(dtype, n, x, y),
+            }
+        };
+    }
+    per_type!(
+        IQ2_XXS => iq2_xxs, IQ2_XS => iq2_xs, IQ2_S => iq2_s, IQ3_XXS => iq3_xxs,
+        IQ3_S => iq3_s, IQ1_S => iq1_s, IQ1_M => iq1_m
+    )
+}
+
+#[inline(always)]
+fn dot_iq_grid_tiled_impl(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let bs = dtype.type_size() as usize;
+    let mut acc = 0f32;
+    for (xb, yb) in x.chunks_exact(bs).zip(y.chunks_exact(292)).take(n / 256) {
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let q8 = &yb[4..260];
+        let (d, ls, v) = iq_grid_tile(dtype, xb);
+        let mut s1 = 0i32;
+        for sub in 0..16 {
+            let mut dot = 0i32;
+            for i in 16 * sub..16 * sub + 16 {
+                dot += i32::from(v[i]) * i32::from(q8[i] as i8);
+            }
+            s1 = s1.wrapping_add(ls[sub].wrapping_mul(dot));
+        }
+        acc = tiled_acc(acc, d, None, s1, 0, yd);
+    }
+    acc
 }
 
 /// The tiled kernel's value for one Q6_K weight row and one Q8_K activation row: per

@@ -43,11 +43,25 @@ fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
             DType::TQ1_0 => &[52],
             DType::TQ2_0 => &[64],
             DType::Q1_0 | DType::Q2_0 => &[0],
+            DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ1_S => &[0],
             _ => &[],
         };
         for &o in offs {
             let h = rng.f16(0.05);
             b[o..o + 2].copy_from_slice(&h);
+        }
+        if dtype == DType::IQ1_M {
+            // The f16 scale lives in the top nibbles of the four scale words (bytes 48..56).
+            let h = u16::from_le_bytes(rng.f16(0.05));
+            for k in 0..4 {
+                let nib = ((h >> (4 * k)) & 0xf) as u8;
+                b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | (nib << 4);
+            }
         }
         if dtype == DType::MXFP4 {
             // An E8M0 scale around 2^-5 (random bytes would overflow).

@@ -58,7 +58,13 @@ pub fn encode(dtype: DType, ne0: usize, vals: &[f32]) -> (Vec<u8>, Vec<f64>) {
             let mut bytes = vec![0u8; vals.len() / ne0 * row];
             let mut back = vec![0f32; vals.len()];
             for (r, chunk) in vals.chunks(ne0).enumerate() {
-                quant::quantize_row(dtype, chunk, &mut bytes[r * row..(r + 1) * row]).unwrap();
+                let dst = &mut bytes[r * row..(r + 1) * row];
+                if lamina_core::quant::supports_quantize(dtype) {
+                    quant::quantize_row(dtype, chunk, dst).unwrap();
+                } else {
+                    // The grid i-quants: ggml's importance-weighted quantizers, uniform weights.
+                    lamina_core::quant::quantize_row_iq(dtype, chunk, dst, None).unwrap();
+                }
                 quant::dequantize_row(
                     dtype,
                     &bytes[r * row..(r + 1) * row],

@@ -257,6 +257,16 @@ static ggml_backend_buffer_type_t repack_buft(ggml_backend_t be) {
 // mmid:<type>:<k>:<m>:<n_expert>:<n_used>:<n_b1>:<n_tok>:<repack>   weights, x, ids, out
 // The weights go to the CPU_REPACK buffer when llama.cpp would put them there (Q4_0, IQ4_NL,
 // Q4_K and MXFP4 with a multiple of 8 rows), else to a plain CPU buffer.
+// Importance weights for ggml_quantize_chunk (one per column, no RNG draws): NULL unless a
+// case turns them on (the grid i-quants, which ggml quantizes only with an imatrix).
+static int use_imatrix = 0;
+static float imat_buf[4096];
+static const float *imat(int k) {
+    if (!use_imatrix) return NULL;
+    for (int i = 0; i < k; i++) imat_buf[i] = 0.25f + (float)((i * 37) % 101) / 40.0f;
+    return imat_buf;
+}
+
 static void mmid_case(enum ggml_type t, int k, int m, int n_expert, int n_used, int n_b1, int n_tok, int skew) {
     const int repack = (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_Q4_K ||
                         t == GGML_TYPE_MXFP4) && m % 8 == 0 && n_expert > 1;
@@ -274,7 +284,7 @@ static void mmid_case(enum ggml_type t, int k, int m, int n_expert, int n_used, 
     size_t rows = (size_t)m * n_expert;
     float *wf = malloc((size_t)k * rows * 4); fill(wf, (int)(k * rows), 0.1f);
     size_t wsz = ggml_row_size(t, k) * rows; void *wq = malloc(wsz);
-    ggml_quantize_chunk(t, wf, wq, 0, rows, k, NULL);
+    ggml_quantize_chunk(t, wf, wq, 0, rows, k, imat(k));
     ggml_backend_tensor_set(w, wq, 0, wsz);
     size_t xn = (size_t)k * n_b1 * n_tok;
     float *xf = malloc(xn * 4); fill(xf, (int)xn, 1.0f);
@@ -393,6 +403,21 @@ static void quant_case(enum ggml_type t, int n, float scale) {
     free(x); free(q); free(back);
 }
 
+// quantw:<type>:<n>   x, imatrix, quantized bytes, dequantized (ggml_quantize_chunk with
+// importance weights)
+static void quantw_case(enum ggml_type t, int n, float scale) {
+    float *x = malloc((size_t)n * 4); fill(x, n, scale);
+    if (n >= 64) { for (int i = 32; i < 64; i++) x[i] = 0.0f; x[40] = 1e-30f; }
+    const float *w = imat(n);
+    size_t rs = ggml_row_size(t, n); void *q = malloc(rs);
+    ggml_quantize_chunk(t, x, q, 0, 1, n, w);
+    float *back = malloc((size_t)n * 4);
+    ggml_get_type_traits(t)->to_float(q, back, n);
+    char name[64]; snprintf(name, sizeof name, "quantw:%s:%d", ggml_type_name(t), n);
+    rec_begin(name, 4); arr(x, (size_t)n * 4); arr(w, (size_t)n * 4); arr(q, rs); arr(back, (size_t)n * 4);
+    free(x); free(q); free(back);
+}
+
 // mulmat:<type>:<m>:<n>:<k>:<repack>   weights, x, out (2-D weights in the CPU_REPACK buffer when
 // llama.cpp puts them there)
 static void mulmat_case(enum ggml_type t, int m, int n, int k) {
@@ -409,7 +434,7 @@ static void mulmat_case(enum ggml_type t, int m, int n, int k) {
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, be);
     float *wf = malloc((size_t)k * m * 4); fill(wf, k * m, 0.1f);
     size_t wsz = ggml_row_size(t, k) * m; void *wq = malloc(wsz);
-    ggml_quantize_chunk(t, wf, wq, 0, m, k, NULL);
+    ggml_quantize_chunk(t, wf, wq, 0, m, k, imat(k));
     ggml_backend_tensor_set(w, wq, 0, wsz);
     float *xf = malloc((size_t)k * n * 4); fill(xf, k * n, 1.0f);
     ggml_backend_tensor_set(x, xf, 0, (size_t)k * n * 4);
@@ -474,6 +499,18 @@ int main(int argc, char **argv) {
         mmid_case(nts[i], k, 16, 4, 2, 1, 1, 0);
         mmid_case(nts[i], 2 * k, 12, 3, 2, 2, 13, 1);
     }
+    // The grid i-quants (appended likewise), quantized with importance weights.
+    enum ggml_type its[] = { GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS,
+                             GGML_TYPE_IQ3_S, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M };
+    use_imatrix = 1;
+    for (size_t i = 0; i < sizeof its / sizeof its[0]; i++) {
+        quantw_case(its[i], 3 * 256, 1.0f); quantw_case(its[i], 256, 0.01f);
+        mulmat_case(its[i], 16, 1, 256); mulmat_case(its[i], 8, 5, 512);
+        mulmat_case(its[i], 12, 9, 256);
+        mmid_case(its[i], 256, 16, 4, 2, 1, 1, 0);
+        mmid_case(its[i], 512, 12, 3, 2, 2, 13, 1);
+    }
+    use_imatrix = 0;
     fclose(out);
     return 0;
 }
