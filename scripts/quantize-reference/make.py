@@ -50,22 +50,36 @@ CASES = [(R, t) for t in [
     # Refused: requantizing without --allow-requantize; Q2_K_S without an importance matrix.
     ([], "Q4_0"),
     (R, "Q2_K_S"),
+    (R, "IQ2_XXS"),
 ]
 # With llama-imatrix's importance matrix of SmolLM2 (crates/tools/tests/data, made by
 # scripts/imatrix-reference/make.sh), as a path relative to the repository root: llama-quantize
 # records the path as given in quantize.imatrix.file.
 IM = "crates/tools/tests/data/smollm2-imatrix-c128"
+# The i-quant searches are slow: those cases keep two layers (--prune-layers), which also
+# checks that the matrix is looked up by the tensors' original names.
+def prune(n_layer):
+    return ["--prune-layers", ",".join(str(i) for i in range(2, n_layer))]
+
+
 SMOLLM2_CASES = [(R + ["--imatrix", IM + ".gguf"], t) for t in [
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_M", "Q4_K_M", "Q5_K_S", "Q6_K",
     "IQ4_NL", "IQ4_XS", "Q8_0",
+]] + [(R + ["--imatrix", IM + ".gguf"] + prune(30), t) for t in [
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ1_S", "IQ1_M",
 ]] + [
     (R + ["--imatrix", IM + ".dat"], "Q4_K_M"),
     (R + ["--imatrix", IM + ".gguf", "--include-weights", "ffn"], "Q4_K_M"),
     (R + ["--imatrix", IM + ".gguf", "--exclude-weights", "attn_v"], "Q4_K_M"),
 ]
 GEMMA3_CASES = [
-    # SmolLM2's imatrix on Gemma 3: the sizes do not match, refused.
-    (R + ["--imatrix", IM + ".gguf"], "Q4_K_M"),
+    # IQ3 types need no importance matrix.
+    (R + prune(18), "IQ3_S"),
+    (R + prune(18), "IQ3_XXS"),
+    (R + prune(18), "IQ3_M"),
+    # SmolLM2's imatrix on Gemma 3: the sizes do not match, refused (Q4_0 requantizes every
+    # tensor; Q4_K_M would keep most of them as they are and never look the matrix up).
+    (R + ["--imatrix", IM + ".gguf"], "Q4_0"),
 ]
 
 

@@ -9,7 +9,7 @@ use super::blocks::*;
 use super::float::{f16_to_f32, f32_to_f16};
 use super::iq4::{quantize_row_iq4_nl_weighted, quantize_row_iq4_xs_weighted};
 use super::kquants::{get_scale_min_k4, make_qx_quants, nearest_int};
-use super::{QuantError, check_len, quantize_row, with_blocks_mut};
+use super::{QuantError, check_len, quantize_row, quantize_row_iq, with_blocks_mut};
 
 /// Quantizes one row as ggml's `quantize_<type>(src, dst, 1, n_per_row, quant_weights)` does
 /// (what llama-quantize runs). `weights` (one per element of the row) is the importance of
@@ -31,6 +31,12 @@ pub fn quantize_row_weighted(
             expected: src.len(),
             actual: w.len(),
         });
+    }
+    if matches!(
+        dtype,
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M
+    ) {
+        return quantize_row_iq(dtype, src, dst, weights);
     }
     if matches!(dtype, IQ4_NL | IQ4_XS) {
         check_len("quantize destination", dtype, src.len(), dst.len())?;

@@ -444,7 +444,10 @@ pub fn quantize_file(
                 }
             },
         };
-        if imatrix.is_none() && p.requires_imatrix {
+        // ggml_quantize_requires_imatrix: these assert on a missing matrix even where the
+        // rules do not ask for one (token_embd, output); refuse instead.
+        let ggml_requires = matches!(p.target, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ1_S);
+        if imatrix.is_none() && (p.requires_imatrix || ggml_requires) {
             return Err(QuantizeError::RequiresImatrix {
                 tensor: p.name.clone(),
                 dtype: p.target,
@@ -539,7 +542,7 @@ fn quantize_rows(
         to,
         source,
     };
-    if !quant::supports_quantize(to) {
+    if !quant::supports_dequantize(to) {
         return Err(err(QuantError::UnsupportedType(to)));
     }
     // Validation reads the row back, as ggml_validate_row_data checks what was written.
