@@ -16,6 +16,13 @@
 //!
 //! [`Imatrix::save`] writes the GGUF format byte for byte as `llama-imatrix` writes it.
 
+mod collect;
+
+pub use collect::{
+    Collector, CollectorParams, ComputeError, ComputeReport, MicroBatch, NoProgress, Progress,
+    RunParams, SharedCollector, Stats, compute_imatrix, micro_batches,
+};
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
