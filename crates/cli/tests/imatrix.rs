@@ -76,3 +76,38 @@ fn imatrix_of_smollm2_is_llama_imatrix_s() {
         "same entries but not the same bytes"
     );
 }
+
+#[test]
+fn legacy_dat_output_is_llama_imatrix_s() {
+    let Some(model) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !root.join(TEXT).is_file() {
+        eprintln!("skipping: ../shared/reference is absent");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("imatrix.dat");
+    let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .current_dir(&root)
+        .args(["imatrix", "-m"])
+        .arg(&model)
+        .args([
+            "-f", TEXT, "-c", "128", "--chunks", "2", "-t", "2", "--no-ppl",
+        ])
+        .args(["--flash-attn", "off", "--output-format", "dat", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "lamina imatrix failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let reference = root.join("crates/tools/tests/data/smollm2-imatrix-c128.dat");
+    assert!(
+        std::fs::read(&out).unwrap() == std::fs::read(&reference).unwrap(),
+        "the .dat differs from llama-imatrix's"
+    );
+}

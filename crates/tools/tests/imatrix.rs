@@ -113,6 +113,7 @@ fn collector(out: &Path) -> Collector {
         save_frequency: 0,
         out_file: out.to_path_buf(),
         prompt_file: None,
+        legacy_format: false,
     })
 }
 
@@ -160,6 +161,7 @@ fn collector_sums_squares_per_expert_and_saves_at_chunk_boundaries() {
         save_frequency: 1,
         out_file: out.clone(),
         prompt_file: Some("t.txt".into()),
+        legacy_format: false,
     });
     // 3 experts of [2 -> 5]; 2 tokens, each routed to 2 experts; input shared by both (ne1 1).
     let info = MatmulInfo {
@@ -208,4 +210,27 @@ fn collector_sums_squares_per_expert_and_saves_at_chunk_boundaries() {
     // A product whose size changed is an error (llama.cpp exits).
     c.collect(&dense("blk.0.ffn_up_exps.weight", 16), &[0.0; 32], None);
     assert!(c.error().unwrap().contains("inconsistent size"));
+}
+
+#[test]
+fn collector_writes_llama_imatrix_legacy_dat_byte_for_byte() {
+    // The .dat llama-imatrix wrote for the same run as the GGUF: the GGUF's raw data, loaded,
+    // written in the legacy format with the same dataset, must be it.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("im.dat");
+    let mut c = Collector::new(CollectorParams {
+        chunk_size: 128,
+        process_output: false,
+        output_frequency: 10,
+        save_frequency: 0,
+        out_file: out.clone(),
+        prompt_file: Some("../shared/reference/areopagitica-short.txt".into()),
+        legacy_format: true,
+    });
+    c.load(&data("smollm2-imatrix-c128.gguf")).unwrap();
+    c.save(None).unwrap();
+    assert_same_bytes(
+        &std::fs::read(&out).unwrap(),
+        &std::fs::read(data("smollm2-imatrix-c128.dat")).unwrap(),
+    );
 }

@@ -1,7 +1,7 @@
 //! `lamina imatrix`: an importance matrix of a text, as llama.cpp's `llama-imatrix` computes it
 //! (the sums of squares of every weight product's input over chunks of `-c` tokens), written in
-//! its GGUF format (`imatrix.gguf` by default); `--in-file` adds earlier files' data, and with
-//! no `-f` only combines them.
+//! its GGUF format (`imatrix.gguf` by default) or with `--output-format dat` its legacy one;
+//! `--in-file` adds earlier files' data, and with no `-f` only combines them.
 
 use std::path::PathBuf;
 
@@ -25,6 +25,9 @@ pub struct ImatrixArgs {
     /// Output file (llama.cpp's GGUF imatrix format).
     #[arg(short = 'o', long = "output-file", default_value = "imatrix.gguf")]
     pub output: PathBuf,
+    /// Output format: gguf, or dat (llama.cpp's legacy format).
+    #[arg(long = "output-format", default_value = "gguf", value_parser = ["gguf", "dat"])]
+    pub output_format: String,
     /// Tokens per chunk.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = non_negative)]
     pub ctx_size: usize,
@@ -118,6 +121,7 @@ pub fn run(args: &ImatrixArgs) -> anyhow::Result<()> {
         save_frequency: args.save_frequency,
         out_file: args.output.clone(),
         prompt_file: args.file.as_ref().map(|p| p.to_string_lossy().into_owned()),
+        legacy_format: args.output_format == "dat",
     };
     let mut collector = Collector::new(params);
     for f in &args.in_file {

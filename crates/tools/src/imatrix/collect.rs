@@ -35,6 +35,8 @@ pub struct CollectorParams {
     pub out_file: PathBuf,
     /// The text file, as given (`-f`): the dataset recorded in the file.
     pub prompt_file: Option<String>,
+    /// Save in the legacy `.dat` format (`--output-format dat`) instead of GGUF.
+    pub legacy_format: bool,
 }
 
 /// llama-imatrix's `IMatrixCollector`.
@@ -269,6 +271,49 @@ impl Collector {
         }
     }
 
+    /// The legacy `.dat` file llama-imatrix's `save_imatrix_legacy` writes: entries with some
+    /// data, sorted, each `sum / count * ncall` with `ncall` its chunks rounded up (1.0 where an
+    /// expert saw nothing), then the chunk count and the dataset.
+    pub fn to_legacy_bytes(&self) -> Vec<u8> {
+        let chunk_size = self.chunk_size();
+        let stored: Vec<(&String, &Stats)> = self
+            .stats
+            .iter()
+            .filter(|(_, s)| !s.counts.is_empty() && s.counts.iter().any(|&c| c != 0))
+            .collect();
+        let mut out = Vec::new();
+        out.extend((stored.len() as i32).to_le_bytes());
+        for (name, s) in stored {
+            out.extend((name.len() as i32).to_le_bytes());
+            out.extend(name.as_bytes());
+            let max = s.counts.iter().copied().max().unwrap_or(0);
+            let ncall = ((max + chunk_size - 1) / chunk_size) as i32;
+            out.extend(ncall.to_le_bytes());
+            let (nval, nmat) = (s.values.len(), s.counts.len());
+            out.extend((nval as i32).to_le_bytes());
+            if nval > 0 && nmat > 0 {
+                let per = (nval / nmat).max(1);
+                for (i, &v) in s.values.iter().enumerate() {
+                    let mut count = s.counts.get(i / per).copied().unwrap_or(0) as f32;
+                    let mut value = v;
+                    if count == 0.0 {
+                        value = 1.0;
+                        count = 1.0;
+                    }
+                    out.extend(((value / count) * ncall as f32).to_le_bytes());
+                }
+            }
+        }
+        out.extend(self.last_chunk.to_le_bytes());
+        let dataset = match &self.params.prompt_file {
+            Some(p) if !p.is_empty() => p.as_str(),
+            _ => self.datasets.last().map_or("", String::as_str),
+        };
+        out.extend((dataset.len() as i32).to_le_bytes());
+        out.extend(dataset.as_bytes());
+        out
+    }
+
     /// Saves to the output file, or with `Some(n)` to `<out>.at_<n>`; returns the path.
     pub fn save(&mut self, n_chunk: Option<i32>) -> Result<PathBuf, ImatrixError> {
         let mut path = self.params.out_file.clone().into_os_string();
@@ -276,7 +321,11 @@ impl Collector {
             path.push(format!(".at_{n}"));
         }
         let path = PathBuf::from(path);
-        self.to_imatrix().save(&path)?;
+        if self.params.legacy_format {
+            super::write_atomically(&path, &self.to_legacy_bytes())?;
+        } else {
+            self.to_imatrix().save(&path)?;
+        }
         self.saved.push(path.clone());
         Ok(path)
     }
