@@ -40,7 +40,7 @@ pub struct ImatrixArgs {
     /// Also collect data for the output tensor (`output.weight`).
     #[arg(long = "process-output")]
     pub process_output: bool,
-    /// Save the imatrix every N chunks.
+    /// Save the imatrix every N chunks (`-ofreq`).
     #[arg(
         long = "output-frequency",
         visible_alias = "ofreq",
