@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Makes the importance-matrix reference files of crates/tools/tests/data with llama.cpp's own
-# llama-imatrix (commit 0c1e570, the llama-cpp-python 0.3.36 source package, CPU native build).
+# llama-imatrix (commit 0c1e570, the llama-cpp-python 0.3.36 source package, CPU build with
+# -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON, the x86 build Lamina follows;
+# a native AVX-512 build sums differently and its perplexity here is 154.6 and 61.2, not 150.4
+# and 59.96).
 #
-#   LLAMA_IMATRIX=/path/to/llama-imatrix scripts/imatrix-reference/make.sh
+#   LLAMA_IMATRIX=/path/to/build-avx2/bin/llama-imatrix scripts/imatrix-reference/make.sh
 #
 # SmolLM2-135M-Instruct Q4_1 on the first 2,600 bytes of Areopagitica (../shared/reference/
 # areopagitica-short.txt), 2 chunks of -c 128, 2 threads, flash attention off (Lamina's attention
@@ -11,7 +14,7 @@
 # directory with the same arguments writes the same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${LLAMA_IMATRIX:-/tmp/lcp/build/bin/llama-imatrix}
+BIN=${LLAMA_IMATRIX:-/tmp/lcp/build-avx2/bin/llama-imatrix}
 MODEL=${MODEL:-$HOME/.cache/lamina/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TEXT=../shared/reference/areopagitica-short.txt
 OUT=crates/tools/tests/data

@@ -45,6 +45,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Quantize a GGUF model (llama-quantize's arguments, type names and output bytes).
     Quantize(cmd::quantize::QuantizeArgs),
+    /// Compute an importance matrix of a text (llama-imatrix's method and file format).
+    Imatrix(cmd::imatrix::ImatrixArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve {
         /// Model: a GGUF path or a known model name (pulled on first use). Without it, the
@@ -99,6 +101,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Quantize(args) => cmd::quantize::run(&args),
+        Command::Imatrix(args) => cmd::imatrix::run(&args),
         Command::Logits(args) => cmd::logits::run(&args),
         Command::Serve {
             model,

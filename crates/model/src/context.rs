@@ -13,6 +13,7 @@ use lamina_core::graph::TensorId;
 use crate::arch::inputs::{GraphInput, InputSource};
 use crate::arch::{BuildContext, GraphShape, build_graph, build_shift_graph};
 use crate::kv_cache::{KvCache, KvFormat, MAX_SEQUENCES};
+use crate::observe::{MatmulObserver, Tap, gather_4byte, tap_graph, weight_names};
 use crate::{Model, ModelError};
 
 /// One token of a batch.
@@ -160,6 +161,10 @@ pub struct Context {
     reads: Vec<PendingRead>,
     /// Where micro-batch inputs are built.
     scratch: InputScratch,
+    /// Shown the inputs of the products with weights it asks for (see [`crate::observe`]).
+    observer: Option<Box<dyn MatmulObserver>>,
+    /// The model's tensor names by file offset, made when an observer is first set.
+    weight_names: Option<std::collections::HashMap<usize, String>>,
 }
 
 /// Buffers the inputs of a micro-batch are built in; kept with their allocations, so that
@@ -177,6 +182,9 @@ struct CachedGraph {
     sg: ScheduledGraph,
     inputs: Vec<GraphInput>,
     logits: TensorId,
+    /// Built while an observer was set; the products it asked for.
+    observed: bool,
+    taps: Vec<Tap>,
 }
 
 impl Context {
@@ -240,6 +248,8 @@ impl Context {
             cells: Vec::new(),
             reads: Vec::new(),
             scratch: InputScratch::default(),
+            observer: None,
+            weight_names: None,
         };
         // Size the compute buffer once for the worst case: a full micro-batch over the whole cache.
         let worst = GraphShape {
@@ -279,6 +289,19 @@ impl Context {
 
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
+    }
+
+    /// Sets (or with `None` removes) the observer of the products with model weights, ggml's
+    /// eval callback (see [`crate::observe`]); returns the previous one. Graphs built without
+    /// the new setting are rebuilt.
+    pub fn set_matmul_observer(
+        &mut self,
+        observer: Option<Box<dyn MatmulObserver>>,
+    ) -> Option<Box<dyn MatmulObserver>> {
+        for g in &mut self.graphs {
+            *g = None;
+        }
+        std::mem::replace(&mut self.observer, observer)
     }
 
     fn build_context(&self) -> BuildContext<'_> {
@@ -558,10 +581,23 @@ impl Context {
             embeddings,
         };
         let slot = self.sched.next_slot();
+        let observed = self.observer.is_some();
         match &self.graphs[slot] {
-            Some(c) if c.shape == shape => self.sched.reuse_slot(&c.sg)?,
+            Some(c) if c.shape == shape && c.observed == observed => {
+                self.sched.reuse_slot(&c.sg)?
+            }
             _ => {
-                let built = build_graph(&self.build_context(), shape)?;
+                let mut built = build_graph(&self.build_context(), shape)?;
+                let taps = match self.observer.as_mut() {
+                    Some(obs) => {
+                        let model = &self.model;
+                        let names = self
+                            .weight_names
+                            .get_or_insert_with(|| weight_names(model.file.gguf()));
+                        tap_graph(&mut built.graph, names, obs.as_mut())
+                    }
+                    None => Vec::new(),
+                };
                 let sg = self.sched.schedule(built.graph, &built.hints)?;
                 self.graph_builds += 1;
                 self.graphs[slot] = Some(CachedGraph {
@@ -569,6 +605,8 @@ impl Context {
                     sg,
                     inputs: built.inputs,
                     logits: built.logits,
+                    observed,
+                    taps,
                 });
             }
         }
@@ -594,6 +632,31 @@ impl Context {
             self.reads.resize_with(k + 1, PendingRead::new);
         }
         sched.get_async_into(sg, cached.logits, &self.reads[k])?;
+        if let (false, Some(obs)) = (cached.taps.is_empty(), self.observer.as_mut()) {
+            // ggml's `ask == false` calls: after the micro-batch ran, each wanted input.
+            sched.synchronize()?;
+            for tap in &cached.taps {
+                let read = |id: TensorId| -> Result<Vec<[u8; 4]>, ModelError> {
+                    let bytes = sched.get_async(sg, id)?.wait()?;
+                    let t = sg.graph().tensor(id);
+                    gather_4byte(&bytes, t.ne(), t.nb()).ok_or_else(|| {
+                        ModelError::BadParams(format!(
+                            "cannot read the input of {} back: it is not 4-byte elements within its span",
+                            tap.info.weight
+                        ))
+                    })
+                };
+                let input: Vec<f32> = read(tap.input)?
+                    .into_iter()
+                    .map(f32::from_le_bytes)
+                    .collect();
+                let ids: Option<Vec<i32>> = tap
+                    .ids
+                    .map(|i| read(i).map(|v| v.into_iter().map(i32::from_le_bytes).collect()))
+                    .transpose()?;
+                obs.collect(&tap.info, &input, ids.as_deref());
+            }
+        }
         Ok(self.reads[k].clone())
     }
 

@@ -8,6 +8,7 @@ pub mod error;
 pub mod hparams;
 pub mod kv_cache;
 pub mod model;
+pub mod observe;
 pub mod perplexity;
 pub mod placement;
 pub mod weights;

@@ -16,6 +16,13 @@
 //!
 //! [`Imatrix::save`] writes the GGUF format byte for byte as `llama-imatrix` writes it.
 
+mod collect;
+
+pub use collect::{
+    Collector, CollectorParams, ComputeError, ComputeReport, MicroBatch, NoProgress, Progress,
+    RunParams, SharedCollector, Stats, compute_imatrix, micro_batches,
+};
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -367,29 +374,33 @@ impl Imatrix {
     /// Writes [`Imatrix::to_gguf_bytes`] to `path` atomically (a temporary file beside it,
     /// renamed into place).
     pub fn save(&self, path: &Path) -> Result<(), ImatrixError> {
-        let bytes = self.to_gguf_bytes()?;
-        let werr = |source| ImatrixError::Write {
-            path: display(path),
-            source,
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "imatrix.gguf".into());
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!(".{file_name}."))
-            .suffix(".part")
-            .tempfile_in(&dir)
-            .map_err(werr)?;
-        tmp.write_all(&bytes).map_err(werr)?;
-        tmp.flush().map_err(werr)?;
-        tmp.persist(path).map_err(|e| werr(e.error))?;
-        Ok(())
+        write_atomically(path, &self.to_gguf_bytes()?)
     }
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it, renamed into place.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ImatrixError> {
+    let werr = |source| ImatrixError::Write {
+        path: display(path),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "imatrix.gguf".into());
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}."))
+        .suffix(".part")
+        .tempfile_in(&dir)
+        .map_err(werr)?;
+    tmp.write_all(bytes).map_err(werr)?;
+    tmp.flush().map_err(werr)?;
+    tmp.persist(path).map_err(|e| werr(e.error))?;
+    Ok(())
 }
 
 /// C's `lround` for a count stored as f32 (NaN and out-of-range values saturate, as Rust casts do).

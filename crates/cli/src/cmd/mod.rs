@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod devices;
+pub mod imatrix;
 pub mod inspect;
 pub mod logits;
 pub mod model_engine;

@@ -443,7 +443,7 @@ impl ServeArgs {
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, and their long forms.
-const LLAMA_SHORT_FLAGS: [(&str, &str); 17] = [
+const LLAMA_SHORT_FLAGS: [(&str, &str); 18] = [
     ("-cram", "--cache-ram"),
     ("-kvu", "--kv-unified"),
     ("-cb", "--cont-batching"),
@@ -461,10 +461,11 @@ const LLAMA_SHORT_FLAGS: [(&str, &str); 17] = [
     ("-sm", "--split-mode"),
     ("-ts", "--tensor-split"),
     ("-mg", "--main-gpu"),
+    ("-ofreq", "--output-frequency"),
 ];
 
 /// Rewrites llama.cpp's multi-letter short flags (`-np N`, `-np=N`, `-ub`, `-ctk`, `-ctv`,
-/// `-fa`, `-sys`, `-ngl`, `-sm`, `-ts`, `-mg`, `-jf`) into their long forms.
+/// `-fa`, `-sys`, `-ngl`, `-sm`, `-ts`, `-mg`, `-jf`, imatrix's `-ofreq`) into their long forms.
 pub fn normalize_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
         .map(|a| {
