@@ -134,8 +134,11 @@ fn length(v: Value) -> Result<Value, Error> {
 /// Rewrites HF's `{% generation %}` / `{% endgeneration %}` (assistant-mask markers that
 /// render their body unchanged) into an always-true `if`, keeping whitespace control.
 fn strip_generation_tags(source: &str) -> String {
-    let re = regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("valid regex");
-    re.replace_all(source, |c: &regex::Captures| {
+    // Compiled once: building it cost more than parsing a typical template.
+    static RE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("valid regex")
+    });
+    RE.replace_all(source, |c: &regex::Captures| {
         let body = if c.get(2).is_some() {
             "endif"
         } else {
@@ -700,6 +703,24 @@ mod tests {
             out,
             "{\"a\": [1, 2.0], \"b\": \"c\"}|{\n  \"a\": [\n    1,\n    2.0\n  ],\n  \"b\": \"c\"\n}|\"\\u00e9\\\"\"|\"é\\\"\""
         );
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        // Twice: the rewrite's regex is built once and reused.
+        for _ in 0..2 {
+            let t = ChatTemplate::new(
+                "{% for m in messages %}{% generation %}[{{ m.content }}]{%- endgeneration -%} {% endfor %}",
+                "",
+                "",
+            )
+            .unwrap();
+            let msgs = [
+                ChatMessage::new("user", "a"),
+                ChatMessage::new("assistant", "b"),
+            ];
+            assert_eq!(t.render(&msgs, None, false).unwrap(), "[a][b]");
+        }
     }
 
     #[test]
