@@ -84,6 +84,12 @@ GEMMA3_CASES = [
 
 
 def main():
+    # ONLY=--imatrix: recompute only the cases whose flags contain that, keep the others.
+    only = os.environ.get("ONLY")
+    old = {}
+    if only and OUT.exists():
+        for c in json.loads(OUT.read_text())["cases"]:
+            old[(c["model"], tuple(c["args"]))] = c
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.gguf"
@@ -93,6 +99,10 @@ def main():
                 sys.exit(f"{path} is missing: run `lamina pull {model}`")
             extra = SMOLLM2_CASES if model == "smollm2-135m" else GEMMA3_CASES
             for flags, qtype in CASES + extra:
+                key = (model, tuple(flags + [qtype]))
+                if only and only not in flags and key in old:
+                    cases.append(old[key])
+                    continue
                 out.unlink(missing_ok=True)
                 p = subprocess.run([QUANTIZE, *flags, str(path), str(out), qtype, "2"],
                                    capture_output=True, cwd=ROOT)

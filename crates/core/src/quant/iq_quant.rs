@@ -465,78 +465,8 @@ pub fn quantize_row_iq3_xxs_weighted(x: &[f32], y: &mut [BlockIQ3XXS], qw: Optio
 /// ggml's `make_qp_quants` (levels `0..=nmax`, importance `qw`): the returned scale only (the
 /// IQ2 callers overwrite the levels).
 fn make_qp_quants(nmax: i32, x: &[f32], qw: &[f32]) -> f32 {
-    const GROUP_MAX_EPS: f32 = 1e-15;
-    let n = x.len();
-    let mut max = 0.0f32;
-    for &v in x {
-        max = c_max(max, v);
-    }
-    if max < GROUP_MAX_EPS {
-        return 0.0;
-    }
     let mut l = [0u8; 32];
-    let mut iscale = nmax as f32 / max;
-    for i in 0..n {
-        l[i] = nearest_int(iscale * x[i]) as u8;
-    }
-    let scale = 1.0 / iscale;
-    let mut best_mse = 0.0f32;
-    for i in 0..n {
-        let diff = x[i] - scale * f32::from(l[i]);
-        best_mse += qw[i] * diff * diff;
-    }
-    for is in -4..=4 {
-        if is == 0 {
-            continue;
-        }
-        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
-        let scale_is = 1.0 / iscale_is;
-        let mut mse = 0.0f32;
-        for i in 0..n {
-            let li = nearest_int(iscale_is * x[i]).min(nmax);
-            let diff = x[i] - scale_is * li as f32;
-            mse += qw[i] * diff * diff;
-        }
-        if mse < best_mse {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
-    let mut sumlx = 0.0f32;
-    let mut suml2 = 0.0f32;
-    for i in 0..n {
-        let li = nearest_int(iscale * x[i]).min(nmax);
-        l[i] = li as u8;
-        let w = qw[i];
-        sumlx += w * x[i] * li as f32;
-        suml2 += w * li as f32 * li as f32;
-    }
-    for _ in 0..5 {
-        let mut n_changed = 0;
-        for i in 0..n {
-            let w = qw[i];
-            let li = f32::from(l[i]);
-            let mut slx = sumlx - w * x[i] * li;
-            let mut sl2 = suml2 - w * li * li;
-            if slx > 0.0 && sl2 > 0.0 {
-                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
-                if new_l != i32::from(l[i]) {
-                    slx += w * x[i] * new_l as f32;
-                    sl2 += w * new_l as f32 * new_l as f32;
-                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l[i] = new_l as u8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed += 1;
-                    }
-                }
-            }
-        }
-        if n_changed == 0 {
-            break;
-        }
-    }
-    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+    super::weighted::make_qp_quants(nmax, x, &mut l[..x.len()], qw)
 }
 
 /// The IQ2 and IQ1 search tables (`iq2xs_init_impl` for each type).

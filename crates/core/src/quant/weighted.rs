@@ -598,7 +598,7 @@ fn make_qkx3_quants(
 
 /// ggml's `make_qp_quants`: non-negative levels `[0, nmax]` for the sub-block scales, weighted.
 /// ggml stores levels in `uint8_t` without a lower clamp; the wrap is kept.
-fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
     let n = x.len();
     let mut max = 0.0f32;
     for &v in x {
