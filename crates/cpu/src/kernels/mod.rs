@@ -19,6 +19,8 @@ pub mod fdot;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_iq;
 pub mod quantize;
 pub mod repack;
 pub mod sort;

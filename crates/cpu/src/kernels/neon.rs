@@ -1,10 +1,12 @@
-//! NEON (aarch64) versions of the main quantized dot kernels of `dot.rs`, bit-identical to the
+//! NEON (aarch64) versions of the quantized dot kernels of `dot.rs`, bit-identical to the
 //! scalar emulation of llama.cpp's x86 AVX2 arithmetic: the exact integer lane sums are
 //! computed with NEON (including `maddubs`'s i16 saturation and `sign_epi8`'s wrapping
 //! negation), then the float steps run in the scalar code's order — one fused multiply-add per
 //! lane per block (`vfmaq` is fused like `f32::mul_add`), the block scales and min terms in
 //! scalar, and `hsum8` at the end. Like the AVX2 code, they are picked at run time
-//! ([`available`]); `LAMINA_FORCE_SCALAR=1` turns them off.
+//! ([`available`]); `LAMINA_FORCE_SCALAR=1` turns them off. This file has the shared helpers,
+//! the legacy types and the K-quants; `neon_iq.rs` the i-quants, the FP4 and the ternary and
+//! low-bit types.
 
 use std::arch::aarch64::*;
 use std::sync::OnceLock;
@@ -26,6 +28,7 @@ pub(crate) fn available() -> bool {
 
 /// The NEON kernel for weights of `dtype`, or `None` (the caller falls back to scalar).
 pub(crate) fn dot_fn(dtype: DType) -> Option<DotFn> {
+    use super::neon_iq as iq;
     Some(match dtype {
         DType::Q4_0 => |n, x, y| run(n, x, y, 18, 34, 32, q4_0),
         DType::Q4_1 => |n, x, y| run(n, x, y, 20, 36, 32, q4_1),
@@ -34,6 +37,24 @@ pub(crate) fn dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q8_0 => |n, x, y| run(n, x, y, 34, 34, 32, q8_0),
         DType::Q4_K => |n, x, y| run(n, x, y, 144, 292, 256, q4_k),
         DType::Q6_K => |n, x, y| run(n, x, y, 210, 292, 256, q6_k),
+        DType::Q5_K => |n, x, y| run(n, x, y, 176, 292, 256, q5_k),
+        DType::Q2_K => |n, x, y| run(n, x, y, 84, 292, 256, q2_k),
+        DType::Q3_K => |n, x, y| run(n, x, y, 110, 292, 256, q3_k),
+        DType::IQ4_NL => |n, x, y| run(n, x, y, 18, 34, 32, iq::iq4_nl),
+        DType::MXFP4 => |n, x, y| run(n, x, y, 17, 34, 32, iq::mxfp4),
+        DType::IQ4_XS => |n, x, y| run(n, x, y, 136, 292, 256, iq::iq4_xs),
+        DType::TQ1_0 => |n, x, y| run(n, x, y, 54, 292, 256, iq::tq1_0),
+        DType::TQ2_0 => |n, x, y| run(n, x, y, 66, 292, 256, iq::tq2_0),
+        DType::IQ2_XXS => |n, x, y| run(n, x, y, 66, 292, 256, iq::iq2_xxs),
+        DType::IQ2_XS => |n, x, y| run(n, x, y, 74, 292, 256, iq::iq2_xs),
+        DType::IQ2_S => |n, x, y| run(n, x, y, 82, 292, 256, iq::iq2_s),
+        DType::IQ3_XXS => |n, x, y| run(n, x, y, 98, 292, 256, iq::iq3_xxs),
+        DType::IQ3_S => |n, x, y| run(n, x, y, 110, 292, 256, iq::iq3_s),
+        DType::IQ1_S => |n, x, y| run(n, x, y, 50, 292, 256, iq::iq1_s),
+        DType::IQ1_M => |n, x, y| run(n, x, y, 56, 292, 256, iq::iq1_m),
+        DType::NVFP4 => |n, x, y| run(n, x, y, 36, 68, 64, iq::nvfp4),
+        DType::Q1_0 => |n, x, y| run(n, x, y, 18, 136, 128, iq::q1_0),
+        DType::Q2_0 => |n, x, y| run(n, x, y, 18, 68, 64, iq::q2_0),
         _ => return None,
     })
 }
@@ -50,10 +71,10 @@ fn run(n: usize, x: &[u8], y: &[u8], bx: usize, by: usize, qk: usize, k: Kernel)
     unsafe { k(nb, x, y) }
 }
 
-/// `maddubs_epi16` + `madd_epi16(1, ·)` on 16 bytes: lane `j` (of 4) is the sum of the u8·i8
-/// products of bytes `4j..4j+3`, adjacent pairs first summed with i16 saturation.
+/// `maddubs_epi16` on 16 bytes: i16 lane `k` (of 8) is `a[2k]·b[2k] + a[2k+1]·b[2k+1]`
+/// (u8·i8), added with i16 saturation.
 #[inline(always)]
-unsafe fn lanes_us(a: uint8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn maddubs(a: uint8x16_t, b: int8x16_t) -> int16x8_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         // u8 (≤ 255) · i8 fits i16 exactly.
@@ -62,28 +83,63 @@ unsafe fn lanes_us(a: uint8x16_t, b: int8x16_t) -> int32x4_t {
         let p_lo = vmulq_s16(a_lo, vmovl_s8(vget_low_s8(b)));
         let p_hi = vmulq_s16(a_hi, vmovl_high_s8(b));
         // Even and odd products of the 16 bytes, added with saturation: pair k of 8.
-        let pairs = vqaddq_s16(vuzp1q_s16(p_lo, p_hi), vuzp2q_s16(p_lo, p_hi));
-        vpaddlq_s16(pairs)
+        vqaddq_s16(vuzp1q_s16(p_lo, p_hi), vuzp2q_s16(p_lo, p_hi))
     }
 }
 
-/// `mul_sum_i8_pairs` on 16 bytes: `|x|` times `sign_epi8(y, x)` (y negated with wrap-around
-/// where x < 0, zero where x == 0), then [`lanes_us`].
+/// `maddubs_epi16` + `madd_epi16(1, ·)` on 16 bytes: lane `j` (of 4) is the sum of the u8·i8
+/// products of bytes `4j..4j+3`, adjacent pairs first summed with i16 saturation.
 #[inline(always)]
-unsafe fn lanes_ss(x: int8x16_t, y: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn lanes_us(a: uint8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
+    unsafe { vpaddlq_s16(maddubs(a, b)) }
+}
+
+/// `_mm256_sign_epi8(y, x)`: `y` negated with wrap-around where `x < 0`, zero where `x == 0`.
+#[inline(always)]
+pub(super) unsafe fn sign_epi8(y: int8x16_t, x: int8x16_t) -> int8x16_t {
+    // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
+    unsafe {
+        let sy = vbslq_s8(vcltzq_s8(x), vnegq_s8(y), y);
+        vandq_s8(sy, vreinterpretq_s8_u8(vtstq_s8(x, x)))
+    }
+}
+
+/// `mul_sum_i8_pairs` on 16 bytes: `|x|` times `sign_epi8(y, x)`, then [`lanes_us`].
+#[inline(always)]
+pub(super) unsafe fn lanes_ss(x: int8x16_t, y: int8x16_t) -> int32x4_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         // vabsq_s8(-128) is -128, i.e. 128 as u8, like `_mm256_sign_epi8(x, x)` read unsigned.
-        let ax = vreinterpretq_u8_s8(vabsq_s8(x));
-        let sy = vbslq_s8(vcltzq_s8(x), vnegq_s8(y), y);
-        let sy = vandq_s8(sy, vreinterpretq_s8_u8(vtstq_s8(x, x)));
-        lanes_us(ax, sy)
+        lanes_us(vreinterpretq_u8_s8(vabsq_s8(x)), sign_epi8(y, x))
+    }
+}
+
+/// Exact i8·i8 dot of bytes `4j..4j+3` in lane `j` (no saturation anywhere).
+#[inline(always)]
+pub(super) unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
+    unsafe {
+        // |i8·i8| ≤ 2^14 fits i16; pairs are widened before they are added.
+        let lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+        let hi = vpaddlq_s16(vmull_high_s8(a, b));
+        vpaddq_s32(lo, hi)
+    }
+}
+
+/// `(q ^ m) - m`: the bytes of `q` negated (wrapping) where the mask `m` is all ones.
+#[inline(always)]
+pub(super) unsafe fn negate_where(q: int8x16_t, m: uint8x16_t) -> int8x16_t {
+    // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
+    unsafe {
+        let m = vreinterpretq_s8_u8(m);
+        vsubq_s8(veorq_s8(q, m), m)
     }
 }
 
 /// `acc[l] = fma(d, (f32)lanes[l], acc[l])` for the 8 lanes (`f32::mul_add` per lane).
 #[inline(always)]
-unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi: int32x4_t) {
+pub(super) unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi: int32x4_t) {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lo), d);
@@ -93,7 +149,7 @@ unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi: int32x4_t)
 
 /// `hsum_float_8` of the 8 accumulator lanes (in the scalar code's order).
 #[inline(always)]
-unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
+pub(super) unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
     let mut a = [0f32; 8];
     // SAFETY: `a` has room for two 4-lane stores.
     unsafe {
@@ -104,14 +160,20 @@ unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn zero_acc() -> [float32x4_t; 2] {
+pub(super) unsafe fn zero_acc() -> [float32x4_t; 2] {
     // SAFETY: register-only NEON intrinsic.
     unsafe { [vdupq_n_f32(0.0); 2] }
 }
 
+#[inline(always)]
+pub(super) unsafe fn zero_i32() -> [int32x4_t; 2] {
+    // SAFETY: register-only NEON intrinsic.
+    unsafe { [vdupq_n_s32(0); 2] }
+}
+
 /// Low nibbles (values 0..16) and high nibbles (values 16..32) of the 16 bytes at `p`.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: the caller passes 16 readable bytes and runs with NEON.
     unsafe {
         let v = vld1q_u8(p);
@@ -121,7 +183,7 @@ unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 
 /// `bytes_from_bits_32`: byte `i` (of 32) is 0xFF when bit `i` of `bits` is set.
 #[inline(always)]
-unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
     const IDX_LO: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
     const IDX_HI: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
     const MASK: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
@@ -136,13 +198,19 @@ unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
 }
 
 #[inline(always)]
-fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 #[inline(always)]
-fn f32_at(b: &[u8], off: usize) -> f32 {
+pub(super) fn f32_at(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Q8_K block sum `t` of the block `yb`.
+#[inline(always)]
+pub(super) fn bsum(yb: &[u8], t: usize) -> i16 {
+    i16::from_le_bytes([yb[260 + 2 * t], yb[261 + 2 * t]])
 }
 
 /// `ggml_vec_dot_q4_0_q8_0`.
@@ -350,6 +418,138 @@ unsafe fn q6_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// `ggml_vec_dot_q5_K_q8_K`: the Q4_K lanes with 5-bit values; the mins as the scalar code's
+/// `summs += dmin * (float)Σ min·bsum` (fused).
+#[target_feature(enable = "neon")]
+unsafe fn q5_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: `nb` blocks of 176 and 292 bytes are in bounds (`run`); NEON enabled.
+    unsafe {
+        let mut acc = zero_acc();
+        let mut summs = 0f32;
+        let (m15, b16) = (vdupq_n_u8(15), vdupq_n_u8(16));
+        for i in 0..nb {
+            let xb = &x[i * 176..i * 176 + 176];
+            let yb = &y[i * 292..i * 292 + 292];
+            let yd = f32_at(yb, 0);
+            let d = yd * f16_at(xb, 0);
+            let dmin = -yd * f16_at(xb, 2);
+            let (scales, mins) = super::dot::q4k_scales_mins_pub(&xb[4..16]);
+            let mut prod = 0i32;
+            for k in 0..8 {
+                let q8s = bsum(yb, 2 * k).wrapping_add(bsum(yb, 2 * k + 1));
+                prod = prod.wrapping_add(i32::from(mins[k]) * i32::from(q8s));
+            }
+            summs = dmin.mul_add(prod as f32, summs);
+            let q8 = yb.as_ptr().add(4) as *const i8;
+            let mut s = zero_i32();
+            for h in 0..2 {
+                let qh = vld1q_u8(xb.as_ptr().add(16 + 16 * h));
+                for j in 0..4 {
+                    let bits = vld1q_u8(xb.as_ptr().add(48 + 32 * j + 16 * h));
+                    let hl = vandq_u8(vtstq_u8(qh, vdupq_n_u8(1 << (2 * j))), b16);
+                    let hh = vandq_u8(vtstq_u8(qh, vdupq_n_u8(2 << (2 * j))), b16);
+                    let lo = vorrq_u8(vandq_u8(bits, m15), hl);
+                    let hi = vorrq_u8(vshrq_n_u8::<4>(bits), hh);
+                    let yl = vld1q_s8(q8.add(64 * j + 16 * h));
+                    let yh = vld1q_s8(q8.add(64 * j + 32 + 16 * h));
+                    let pl = vmulq_n_s32(lanes_us(lo, yl), i32::from(scales[2 * j]));
+                    let ph = vmulq_n_s32(lanes_us(hi, yh), i32::from(scales[2 * j + 1]));
+                    s[h] = vaddq_s32(s[h], vaddq_s32(pl, ph));
+                }
+            }
+            fma8(&mut acc, d, s[0], s[1]);
+        }
+        hsum(&acc) + summs
+    }
+}
+
+/// `ggml_vec_dot_q2_K_q8_K`: per block `acc = fma(dmin, Σ min·bsum lanes, acc)`, then
+/// `acc = fma(d, lanes, acc)`.
+#[target_feature(enable = "neon")]
+unsafe fn q2_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: `nb` blocks of 84 and 292 bytes are in bounds (`run`); NEON enabled.
+    unsafe {
+        let mut acc = zero_acc();
+        let m3 = vdupq_n_u8(3);
+        for i in 0..nb {
+            let xb = &x[i * 84..i * 84 + 84];
+            let yb = &y[i * 292..i * 292 + 292];
+            let yd = f32_at(yb, 0);
+            let d = yd * f16_at(xb, 80);
+            let dmin = -yd * f16_at(xb, 82);
+            // Lane l: min(2l)·bsum(2l) + min(2l+1)·bsum(2l+1), exact.
+            let mins = vshrq_n_u8::<4>(vld1q_u8(xb.as_ptr()));
+            let bs = yb.as_ptr().add(260) as *const i16;
+            let m_lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
+            let m_hi = vreinterpretq_s16_u16(vmovl_high_u8(mins));
+            let (b_lo, b_hi) = (vld1q_s16(bs), vld1q_s16(bs.add(8)));
+            let p = |m: int16x8_t, b: int16x8_t| {
+                vpaddq_s32(
+                    vmull_s16(vget_low_s16(m), vget_low_s16(b)),
+                    vmull_high_s16(m, b),
+                )
+            };
+            fma8(&mut acc, dmin, p(m_lo, b_lo), p(m_hi, b_hi));
+            let q8 = yb.as_ptr().add(4) as *const i8;
+            let mut s = zero_i32();
+            for j in 0..2 {
+                for h in 0..2 {
+                    let bits = vld1q_u8(xb.as_ptr().add(16 + 32 * j + 16 * h));
+                    let v = [
+                        vandq_u8(bits, m3),
+                        vandq_u8(vshrq_n_u8::<2>(bits), m3),
+                        vandq_u8(vshrq_n_u8::<4>(bits), m3),
+                        vshrq_n_u8::<6>(bits),
+                    ];
+                    for (k, vk) in v.into_iter().enumerate() {
+                        let y8 = vld1q_s8(q8.add(128 * j + 32 * k + 16 * h));
+                        let sc = i32::from(xb[8 * j + 2 * k + h] & 15);
+                        s[h] = vaddq_s32(s[h], vmulq_n_s32(lanes_us(vk, y8), sc));
+                    }
+                }
+            }
+            fma8(&mut acc, d, s[0], s[1]);
+        }
+        hsum(&acc)
+    }
+}
+
+/// `ggml_vec_dot_q3_K_q8_K`: lanes like Q2_K with the signed 3-bit values (`low2 - 4` unless
+/// the high bit is set, exact products) and the 6-bit scales minus 32.
+#[target_feature(enable = "neon")]
+unsafe fn q3_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: `nb` blocks of 110 and 292 bytes are in bounds (`run`); NEON enabled.
+    unsafe {
+        let mut acc = zero_acc();
+        let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+        for i in 0..nb {
+            let xb = &x[i * 110..i * 110 + 110];
+            let yb = &y[i * 292..i * 292 + 292];
+            let d = f32_at(yb, 0) * f16_at(xb, 108);
+            let sc_bytes: &[u8; 12] = xb[96..108].try_into().unwrap();
+            let scales = lamina_core::quant::q3_k_scales(sc_bytes);
+            let q8 = yb.as_ptr().add(4) as *const i8;
+            let mut s = zero_i32();
+            for h in 0..2 {
+                let hm = vld1q_u8(xb.as_ptr().add(16 * h));
+                for j in 0..2 {
+                    let bits = vld1q_u8(xb.as_ptr().add(32 + 32 * j + 16 * h));
+                    for k in 0..4 {
+                        let low = vandq_u8(vshlq_u8(bits, vdupq_n_s8(-2 * k as i8)), m3);
+                        let set = vtstq_u8(hm, vdupq_n_u8(1 << (4 * j + k)));
+                        let v = vreinterpretq_s8_u8(vsubq_u8(low, vbicq_u8(four, set)));
+                        let y8 = vld1q_s8(q8.add(128 * j + 32 * k + 16 * h));
+                        let sc = i32::from(scales[8 * j + 2 * k + h]);
+                        s[h] = vaddq_s32(s[h], vmulq_n_s32(dot4(v, y8), sc));
+                    }
+                }
+            }
+            fma8(&mut acc, d, s[0], s[1]);
+        }
+        hsum(&acc)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! NEON against the scalar emulation, bit for bit, on random blocks — including raw random
@@ -377,7 +577,8 @@ mod tests {
         }
     }
 
-    const TYPES: [DType; 7] = [
+    /// Every type with a NEON kernel.
+    const TYPES: [DType; 25] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -385,15 +586,59 @@ mod tests {
         DType::Q8_0,
         DType::Q4_K,
         DType::Q6_K,
+        DType::Q5_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::MXFP4,
+        DType::IQ4_XS,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
     ];
 
     /// Offsets of the f16 scales in a weight block.
     fn weight_scales(dtype: DType) -> &'static [usize] {
         match dtype {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-            DType::Q4_1 | DType::Q5_1 | DType::Q4_K => &[0, 2],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
             DType::Q6_K => &[208],
-            _ => unreachable!(),
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::TQ1_0 => &[52],
+            DType::TQ2_0 => &[64],
+            DType::MXFP4 | DType::NVFP4 | DType::IQ1_M => &[],
+            _ => &[0],
+        }
+    }
+
+    /// Writes finite scales into weight block `b`: the f16 `h` at every f16 scale, E8M0 `e[0]`
+    /// (MXFP4), the UE4M3 `e` (NVFP4), or `h` spread over IQ1_M's scale words' top nibbles.
+    fn set_scales(dtype: DType, b: &mut [u8], h: [u8; 2], e: [u8; 4]) {
+        for &o in weight_scales(dtype) {
+            b[o..o + 2].copy_from_slice(&h);
+        }
+        match dtype {
+            DType::MXFP4 => b[0] = e[0],
+            DType::NVFP4 => b[..4].copy_from_slice(&e),
+            DType::IQ1_M => {
+                let h = u16::from_le_bytes(h);
+                for k in 0..4 {
+                    let o = 48 + 2 * k;
+                    let w = u16::from_le_bytes([b[o], b[o + 1]]) & 0x0fff;
+                    let w = w | (((h >> (4 * k)) & 0xf) << 12);
+                    b[o..o + 2].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            _ => {}
         }
     }
 
@@ -401,10 +646,13 @@ mod tests {
         let bs = dtype.type_size() as usize;
         let mut w = rng.bytes(bs * nb);
         for b in w.chunks_exact_mut(bs) {
-            for &o in weight_scales(dtype) {
-                let h = rng.f16(0.05);
-                b[o..o + 2].copy_from_slice(&h);
-            }
+            let h = rng.f16(0.05);
+            let e = match dtype {
+                DType::MXFP4 => [118 + (rng.next() % 16) as u8; 4],
+                // UE4M3 exponents 2..=10 (0x7F, a NaN, is avoided).
+                _ => std::array::from_fn(|_| 0x10 + (rng.next() % 0x48) as u8),
+            };
+            set_scales(dtype, b, h, e);
         }
         w
     }
@@ -448,6 +696,7 @@ mod tests {
             let neon = dot_fn(dtype).unwrap();
             let scalar = scalar_dot_fn(dtype).unwrap();
             let qk = dtype.block_size() as usize;
+            let mut nonzero = 0;
             for nb in [1usize, 2, 3, 5, 8, 17] {
                 let n = nb * qk;
                 for trial in 0..12 {
@@ -461,36 +710,53 @@ mod tests {
                         v.to_bits(),
                         "{dtype} nb={nb} raw={raw}: {s} vs {v}"
                     );
+                    nonzero += usize::from(s != 0.0 && s.is_finite());
                 }
             }
+            assert!(nonzero > 60, "{dtype}: only {nonzero} finite nonzero dots");
         }
     }
 
     #[test]
     fn extreme_bytes_match_scalar() {
-        // All -128 / all 127 / alternating: the sign-trick wrap-around and i16 saturation.
+        // All -128 / all 127 / alternating: the sign-trick wrap-around, i16 saturation and
+        // (ternary types) wrapping, the extreme grid indices and signs.
         for dtype in TYPES {
             let neon = dot_fn(dtype).unwrap();
             let scalar = scalar_dot_fn(dtype).unwrap();
             let qk = dtype.block_size() as usize;
             let vt = lamina_core::quant::vec_dot_type(dtype).unwrap();
             let (bx, by) = (dtype.type_size() as usize, vt.type_size() as usize);
-            for (wb, yb) in [(0x80u8, 0x80u8), (0x7f, 0x80), (0x80, 0x7f), (0xff, 0x80)] {
+            let cases = [
+                (0x80u8, 0x80u8),
+                (0x7f, 0x80),
+                (0x80, 0x7f),
+                (0xff, 0x80),
+                (0x00, 0x80),
+                (0x55, 0x80),
+                (0xaa, 0x7f),
+                (0xff, 0x7f),
+            ];
+            for (wb, yb) in cases {
                 let nb = 3;
                 let mut w = vec![wb; bx * nb];
                 for b in w.chunks_exact_mut(bx) {
-                    for &o in weight_scales(dtype) {
-                        b[o..o + 2].copy_from_slice(&fp32_to_fp16(0.01).to_le_bytes());
-                    }
+                    let h = fp32_to_fp16(0.01).to_le_bytes();
+                    set_scales(
+                        dtype,
+                        b,
+                        h,
+                        [if dtype == DType::MXFP4 { 121 } else { 0x38 }; 4],
+                    );
                 }
-                let mut y = vec![yb; by * nb];
+                let n = nb * qk;
+                let mut y = vec![yb; by * (n / vt.block_size() as usize)];
                 for b in y.chunks_exact_mut(by) {
                     match vt {
                         DType::Q8_K => b[0..4].copy_from_slice(&0.02f32.to_le_bytes()),
                         _ => b[0..2].copy_from_slice(&fp32_to_fp16(0.02).to_le_bytes()),
                     }
                 }
-                let n = nb * qk;
                 let (s, v) = (scalar(n, &w, &y), neon(n, &w, &y));
                 assert_eq!(
                     s.to_bits(),
@@ -504,7 +770,11 @@ mod tests {
     #[test]
     fn short_rows_use_the_blocks_present_like_scalar() {
         let mut rng = Rng(5);
-        for dtype in TYPES {
+        // The scalar IQ4_NL and MXFP4 kernels index by `n` (they need whole rows).
+        for dtype in TYPES
+            .into_iter()
+            .filter(|t| !matches!(t, DType::IQ4_NL | DType::MXFP4))
+        {
             let qk = dtype.block_size() as usize;
             let w = weights(&mut rng, dtype, 4);
             let y = activations(&mut rng, dtype, 3 * qk, false);
