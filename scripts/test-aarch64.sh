@@ -37,7 +37,7 @@ has_target() {
     rustup "${tc_arg[@]}" target list --installed 2>/dev/null | grep -qx "$TARGET"
 }
 if ! has_target; then
-    echo "trying: rustup ${tc_arg[*]} target add $TARGET" >&2
+    echo "trying: rustup ${tc_arg[*]:+${tc_arg[*]} }target add $TARGET" >&2
     rustup "${tc_arg[@]}" target add "$TARGET" >&2 || true
 fi
 
