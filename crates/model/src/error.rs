@@ -11,6 +11,11 @@ pub enum ModelError {
     BadHParam { key: String, message: String },
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
+    #[error(
+        "this is split {no} of a model in {count} files, which Lamina cannot run in pieces yet: \
+         merge them into one file with `lamina quantize NAME-00001-of-{count:05}.gguf MERGED.gguf COPY`"
+    )]
+    SplitModel { no: u64, count: u64 },
     #[error("tensor {name:?} has shape {actual:?}, expected {expected:?}")]
     BadShape {
         name: String,

@@ -62,6 +62,16 @@ impl Model {
     /// the device `placement` gives it.
     pub fn load_placed(path: impl AsRef<Path>, placement: &Placement) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
+        // A split model's first file holds the metadata but not every tensor.
+        if let Some(count) = file.metadata.get("split.count").and_then(|v| v.as_u64())
+            && count > 1
+        {
+            let no = file.metadata.get("split.no").and_then(|v| v.as_u64());
+            return Err(ModelError::SplitModel {
+                no: no.unwrap_or(0) + 1,
+                count,
+            });
+        }
         let arch = crate::arch::load(&file)?;
         let hparams = arch.hparams().clone();
         let plan = placement.plan(hparams.n_layer as usize)?;

@@ -25,7 +25,7 @@ pub use collect::{
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use lamina_core::DType;
 use lamina_gguf::{Array, GGUF_MAGIC, Gguf, GgufError, GgufWriter, Metadata, StrArray, Value};
@@ -384,19 +384,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ImatrixError> {
         path: display(path),
         source,
     };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "imatrix.gguf".into());
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".part")
-        .tempfile_in(&dir)
-        .map_err(werr)?;
+    let mut tmp = crate::temp_output_for(path).map_err(werr)?;
     tmp.write_all(bytes).map_err(werr)?;
     tmp.flush().map_err(werr)?;
     tmp.persist(path).map_err(|e| werr(e.error))?;

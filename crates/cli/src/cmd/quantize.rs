@@ -54,7 +54,8 @@ pub struct QuantizeArgs {
     /// Remove these layers: comma-separated block indices.
     #[arg(long, value_name = "L0,L1,...")]
     pub prune_layers: Option<String>,
-    /// Write one output file per input split (SPLIT naming: OUT-00001-of-0000N.gguf).
+    /// Write one output file per input split, OUT-00001-of-0000N.gguf and so on (a split input
+    /// is read from its first file either way; without this flag the output is one file).
     #[arg(long)]
     pub keep_split: bool,
     /// Override a metadata key: KEY=TYPE:VALUE with TYPE int, float, bool or str (repeatable).
@@ -178,8 +179,9 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("invalid thread count '{n}'"))?,
         _ => bail!("too many arguments: IN.gguf [OUT.gguf] TYPE [NTHREADS]"),
     };
+    // --keep-split: the output names a prefix for PREFIX-0000i-of-0000N.gguf.
     let output = if args.keep_split {
-        split_path(&output)
+        split_prefix(&output)
     } else {
         output
     };
@@ -193,6 +195,7 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
     params.output_tensor_type = args.output_tensor_type;
     params.token_embedding_type = args.token_embedding_type;
     params.dry_run = args.dry_run;
+    params.keep_split = args.keep_split;
     for t in &args.tensor_type {
         params.tensor_types.push(parse_tensor_type_option(t)?);
     }
@@ -317,6 +320,11 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
     let report = quantize::quantize_file(&input, &output, &params, &mut on_tensor);
     bar.finish_and_clear();
     let report = report.with_context(|| format!("failed to quantize {}", input.display()))?;
+    if report.outputs.len() > 1 || args.keep_split {
+        for out in &report.outputs {
+            eprintln!("quantize: wrote {}", out.display());
+        }
+    }
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
@@ -351,11 +359,16 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// llama.cpp's split naming for `--keep-split` of a one-file model: `PREFIX-00001-of-00001.gguf`.
-fn split_path(out: &Path) -> PathBuf {
-    let s = out.to_string_lossy();
-    let prefix = s.strip_suffix(".gguf").unwrap_or(&s);
-    PathBuf::from(format!("{prefix}-00001-of-00001.gguf"))
+/// llama-quantize's prefix for `--keep-split`: the output path less its last five bytes when it
+/// holds ".gguf" anywhere (its `find` + `substr`), else the path as given.
+fn split_prefix(out: &Path) -> PathBuf {
+    match out.to_str() {
+        // Holding ".gguf" means at least five bytes.
+        Some(t) if t.contains(".gguf") && t.is_char_boundary(t.len() - 5) => {
+            PathBuf::from(&t[..t.len() - 5])
+        }
+        _ => out.to_path_buf(),
+    }
 }
 
 #[cfg(test)]
@@ -375,8 +388,10 @@ mod tests {
         assert!(parse_override("x=bool:yes").is_err());
         assert!(parse_override("x").is_err());
         assert!(parse_override("x=blob:1").is_err());
+        assert_eq!(split_prefix(Path::new("a/m.gguf")), PathBuf::from("a/m"));
+        assert_eq!(split_prefix(Path::new("a/m")), PathBuf::from("a/m"));
         assert_eq!(
-            split_path(Path::new("a/m.gguf")),
+            quantize::split_path(&split_prefix(Path::new("a/m.gguf")), 0, 1),
             PathBuf::from("a/m-00001-of-00001.gguf")
         );
         let (re, t) = parse_tensor_type_option("ATTN_V=q8_0").unwrap();

@@ -303,6 +303,7 @@ pub fn gelu_row(x: &[f32], y: &mut [f32]) {
 pub fn geglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
     let t = gelu_table();
     let n = y.len().min(x.len()).min(g.len());
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if simd_available() {

@@ -4,7 +4,11 @@
 //! `quantize.*` keys, and quantized bytes (the row quantizers are `lamina-core`'s, bit-exact
 //! with ggml's).
 //!
-//! The output is written to a temporary file next to the destination and renamed into place
+//! A split model (`PREFIX-00001-of-0000N.gguf`, as llama-gguf-split writes it) is read whole from
+//! its first file; `--keep-split` writes one output per input split, with the same tensors in
+//! each, as llama-quantize does.
+//!
+//! The output is written to temporary files next to the destination and renamed into place
 //! only when complete, so a failure never leaves a partial file behind.
 
 mod ftype;
@@ -15,7 +19,9 @@ use std::path::{Path, PathBuf};
 
 use lamina_core::DType;
 use lamina_core::quant::{self, QuantError};
-use lamina_gguf::{GgufError, GgufFile, GgufStreamWriter, Metadata, TensorHeader, Value};
+use lamina_gguf::{
+    GgufError, GgufFile, GgufStreamWriter, Metadata, TensorHeader, TensorInfo, Value,
+};
 use regex::Regex;
 
 pub use ftype::{FileType, QUANT_OPTIONS, QuantOption, parse_file_type, parse_tensor_type};
@@ -40,8 +46,19 @@ pub enum QuantizeError {
     SameFile(String),
     #[error("the model has no {0} (is this a model file?)")]
     MissingKey(String),
-    #[error("split models (split.count = {0}) are not supported yet: merge them first")]
-    SplitInput(u64),
+    #[error(
+        "invalid split file name: {0} (a split model is opened by its first file, PREFIX-00001-of-0000N.gguf)"
+    )]
+    SplitName(String),
+    #[error("split {path} is split.no {found} of {count}, expected {expected}")]
+    SplitIndex {
+        path: String,
+        found: u64,
+        expected: u64,
+        count: u64,
+    },
+    #[error("tensor {0} is in more than one split")]
+    DuplicateTensor(String),
     #[error("file type {0:?} cannot be quantized to (llama.cpp has no rules for it)")]
     UnsupportedFileType(FileType),
     #[error("no fallback type is defined for {0}")]
@@ -116,6 +133,9 @@ pub struct QuantizeParams {
     pub dry_run: bool,
     /// Per-tensor importance (mean squared activations), by tensor name.
     pub imatrix: Option<HashMap<String, Vec<f32>>>,
+    /// `--keep-split`: one output per input split, named `OUTPUT-0000i-of-0000N.gguf` (the output
+    /// path is then a prefix), tensors in file order.
+    pub keep_split: bool,
 }
 
 impl QuantizeParams {
@@ -135,6 +155,7 @@ impl QuantizeParams {
             kv_overrides: Vec::new(),
             dry_run: false,
             imatrix: None,
+            keep_split: false,
         }
     }
 }
@@ -171,6 +192,8 @@ pub struct QuantizeReport {
     pub missing_imatrix: Vec<String>,
     /// A dry run found tensors that will need an importance matrix.
     pub will_require_imatrix: bool,
+    /// The files written, in split order.
+    pub outputs: Vec<PathBuf>,
 }
 
 impl QuantizeReport {
@@ -212,6 +235,60 @@ pub fn model_facts(metadata: &Metadata) -> Result<ModelFacts, QuantizeError> {
     })
 }
 
+/// llama.cpp's `llama_split_path`: `PREFIX-%05d-of-%05d.gguf`, `split_no` from 0.
+pub fn split_path(prefix: &Path, split_no: usize, split_count: usize) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(format!("-{:05}-of-{:05}.gguf", split_no + 1, split_count));
+    PathBuf::from(s)
+}
+
+/// The files of a model: `first` alone, or, when its `split.count` is above 1, every split of
+/// it (llama.cpp's `llama_get_list_splits`), each checked to be the split its name says.
+pub fn open_splits(first: &Path) -> Result<Vec<GgufFile>, QuantizeError> {
+    let file = GgufFile::open(first)?;
+    let meta = &file.gguf().metadata;
+    let count = meta.get("split.count").and_then(Value::as_u64).unwrap_or(0);
+    if count <= 1 {
+        return Ok(vec![file]);
+    }
+    let no = meta.get("split.no").and_then(Value::as_u64).unwrap_or(0);
+    let name = first.display().to_string();
+    let index_err = |path: String, found, expected| QuantizeError::SplitIndex {
+        path,
+        found,
+        expected,
+        count,
+    };
+    if no != 0 {
+        return Err(index_err(name, no, 0));
+    }
+    // split.count is a u16 in llama.cpp; a larger one is not a real split model.
+    if count > u16::MAX as u64 {
+        return Err(QuantizeError::SplitName(name));
+    }
+    let postfix = format!("-{:05}-of-{:05}.gguf", 1, count);
+    let prefix = first
+        .to_str()
+        .and_then(|s| s.strip_suffix(&postfix))
+        .ok_or_else(|| QuantizeError::SplitName(name.clone()))?;
+    let mut files = vec![file];
+    for i in 1..count as usize {
+        let path = split_path(Path::new(prefix), i, count as usize);
+        let f = GgufFile::open(&path)?;
+        let found = f
+            .gguf()
+            .metadata
+            .get("split.no")
+            .and_then(Value::as_u64)
+            .unwrap_or(u64::MAX);
+        if found != i as u64 {
+            return Err(index_err(path.display().to_string(), found, i as u64));
+        }
+        files.push(f);
+    }
+    Ok(files)
+}
+
 /// One input tensor on its way out.
 struct Planned<'f> {
     /// The name in the output (renamed when layers are pruned).
@@ -222,6 +299,10 @@ struct Planned<'f> {
     data: &'f [u8],
     target: DType,
     requires_imatrix: bool,
+    /// The input split it comes from (and, with `--keep-split`, the output split it goes to),
+    /// and where in it.
+    split: usize,
+    offset: u64,
 }
 
 /// Quantizes `input` into `output` (see the module doc). `progress` is called after each tensor.
@@ -231,23 +312,38 @@ pub fn quantize_file(
     params: &QuantizeParams,
     progress: &mut dyn FnMut(&TensorDone<'_>),
 ) -> Result<QuantizeReport, QuantizeError> {
-    if !params.dry_run && same_file(input, output) {
-        return Err(QuantizeError::SameFile(input.display().to_string()));
+    let files = open_splits(input)?;
+    let gguf = files[0].gguf();
+    // Tensors in llama.cpp's order: its weights map's (by name), or with --keep-split, the
+    // files' (by split, then offset), sorted after the renaming of pruned layers (which
+    // numbers the kept blocks in name order).
+    let mut order: Vec<(usize, &TensorInfo)> = files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| f.gguf().tensors.iter().map(move |t| (i, t)))
+        .collect();
+    order.sort_by(|a, b| rules::weight_order(&a.1.name, &b.1.name));
+    if let Some(w) = order.windows(2).find(|w| w[0].1.name == w[1].1.name) {
+        return Err(QuantizeError::DuplicateTensor(w[0].1.name.clone()));
     }
-    let file = GgufFile::open(input)?;
-    let gguf = file.gguf();
-    if let Some(n) = gguf
-        .metadata
-        .get("split.count")
-        .and_then(Value::as_u64)
-        .filter(|&n| n > 1)
-    {
-        return Err(QuantizeError::SplitInput(n));
+    // llama.cpp guesses a missing file type from its weights map, in name order.
+    let common_type = most_common_type(order.iter().map(|(_, t)| *t));
+    let n_split = if params.keep_split { files.len() } else { 1 };
+    let outputs: Vec<PathBuf> = if params.keep_split {
+        (0..n_split)
+            .map(|i| split_path(output, i, n_split))
+            .collect()
+    } else {
+        vec![output.to_path_buf()]
+    };
+    if !params.dry_run {
+        for out in &outputs {
+            if let Some(f) = files.iter().find(|f| same_file(f.path(), out)) {
+                return Err(QuantizeError::SameFile(f.path().display().to_string()));
+            }
+        }
     }
     let facts = model_facts(&gguf.metadata)?;
-    // Tensors in llama.cpp's order.
-    let mut order: Vec<usize> = (0..gguf.tensors.len()).collect();
-    order.sort_by(|&a, &b| rules::weight_order(&gguf.tensors[a].name, &gguf.tensors[b].name));
     let mut ftype = params.ftype;
     let default_type = ftype
         .default_type()
@@ -260,7 +356,7 @@ pub fn quantize_file(
             .and_then(Value::as_u64)
         {
             Some(id) => id as u32,
-            None => FileType::guess_from(most_common_type(gguf, &order)),
+            None => FileType::guess_from(common_type),
         };
         if let Some(t) = FileType::from_id(file_type_id) {
             ftype = t;
@@ -291,8 +387,7 @@ pub fn quantize_file(
     // Renamed past pruned layers.
     let mut pruner = LayerPruner::new(&params.prune_layers);
     let mut planned = Vec::with_capacity(order.len());
-    for &i in &order {
-        let t = &gguf.tensors[i];
+    for &(split, t) in &order {
         let Some(name) = pruner.remap(&t.name) else {
             continue;
         };
@@ -303,10 +398,15 @@ pub fn quantize_file(
                 dtype: t.dtype,
                 ne: t.shape,
             },
-            data: file.tensor_data(t),
+            data: files[split].tensor_data(t),
             target: t.dtype,
             requires_imatrix: false,
+            split,
+            offset: t.offset,
         });
+    }
+    if params.keep_split {
+        planned.sort_by_key(|p| (p.split, p.offset));
     }
     if !params.prune_layers.is_empty() {
         metadata.set_last(
@@ -331,8 +431,8 @@ pub fn quantize_file(
         planned.iter().map(|p| p.name.as_str()),
     );
     let mut report = QuantizeReport {
-        n_tensors: gguf.tensors.len(),
-        n_elements: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
+        n_tensors: order.len(),
+        n_elements: order.iter().map(|(_, t)| t.n_elements()).sum(),
         ..QuantizeReport::default()
     };
     for p in &mut planned {
@@ -357,12 +457,35 @@ pub fn quantize_file(
     report.n_fallback = chooser.n_fallback;
     report.warnings = std::mem::take(&mut chooser.warnings);
 
-    let table: Vec<TensorHeader> = planned
-        .iter()
-        .map(|p| TensorHeader {
-            name: p.name.clone(),
-            dtype: p.target,
-            dims: p.shape.ne[..p.shape.n_dims()].to_vec(),
+    // One table and metadata per output: the first split has the model's metadata, the others
+    // only the split keys, as llama-quantize writes them.
+    let out_split = |p: &Planned<'_>| if params.keep_split { p.split } else { 0 };
+    let tables: Vec<Vec<TensorHeader>> = (0..n_split)
+        .map(|i| {
+            planned
+                .iter()
+                .filter(|p| out_split(p) == i)
+                .map(|p| TensorHeader {
+                    name: p.name.clone(),
+                    dtype: p.target,
+                    dims: p.shape.ne[..p.shape.n_dims()].to_vec(),
+                })
+                .collect()
+        })
+        .collect();
+    let metadatas: Vec<Metadata> = (0..n_split)
+        .map(|i| {
+            let mut m = if i == 0 {
+                metadata.clone()
+            } else {
+                Metadata::default()
+            };
+            if n_split > 1 {
+                m.set_last("split.no", Value::U16(i as u16));
+                m.set_last("split.count", Value::U16(n_split as u16));
+                m.set_last("split.tensors.count", Value::I32(planned.len() as i32));
+            }
+            m
         })
         .collect();
 
@@ -389,27 +512,30 @@ pub fn quantize_file(
         return Ok(report);
     }
 
-    let dir = match output.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let out_err = |source| QuantizeError::Output {
-        path: output.display().to_string(),
-        source,
-    };
-    let file_name = output
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out.gguf".into());
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".part")
-        .tempfile_in(&dir)
-        .map_err(out_err)?;
-    let mut stream = GgufStreamWriter::new(tmp.as_file(), &metadata, &table)?;
+    let mut tmps = Vec::with_capacity(n_split);
+    for out in &outputs {
+        let tmp = crate::temp_output_for(out).map_err(|source| QuantizeError::Output {
+            path: out.display().to_string(),
+            source,
+        })?;
+        tmps.push(tmp);
+    }
+    // Planned tensors are in split order with --keep-split, so each output is written whole
+    // before the next one starts.
+    let mut current = 0;
+    let mut stream = GgufStreamWriter::new(tmps[0].as_file(), &metadatas[0], &tables[0])?;
     let mut f32_buf: Vec<f32> = Vec::new();
     let mut out_buf: Vec<u8> = Vec::new();
     for (i, p) in planned.iter().enumerate() {
+        while out_split(p) != current {
+            stream.finish()?;
+            current += 1;
+            stream = GgufStreamWriter::new(
+                tmps[current].as_file(),
+                &metadatas[current],
+                &tables[current],
+            )?;
+        }
         let size_in = p.data.len() as u64;
         if p.target == p.shape.dtype {
             stream.write_tensor(p.data)?;
@@ -470,7 +596,30 @@ pub fn quantize_file(
         progress(&done(i, total, p, size_out, imatrix.is_some()));
     }
     stream.finish()?;
-    tmp.persist(output).map_err(|e| out_err(e.error))?;
+    while current + 1 < n_split {
+        // A split left without tensors (all pruned) is still written, as llama-quantize does.
+        current += 1;
+        GgufStreamWriter::new(
+            tmps[current].as_file(),
+            &metadatas[current],
+            &tables[current],
+        )?
+        .finish()?;
+    }
+    // Renamed only once every output is complete; if one rename fails, the ones already
+    // renamed are removed again, so nothing partial is left.
+    for (k, (tmp, out)) in tmps.into_iter().zip(&outputs).enumerate() {
+        if let Err(e) = tmp.persist(out) {
+            for done in &outputs[..k] {
+                let _ = std::fs::remove_file(done);
+            }
+            return Err(QuantizeError::Output {
+                path: out.display().to_string(),
+                source: e.error,
+            });
+        }
+    }
+    report.outputs = outputs;
     Ok(report)
 }
 
@@ -648,11 +797,11 @@ fn parallel_rows_out<E: Send>(
 
 /// The type llama.cpp's loader guesses the file type from: the first to reach the highest
 /// count, counting in tensor order.
-fn most_common_type(gguf: &lamina_gguf::Gguf, order: &[usize]) -> DType {
+fn most_common_type<'a>(tensors: impl Iterator<Item = &'a TensorInfo>) -> DType {
     let mut counts: HashMap<DType, usize> = HashMap::new();
     let mut best = (DType::F32, 0);
-    for &i in order {
-        let t = gguf.tensors[i].dtype;
+    for t in tensors {
+        let t = t.dtype;
         let n = counts.entry(t).or_default();
         *n += 1;
         if *n > best.1 {
