@@ -7,18 +7,20 @@
 #
 #   LLAMA_IMATRIX=/path/to/build-avx2/bin/llama-imatrix scripts/imatrix-reference/make.sh
 #
-# SmolLM2-135M-Instruct Q4_1 on the first 2,600 bytes of Areopagitica (../shared/reference/
-# areopagitica-short.txt), 2 chunks of -c 128, 2 threads, flash attention off (Lamina's attention
-# path is llama.cpp's standard one). The text is passed by the relative path below from the
-# workspace root, so the file's imatrix.datasets entry is that string; a Lamina run from the same
-# directory with the same arguments writes the same bytes.
+# SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M on the first 2,600 bytes of Areopagitica
+# (../shared/reference/areopagitica-short.txt), 2 chunks of -c 128, 2 threads, flash attention
+# off (Lamina's attention path is llama.cpp's standard one). The text is passed by the relative
+# path below from the workspace root, so the file's imatrix.datasets entry is that string; a
+# Lamina run from the same directory with the same arguments writes the same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${LLAMA_IMATRIX:-/tmp/lcp/build-avx2/bin/llama-imatrix}
-MODEL=${MODEL:-$HOME/.cache/lamina/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+MODELS=${LAMINA_CACHE:-$HOME/.cache/lamina}/models
 TEXT=../shared/reference/areopagitica-short.txt
 OUT=crates/tools/tests/data
-ARGS=(-m "$MODEL" -f "$TEXT" -c 128 --chunks 2 -t 2 -fa off)
-"$BIN" "${ARGS[@]}" -o "$OUT/smollm2-imatrix-c128.gguf" > /dev/null 2>&1
-"$BIN" "${ARGS[@]}" -o "$OUT/smollm2-imatrix-c128.dat" --output-format dat > /dev/null 2>&1
-sha256sum "$OUT"/smollm2-imatrix-c128.*
+ARGS=(-f "$TEXT" -c 128 --chunks 2 -t 2 -fa off)
+S=(-m "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" "${ARGS[@]}")
+"$BIN" "${S[@]}" -o "$OUT/smollm2-imatrix-c128.gguf" > /dev/null 2>&1
+"$BIN" "${S[@]}" -o "$OUT/smollm2-imatrix-c128.dat" --output-format dat > /dev/null 2>&1
+"$BIN" -m "$MODELS/gemma-3-270m-q4_k_m.gguf" "${ARGS[@]}" -o "$OUT/gemma3-imatrix-c128.gguf" > /dev/null 2>&1
+sha256sum "$OUT"/*-imatrix-c128.*

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "crates/cli/tests/data/quantize_reference.json"
 QUANTIZE = os.environ.get("LLAMA_QUANTIZE", "/tmp/lcp/build/bin/llama-quantize")
+# llama-gguf-split (cmake --build /tmp/lcp/build --target llama-gguf-split) makes the split input.
+GGUF_SPLIT = os.environ.get("LLAMA_GGUF_SPLIT", str(Path(QUANTIZE).parent / "llama-gguf-split"))
 CACHE = Path(os.environ.get("LAMINA_CACHE", Path.home() / ".cache/lamina")) / "models"
 MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -72,7 +74,14 @@ SMOLLM2_CASES = [(R + ["--imatrix", IM + ".gguf"], t) for t in [
     (R + ["--imatrix", IM + ".gguf", "--include-weights", "ffn"], "Q4_K_M"),
     (R + ["--imatrix", IM + ".gguf", "--exclude-weights", "attn_v"], "Q4_K_M"),
 ]
+# Gemma 3's own matrix (same text and arguments), the low-bit types on two layers (IQ2_XXS of
+# the whole model is checked with its perplexity, perplexity.py).
+IMG = "crates/tools/tests/data/gemma3-imatrix-c128.gguf"
 GEMMA3_CASES = [
+    (R + ["--imatrix", IMG] + prune(18), "IQ2_XXS"),
+    (R + ["--imatrix", IMG] + prune(18), "IQ2_S"),
+    (R + ["--imatrix", IMG] + prune(18), "IQ1_M"),
+    (R + ["--imatrix", IMG], "Q4_K_M"),
     # IQ3 types need no importance matrix.
     (R + prune(18), "IQ3_S"),
     (R + prune(18), "IQ3_XXS"),
@@ -83,8 +92,56 @@ GEMMA3_CASES = [
 ]
 
 
+# Split models: SmolLM2 cut by llama-gguf-split into files of at most 100 tensors, quantized
+# from its first file into one file, or with --keep-split into as many; and --keep-split of the
+# one-file model (PREFIX-00001-of-00001.gguf). The test makes the same split files itself and
+# checks them against "inputs" first.
+SPLIT_MAX_TENSORS = 100
+SPLIT_CASES = [
+    ("split", R + ["--keep-split"], "Q4_0"),
+    ("split", R, "Q4_K_M"),
+    ("split", R + ["--keep-split", "--prune-layers", "0,29"], "Q8_0"),
+    # COPY merges the splits into one file (what Lamina's loader asks for).
+    ("split", [], "COPY"),
+    ("one", R + ["--keep-split"], "Q4_K_M"),
+]
+
+
+def split_reference(tmp):
+    model = CACHE / MODELS["smollm2-135m"]
+    src = Path(tmp) / "split"
+    subprocess.run([GGUF_SPLIT, "--split", "--split-max-tensors", str(SPLIT_MAX_TENSORS),
+                    str(model), str(src)], check=True, capture_output=True)
+    inputs = sorted(Path(tmp).glob("split-*-of-*.gguf"))
+    ref = {
+        "model": "smollm2-135m",
+        "split_max_tensors": SPLIT_MAX_TENSORS,
+        "inputs": [{"name": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                   for p in inputs],
+        "cases": [],
+    }
+    for source, flags, qtype in SPLIT_CASES:
+        out_dir = Path(tmp) / "out"
+        out_dir.mkdir()
+        inp = inputs[0] if source == "split" else model
+        p = subprocess.run([QUANTIZE, *flags, str(inp), str(out_dir / "q.gguf"), qtype, "2"],
+                           capture_output=True, cwd=ROOT)
+        outs = sorted(out_dir.iterdir())
+        ref["cases"].append({
+            "input": source, "args": flags + [qtype], "status": p.returncode,
+            "outputs": [{"name": o.name, "sha256": hashlib.sha256(o.read_bytes()).hexdigest()}
+                        for o in outs],
+        })
+        print("split", source, " ".join(flags + [qtype]), p.returncode, [o.name for o in outs])
+        for o in outs:
+            o.unlink()
+        out_dir.rmdir()
+    return ref
+
+
 def main():
-    # ONLY=--imatrix: recompute only the cases whose flags contain that, keep the others.
+    # ONLY=--imatrix: recompute only the cases whose flags contain that (an argument, e.g. a
+    # matrix's path), keep the others.
     only = os.environ.get("ONLY")
     old = {}
     if only and OUT.exists():
@@ -113,10 +170,12 @@ def main():
                     case["size"] = len(data)
                 cases.append(case)
                 print(model, " ".join(case["args"]), case["status"], case.get("sha256", "")[:16])
+        split = split_reference(tmp)
     ref = {
         "generator": "scripts/quantize-reference/make.py (then perplexity.py)",
         "llama.cpp": "0c1e570 (llama-cpp-python 0.3.36 sdist), GGML_NATIVE=ON",
         "cases": cases,
+        "split": split,
     }
     if OUT.exists() and "perplexity" in json.loads(OUT.read_text()):
         ref["perplexity"] = json.loads(OUT.read_text())["perplexity"]

@@ -1,7 +1,7 @@
-//! `lamina imatrix` against llama.cpp's llama-imatrix: SmolLM2 on the first 2,600 bytes of
-//! Areopagitica, 2 chunks of -c 128, flash attention off (the reference file
-//! crates/tools/tests/data/smollm2-imatrix-c128.gguf, made by scripts/imatrix-reference/make.sh
-//! with the same arguments from the workspace root). Every sum and count must be llama.cpp's,
+//! `lamina imatrix` against llama.cpp's llama-imatrix: SmolLM2 and Gemma 3 on the first 2,600
+//! bytes of Areopagitica, 2 chunks of -c 128, flash attention off (the reference files
+//! crates/tools/tests/data/{smollm2,gemma3}-imatrix-c128.gguf, made by
+//! scripts/imatrix-reference/make.sh with the same arguments from the workspace root). Every sum and count must be llama.cpp's,
 //! bit for bit, and so the whole file byte for byte.
 
 use std::path::Path;
@@ -14,7 +14,16 @@ const TEXT: &str = "../shared/reference/areopagitica-short.txt";
 
 #[test]
 fn imatrix_of_smollm2_is_llama_imatrix_s() {
-    let Some(model) = model_for_test("smollm2-135m") else {
+    check_imatrix("smollm2-135m", "smollm2-imatrix-c128.gguf");
+}
+
+#[test]
+fn imatrix_of_gemma3_is_llama_imatrix_s() {
+    check_imatrix("gemma3-270m", "gemma3-imatrix-c128.gguf");
+}
+
+fn check_imatrix(model_name: &str, reference: &str) {
+    let Some(model) = model_for_test(model_name) else {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -41,7 +50,7 @@ fn imatrix_of_smollm2_is_llama_imatrix_s() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("[1]"), "no perplexity progress: {stdout}");
 
-    let reference = root.join("crates/tools/tests/data/smollm2-imatrix-c128.gguf");
+    let reference = root.join("crates/tools/tests/data").join(reference);
     let ours = Imatrix::load(&out).unwrap();
     let theirs = Imatrix::load(&reference).unwrap();
     assert_eq!(ours.chunk_count, theirs.chunk_count);
