@@ -5,7 +5,9 @@
 //! Differences, all on input llama.cpp mishandles: `{m,n}` with `n < m` is an error
 //! (llama.cpp loops), nesting of groups is bounded (llama.cpp recurses without bound),
 //! and the left-recursion check visits each rule once (llama.cpp's can take
-//! exponential time on shared sub-rules).
+//! exponential time on shared sub-rules). One more on input llama.cpp runs
+//! exponentially slowly: `*`, `+` and `?` stacked on one symbol (`X+++*`) make the one
+//! repetition they mean (`X*`) rather than a rule each, the same language.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -53,6 +55,14 @@ impl Element {
             Element::Char(_) | Element::CharNot(_) | Element::CharAny
         )
     }
+}
+
+/// `*`, `+` or `?`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rep {
+    Star,
+    Plus,
+    Opt,
 }
 
 /// A rule: alternatives separated by `Alt`, ended by `End`.
@@ -337,7 +347,7 @@ impl<'a> Parser<'a> {
         n_prev_rules: &mut u64,
         min_times: u64,
         max_times: Option<u64>,
-    ) -> PResult<()> {
+    ) -> PResult<u32> {
         if last_sym_start == rule.len() {
             return self.err(pos, "expecting preceding item to */+/?/{");
         }
@@ -392,7 +402,40 @@ impl<'a> Parser<'a> {
             rule.push(Element::RuleRef(last_rec_rule_id));
         }
         *n_prev_rules *= total_rules;
-        Ok(())
+        Ok(last_rec_rule_id)
+    }
+
+    /// `*`, `+` or `?` after a symbol that already carries one of them (`last`: the
+    /// operator and the rule it generated). The two nest to one of the three
+    /// (`X++` is `X+`; `X+*`, `X*+`, `X?*`, `X+?`, ... are `X*`; `X??` is `X?`), so the
+    /// nesting is rewritten to that one rather than generating a rule per operator:
+    /// nested repetitions of one symbol are ambiguous, and the matcher's stacks for
+    /// them grow exponentially with the text. No grammar of llama.cpp's tests has them;
+    /// the language is the same. Returns the operator the symbol now carries.
+    fn nest_repetition(
+        &mut self,
+        rule: &mut Rule,
+        last_sym_start: usize,
+        last: (Rep, u32),
+        op: Rep,
+    ) -> (Rep, u32) {
+        let (inner, id) = last;
+        match (inner, op) {
+            (Rep::Star, _) | (Rep::Plus, Rep::Plus) | (Rep::Opt, Rep::Opt) => last,
+            // `X+` is `X r` with `r ::= X r | ε`, and `r` is `X*`.
+            (Rep::Plus, _) => {
+                rule.truncate(last_sym_start);
+                rule.push(Element::RuleRef(id));
+                (Rep::Star, id)
+            }
+            // `X?` is `r` with `r ::= X | ε`; `r ::= X r | ε` is `X*`.
+            (Rep::Opt, _) => {
+                let r = &mut self.rules[id as usize];
+                let at = r.len() - 2;
+                r.insert(at, Element::RuleRef(id));
+                (Rep::Star, id)
+            }
+        }
     }
 
     fn parse_sequence(
@@ -405,10 +448,15 @@ impl<'a> Parser<'a> {
         let mut last_sym_start = rule.len();
         let mut pos = src;
         let mut n_prev_rules: u64 = 1;
+        // The `*`/`+`/`?` the last symbol carries, with the rule it generated.
+        let mut last_rep: Option<(Rep, u32)> = None;
         loop {
             let c = self.at(pos);
             if c == 0 {
                 break;
+            }
+            if !matches!(c, b'*' | b'+' | b'?' | b'{') {
+                last_rep = None;
             }
             if c == b'"' {
                 pos += 1;
@@ -500,20 +548,26 @@ impl<'a> Parser<'a> {
             } else if c == b'*' || c == b'+' || c == b'?' {
                 let op = pos;
                 pos = self.parse_space(pos + 1, is_nested);
-                let (min, max) = match c {
-                    b'*' => (0, None),
-                    b'+' => (1, None),
-                    _ => (0, Some(1)),
+                let (rep, min, max) = match c {
+                    b'*' => (Rep::Star, 0, None),
+                    b'+' => (Rep::Plus, 1, None),
+                    _ => (Rep::Opt, 0, Some(1)),
                 };
-                self.handle_repetitions(
-                    op,
-                    rule_name,
-                    rule,
-                    last_sym_start,
-                    &mut n_prev_rules,
-                    min,
-                    max,
-                )?;
+                last_rep = Some(match last_rep {
+                    Some(last) => self.nest_repetition(rule, last_sym_start, last, rep),
+                    None => {
+                        let id = self.handle_repetitions(
+                            op,
+                            rule_name,
+                            rule,
+                            last_sym_start,
+                            &mut n_prev_rules,
+                            min,
+                            max,
+                        )?;
+                        (rep, id)
+                    }
+                });
             } else if c == b'{' {
                 let op = pos;
                 pos = self.parse_space(pos + 1, is_nested);
@@ -551,6 +605,7 @@ impl<'a> Parser<'a> {
                 if max_times.is_some_and(|m| m > MAX_REPETITION_THRESHOLD) {
                     max_times = None;
                 }
+                last_rep = None;
                 self.handle_repetitions(
                     op,
                     rule_name,
