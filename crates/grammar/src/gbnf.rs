@@ -7,7 +7,10 @@
 //! and the left-recursion check visits each rule once (llama.cpp's can take
 //! exponential time on shared sub-rules). One more on input llama.cpp runs
 //! exponentially slowly: `*`, `+` and `?` stacked on one symbol (`X+++*`) make the one
-//! repetition they mean (`X*`) rather than a rule each, the same language.
+//! repetition they mean (`X*`) rather than a rule each, the same language. And left
+//! recursion through a rule that derives the empty text without an empty alternative
+//! (`term ::= ws expr ")"` with `ws ::= [ ]*`), on which llama.cpp's matcher recurses
+//! without end, is refused as left recursion.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -697,7 +700,10 @@ impl Grammar {
             symbol_ids: p.symbol_ids,
             root: root_id,
         };
-        if let Some(r) = g.left_recursive_rule() {
+        if let Some(r) = g
+            .left_recursive_rule()
+            .or_else(|| g.growing_left_recursion())
+        {
             return Err(GrammarError::LeftRecursion(g.name_of(r)));
         }
         if !g.productive()[g.root as usize] {
@@ -764,6 +770,137 @@ impl Grammar {
             }
         }
         productive
+    }
+
+    /// Which rules derive the empty text: the worklist fixpoint of [`Grammar::productive`]
+    /// with terminals blocking an alternative.
+    fn nullable(&self) -> Vec<bool> {
+        let n = self.rules.len();
+        let mut alt_rule = Vec::new();
+        let mut pending = Vec::new();
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (r, rule) in self.rules.iter().enumerate() {
+            let mut count = 0usize;
+            for e in rule {
+                match *e {
+                    Element::RuleRef(c) => {
+                        count += 1;
+                        users[c as usize].push(alt_rule.len());
+                    }
+                    e if e.is_end_of_sequence() => {
+                        alt_rule.push(r);
+                        pending.push(count);
+                        count = 0;
+                    }
+                    // A terminal: this alternative never derives the empty text.
+                    _ => count = usize::MAX / 2,
+                }
+            }
+        }
+        let mut nullable = vec![false; n];
+        let mut work: Vec<usize> = Vec::new();
+        for (alt, &c) in pending.iter().enumerate() {
+            let r = alt_rule[alt];
+            if c == 0 && !nullable[r] {
+                nullable[r] = true;
+                work.push(r);
+            }
+        }
+        while let Some(r) = work.pop() {
+            for &alt in &users[r] {
+                pending[alt] -= 1;
+                let owner = alt_rule[alt];
+                if pending[alt] == 0 && !nullable[owner] {
+                    nullable[owner] = true;
+                    work.push(owner);
+                }
+            }
+        }
+        nullable
+    }
+
+    /// Left recursion the stacks grow on without end, which llama.cpp's check misses:
+    /// through a rule that derives the empty text without an empty alternative
+    /// (`ws ::= [ ]*` is `ws ::= ws_N`), as in `term ::= ws expr ")"`, `expr ::= term`.
+    /// llama.cpp's matcher recurses without end on these. It is a cycle of leftmost
+    /// references (past rules that derive the empty text) with a reference that has
+    /// something after it (each turn pushes that continuation); a cycle of references
+    /// in last position only (`r ::= ( [x]* ) r`) pops back to the same stack and is
+    /// fine. Kosaraju's strongly connected components, iteratively.
+    fn growing_left_recursion(&self) -> Option<u32> {
+        let n = self.rules.len();
+        let nullable = self.nullable();
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut pushing: Vec<(usize, usize)> = Vec::new();
+        for (r, rule) in self.rules.iter().enumerate() {
+            let mut leftmost = true;
+            for (i, e) in rule.iter().enumerate() {
+                match *e {
+                    Element::RuleRef(c) if leftmost => {
+                        let c = c as usize;
+                        adj[r].push(c);
+                        if !rule.get(i + 1).is_none_or(|e| e.is_end_of_sequence()) {
+                            pushing.push((r, c));
+                        }
+                        leftmost = nullable[c];
+                    }
+                    e if e.is_end_of_sequence() => leftmost = true,
+                    _ => leftmost = false,
+                }
+            }
+        }
+        if pushing.is_empty() {
+            return None;
+        }
+        // Finish order of a depth-first search over `adj`.
+        let mut order = Vec::with_capacity(n);
+        let mut visited = vec![false; n];
+        for start in 0..n {
+            if visited[start] {
+                continue;
+            }
+            visited[start] = true;
+            let mut frames = vec![(start, 0usize)];
+            while let Some((u, i)) = frames.last_mut() {
+                if let Some(&v) = adj[*u].get(*i) {
+                    *i += 1;
+                    if !visited[v] {
+                        visited[v] = true;
+                        frames.push((v, 0));
+                    }
+                } else {
+                    order.push(*u);
+                    frames.pop();
+                }
+            }
+        }
+        // Components: searches of the reversed graph in reverse finish order.
+        let mut radj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (u, vs) in adj.iter().enumerate() {
+            for &v in vs {
+                radj[v].push(u);
+            }
+        }
+        let mut comp = vec![usize::MAX; n];
+        for (k, &start) in order.iter().rev().enumerate() {
+            if comp[start] != usize::MAX {
+                continue;
+            }
+            comp[start] = k;
+            let mut todo = vec![start];
+            while let Some(u) = todo.pop() {
+                for &v in &radj[u] {
+                    if comp[v] == usize::MAX {
+                        comp[v] = k;
+                        todo.push(v);
+                    }
+                }
+            }
+        }
+        pushing
+            .into_iter()
+            .find(|&(u, v)| comp[u] == comp[v])
+            .map(|(_, v)| v as u32)
     }
 
     /// llama.cpp's `llama_grammar_detect_left_recursion` over all rules, as an

@@ -65,8 +65,9 @@ pub enum MatchError {
     /// such as `((x)+)+` or `(x | x)+` have exponentially many.
     #[error("grammar too ambiguous: more than {0} parse stacks")]
     TooManyStacks(usize),
-    /// One token took more stack steps than the matcher allows itself.
-    #[error("grammar too ambiguous: more than {0} parse-stack steps for one token")]
+    /// One call (a token) took more stack steps than [`MAX_WORK`], or the generation
+    /// since the start more than [`MAX_TOTAL_WORK`] (the number is the limit hit).
+    #[error("grammar too ambiguous: more than {0} parse-stack steps")]
     TooMuchWork(u64),
 }
 
@@ -75,6 +76,10 @@ pub enum MatchError {
 pub const MAX_STACKS: usize = 1 << 14;
 /// The most stack steps (`advance` visits) one call of [`Matcher`] may take.
 pub const MAX_WORK: u64 = 1 << 22;
+/// The most stack steps a matcher may take from its start (or [`Matcher::reset`]), so
+/// that a grammar just under [`MAX_WORK`] per token cannot hold a generation for long.
+/// Real grammars take tens to thousands per token, most tokens none (memoized).
+pub const MAX_TOTAL_WORK: u64 = 1 << 26;
 
 /// A character class as llama.cpp walks it from its first element.
 #[derive(Clone, Debug)]
@@ -275,6 +280,8 @@ struct Machine {
     /// [`MAX_STACKS`]) the machine stops: `overflow` says why, every step is dead and
     /// nothing computed since is cached, until [`Matcher::reset`].
     work: u64,
+    /// Stack steps since the start or the last reset, against [`MAX_TOTAL_WORK`].
+    total_work: u64,
     overflow: Option<MatchError>,
 }
 
@@ -295,6 +302,7 @@ impl Machine {
             seen: FxMap::default(),
             in_out: FxMap::default(),
             work: 0,
+            total_work: 0,
             overflow: None,
         };
         m.n_intervals = n_intervals;
@@ -333,8 +341,13 @@ impl Machine {
                 continue;
             }
             self.work += 1;
+            self.total_work += 1;
             if self.work > MAX_WORK {
                 self.overflow = Some(MatchError::TooMuchWork(MAX_WORK));
+                return;
+            }
+            if self.total_work > MAX_TOTAL_WORK {
+                self.overflow = Some(MatchError::TooMuchWork(MAX_TOTAL_WORK));
                 return;
             }
             if s == EMPTY_STACK || s == TRUNC {
@@ -729,6 +742,7 @@ impl Matcher {
         // Nothing computed during an overflow was kept, so the interned state is sound.
         self.m.overflow = None;
         self.m.work = 0;
+        self.m.total_work = 0;
         self.cur = self.m.start(self.root);
         self.partial = Partial::NONE;
     }
@@ -1228,6 +1242,7 @@ impl Matcher {
         );
         let mut m = Machine::new(prog);
         m.overflow = self.m.overflow.take();
+        m.total_work = self.m.total_work;
         let ids: Vec<u32> = stacks
             .iter()
             .map(|elems| elems.iter().fold(EMPTY_STACK, |s, &pos| m.push(s, pos)))

@@ -220,3 +220,31 @@ fn too_many_start_stacks_refused_at_compile() {
     m.accept_str("v9999").unwrap();
     assert!(m.is_finished());
 }
+
+/// Left recursion through a rule that derives the empty text without an empty
+/// alternative (`ws ::= [ ]*` is `ws ::= ws_N`): llama.cpp's check misses it and its
+/// matcher recurses without end; the fuzzer's inputs of this shape (found after the
+/// fix above) took over 10 s in `Matcher::new` under ASan, each step pushing a deeper
+/// stack. They are refused as left-recursive at parse time.
+#[test]
+fn left_recursion_through_a_nullable_rule_is_refused() {
+    for src in [
+        include_str!("data/slow/timeout-9f0d774ce83d668832e7dd6329af474c258d7ea6.gbnf"),
+        include_str!("data/slow/slow-unit-31580bfb91bd463304ccb6620799ae70c2a8abd5.gbnf"),
+        "root ::= term\nterm ::= ws term \"a\" | \"b\"\nws ::= [ ]*\n",
+        "root ::= x \"a\"\nx ::= e e root | \"b\"\ne ::= f\nf ::= \"c\"?\n",
+    ] {
+        assert!(
+            matches!(
+                Grammar::parse(src, "root", None),
+                Err(lamina_grammar::GrammarError::LeftRecursion(_))
+            ),
+            "{src}"
+        );
+    }
+    // A nullable prefix without a cycle is fine.
+    let g = parse("root ::= ws term ws\nterm ::= ws \"a\" | \"(\" ws root \")\"\nws ::= [ ]*\n");
+    let mut m = Matcher::new(&g, vocab());
+    m.accept_str("  ( a ) ").unwrap();
+    assert!(m.is_accepting());
+}
