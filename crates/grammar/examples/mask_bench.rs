@@ -96,7 +96,7 @@ fn main() {
             fresh.clear_caches();
             vocab.clear_shared_masks();
             let t1 = Instant::now();
-            fresh.fill_mask(&mut mask);
+            fresh.fill_mask(&mut mask).unwrap();
             cold.push(t1.elapsed().as_secs_f64() * 1e6);
         }
         vocab.clear_shared_masks();
@@ -106,11 +106,11 @@ fn main() {
         for (i, &t) in tokens.iter().enumerate() {
             let t1 = Instant::now();
             if !m.is_allowed(t) {
-                m.fill_mask(&mut mask);
+                m.fill_mask(&mut mask).unwrap();
             }
             step.push(t1.elapsed().as_secs_f64() * 1e6);
             let t1 = Instant::now();
-            warm.fill_mask(&mut mask);
+            warm.fill_mask(&mut mask).unwrap();
             masked.push(t1.elapsed().as_secs_f64() * 1e6);
             assert!(mask[t as usize / 64] >> (t % 64) & 1 == 1, "step {i}");
             m.accept(t).unwrap();
@@ -120,7 +120,7 @@ fn main() {
         let mut again = Matcher::new(&g, Arc::clone(&vocab));
         for &t in &tokens {
             let t1 = Instant::now();
-            again.fill_mask(&mut mask);
+            again.fill_mask(&mut mask).unwrap();
             rerun.push(t1.elapsed().as_secs_f64() * 1e6);
             again.accept(t).unwrap();
         }

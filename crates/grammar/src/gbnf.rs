@@ -5,7 +5,12 @@
 //! Differences, all on input llama.cpp mishandles: `{m,n}` with `n < m` is an error
 //! (llama.cpp loops), nesting of groups is bounded (llama.cpp recurses without bound),
 //! and the left-recursion check visits each rule once (llama.cpp's can take
-//! exponential time on shared sub-rules).
+//! exponential time on shared sub-rules). One more on input llama.cpp runs
+//! exponentially slowly: `*`, `+` and `?` stacked on one symbol (`X+++*`) make the one
+//! repetition they mean (`X*`) rather than a rule each, the same language. And left
+//! recursion through a rule that derives the empty text without an empty alternative
+//! (`term ::= ws expr ")"` with `ws ::= [ ]*`), on which llama.cpp's matcher recurses
+//! without end, is refused as left recursion.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -53,6 +58,14 @@ impl Element {
             Element::Char(_) | Element::CharNot(_) | Element::CharAny
         )
     }
+}
+
+/// `*`, `+` or `?`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rep {
+    Star,
+    Plus,
+    Opt,
 }
 
 /// A rule: alternatives separated by `Alt`, ended by `End`.
@@ -337,7 +350,7 @@ impl<'a> Parser<'a> {
         n_prev_rules: &mut u64,
         min_times: u64,
         max_times: Option<u64>,
-    ) -> PResult<()> {
+    ) -> PResult<u32> {
         if last_sym_start == rule.len() {
             return self.err(pos, "expecting preceding item to */+/?/{");
         }
@@ -392,7 +405,40 @@ impl<'a> Parser<'a> {
             rule.push(Element::RuleRef(last_rec_rule_id));
         }
         *n_prev_rules *= total_rules;
-        Ok(())
+        Ok(last_rec_rule_id)
+    }
+
+    /// `*`, `+` or `?` after a symbol that already carries one of them (`last`: the
+    /// operator and the rule it generated). The two nest to one of the three
+    /// (`X++` is `X+`; `X+*`, `X*+`, `X?*`, `X+?`, ... are `X*`; `X??` is `X?`), so the
+    /// nesting is rewritten to that one rather than generating a rule per operator:
+    /// nested repetitions of one symbol are ambiguous, and the matcher's stacks for
+    /// them grow exponentially with the text. No grammar of llama.cpp's tests has them;
+    /// the language is the same. Returns the operator the symbol now carries.
+    fn nest_repetition(
+        &mut self,
+        rule: &mut Rule,
+        last_sym_start: usize,
+        last: (Rep, u32),
+        op: Rep,
+    ) -> (Rep, u32) {
+        let (inner, id) = last;
+        match (inner, op) {
+            (Rep::Star, _) | (Rep::Plus, Rep::Plus) | (Rep::Opt, Rep::Opt) => last,
+            // `X+` is `X r` with `r ::= X r | ε`, and `r` is `X*`.
+            (Rep::Plus, _) => {
+                rule.truncate(last_sym_start);
+                rule.push(Element::RuleRef(id));
+                (Rep::Star, id)
+            }
+            // `X?` is `r` with `r ::= X | ε`; `r ::= X r | ε` is `X*`.
+            (Rep::Opt, _) => {
+                let r = &mut self.rules[id as usize];
+                let at = r.len() - 2;
+                r.insert(at, Element::RuleRef(id));
+                (Rep::Star, id)
+            }
+        }
     }
 
     fn parse_sequence(
@@ -405,10 +451,15 @@ impl<'a> Parser<'a> {
         let mut last_sym_start = rule.len();
         let mut pos = src;
         let mut n_prev_rules: u64 = 1;
+        // The `*`/`+`/`?` the last symbol carries, with the rule it generated.
+        let mut last_rep: Option<(Rep, u32)> = None;
         loop {
             let c = self.at(pos);
             if c == 0 {
                 break;
+            }
+            if !matches!(c, b'*' | b'+' | b'?' | b'{') {
+                last_rep = None;
             }
             if c == b'"' {
                 pos += 1;
@@ -500,20 +551,26 @@ impl<'a> Parser<'a> {
             } else if c == b'*' || c == b'+' || c == b'?' {
                 let op = pos;
                 pos = self.parse_space(pos + 1, is_nested);
-                let (min, max) = match c {
-                    b'*' => (0, None),
-                    b'+' => (1, None),
-                    _ => (0, Some(1)),
+                let (rep, min, max) = match c {
+                    b'*' => (Rep::Star, 0, None),
+                    b'+' => (Rep::Plus, 1, None),
+                    _ => (Rep::Opt, 0, Some(1)),
                 };
-                self.handle_repetitions(
-                    op,
-                    rule_name,
-                    rule,
-                    last_sym_start,
-                    &mut n_prev_rules,
-                    min,
-                    max,
-                )?;
+                last_rep = Some(match last_rep {
+                    Some(last) => self.nest_repetition(rule, last_sym_start, last, rep),
+                    None => {
+                        let id = self.handle_repetitions(
+                            op,
+                            rule_name,
+                            rule,
+                            last_sym_start,
+                            &mut n_prev_rules,
+                            min,
+                            max,
+                        )?;
+                        (rep, id)
+                    }
+                });
             } else if c == b'{' {
                 let op = pos;
                 pos = self.parse_space(pos + 1, is_nested);
@@ -551,6 +608,7 @@ impl<'a> Parser<'a> {
                 if max_times.is_some_and(|m| m > MAX_REPETITION_THRESHOLD) {
                     max_times = None;
                 }
+                last_rep = None;
                 self.handle_repetitions(
                     op,
                     rule_name,
@@ -642,7 +700,10 @@ impl Grammar {
             symbol_ids: p.symbol_ids,
             root: root_id,
         };
-        if let Some(r) = g.left_recursive_rule() {
+        if let Some(r) = g
+            .left_recursive_rule()
+            .or_else(|| g.growing_left_recursion())
+        {
             return Err(GrammarError::LeftRecursion(g.name_of(r)));
         }
         if !g.productive()[g.root as usize] {
@@ -709,6 +770,137 @@ impl Grammar {
             }
         }
         productive
+    }
+
+    /// Which rules derive the empty text: the worklist fixpoint of [`Grammar::productive`]
+    /// with terminals blocking an alternative.
+    fn nullable(&self) -> Vec<bool> {
+        let n = self.rules.len();
+        let mut alt_rule = Vec::new();
+        let mut pending = Vec::new();
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (r, rule) in self.rules.iter().enumerate() {
+            let mut count = 0usize;
+            for e in rule {
+                match *e {
+                    Element::RuleRef(c) => {
+                        count += 1;
+                        users[c as usize].push(alt_rule.len());
+                    }
+                    e if e.is_end_of_sequence() => {
+                        alt_rule.push(r);
+                        pending.push(count);
+                        count = 0;
+                    }
+                    // A terminal: this alternative never derives the empty text.
+                    _ => count = usize::MAX / 2,
+                }
+            }
+        }
+        let mut nullable = vec![false; n];
+        let mut work: Vec<usize> = Vec::new();
+        for (alt, &c) in pending.iter().enumerate() {
+            let r = alt_rule[alt];
+            if c == 0 && !nullable[r] {
+                nullable[r] = true;
+                work.push(r);
+            }
+        }
+        while let Some(r) = work.pop() {
+            for &alt in &users[r] {
+                pending[alt] -= 1;
+                let owner = alt_rule[alt];
+                if pending[alt] == 0 && !nullable[owner] {
+                    nullable[owner] = true;
+                    work.push(owner);
+                }
+            }
+        }
+        nullable
+    }
+
+    /// Left recursion the stacks grow on without end, which llama.cpp's check misses:
+    /// through a rule that derives the empty text without an empty alternative
+    /// (`ws ::= [ ]*` is `ws ::= ws_N`), as in `term ::= ws expr ")"`, `expr ::= term`.
+    /// llama.cpp's matcher recurses without end on these. It is a cycle of leftmost
+    /// references (past rules that derive the empty text) with a reference that has
+    /// something after it (each turn pushes that continuation); a cycle of references
+    /// in last position only (`r ::= ( [x]* ) r`) pops back to the same stack and is
+    /// fine. Kosaraju's strongly connected components, iteratively.
+    fn growing_left_recursion(&self) -> Option<u32> {
+        let n = self.rules.len();
+        let nullable = self.nullable();
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut pushing: Vec<(usize, usize)> = Vec::new();
+        for (r, rule) in self.rules.iter().enumerate() {
+            let mut leftmost = true;
+            for (i, e) in rule.iter().enumerate() {
+                match *e {
+                    Element::RuleRef(c) if leftmost => {
+                        let c = c as usize;
+                        adj[r].push(c);
+                        if !rule.get(i + 1).is_none_or(|e| e.is_end_of_sequence()) {
+                            pushing.push((r, c));
+                        }
+                        leftmost = nullable[c];
+                    }
+                    e if e.is_end_of_sequence() => leftmost = true,
+                    _ => leftmost = false,
+                }
+            }
+        }
+        if pushing.is_empty() {
+            return None;
+        }
+        // Finish order of a depth-first search over `adj`.
+        let mut order = Vec::with_capacity(n);
+        let mut visited = vec![false; n];
+        for start in 0..n {
+            if visited[start] {
+                continue;
+            }
+            visited[start] = true;
+            let mut frames = vec![(start, 0usize)];
+            while let Some((u, i)) = frames.last_mut() {
+                if let Some(&v) = adj[*u].get(*i) {
+                    *i += 1;
+                    if !visited[v] {
+                        visited[v] = true;
+                        frames.push((v, 0));
+                    }
+                } else {
+                    order.push(*u);
+                    frames.pop();
+                }
+            }
+        }
+        // Components: searches of the reversed graph in reverse finish order.
+        let mut radj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (u, vs) in adj.iter().enumerate() {
+            for &v in vs {
+                radj[v].push(u);
+            }
+        }
+        let mut comp = vec![usize::MAX; n];
+        for (k, &start) in order.iter().rev().enumerate() {
+            if comp[start] != usize::MAX {
+                continue;
+            }
+            comp[start] = k;
+            let mut todo = vec![start];
+            while let Some(u) = todo.pop() {
+                for &v in &radj[u] {
+                    if comp[v] == usize::MAX {
+                        comp[v] = k;
+                        todo.push(v);
+                    }
+                }
+            }
+        }
+        pushing
+            .into_iter()
+            .find(|&(u, v)| comp[u] == comp[v])
+            .map(|(_, v)| v as u32)
     }
 
     /// llama.cpp's `llama_grammar_detect_left_recursion` over all rules, as an

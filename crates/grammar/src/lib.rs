@@ -14,6 +14,6 @@ mod utf8;
 mod vocab;
 
 pub use gbnf::{Element, Grammar, GrammarError};
-pub use matcher::{MatchError, Matcher};
+pub use matcher::{MAX_STACKS, MAX_TOTAL_WORK, MAX_WORK, MatchError, Matcher};
 pub use utf8::Partial;
 pub use vocab::TokenIndex;

@@ -61,7 +61,25 @@ pub enum MatchError {
     EndNotAllowed,
     #[error("the grammar cannot be compiled: {0}")]
     Compile(String),
+    /// The text so far has more parses than the matcher follows: nested repetitions
+    /// such as `((x)+)+` or `(x | x)+` have exponentially many.
+    #[error("grammar too ambiguous: more than {0} parse stacks")]
+    TooManyStacks(usize),
+    /// One call (a token) took more stack steps than [`MAX_WORK`], or the generation
+    /// since the start more than [`MAX_TOTAL_WORK`] (the number is the limit hit).
+    #[error("grammar too ambiguous: more than {0} parse-stack steps")]
+    TooMuchWork(u64),
 }
+
+/// The most parse stacks one set may hold: well above what real grammars reach (a
+/// JSON schema's grammar has tens), far below what makes one step take seconds.
+pub const MAX_STACKS: usize = 1 << 14;
+/// The most stack steps (`advance` visits) one call of [`Matcher`] may take.
+pub const MAX_WORK: u64 = 1 << 22;
+/// The most stack steps a matcher may take from its start (or [`Matcher::reset`]), so
+/// that a grammar just under [`MAX_WORK`] per token cannot hold a generation for long.
+/// Real grammars take tens to thousands per token, most tokens none (memoized).
+pub const MAX_TOTAL_WORK: u64 = 1 << 26;
 
 /// A character class as llama.cpp walks it from its first element.
 #[derive(Clone, Debug)]
@@ -256,6 +274,15 @@ struct Machine {
     // Scratch for `advance`.
     todo: Vec<u32>,
     seen: FxMap<u32, ()>,
+    /// The stacks already in the `out` being built (cleared with [`Machine::new_out`]).
+    in_out: FxMap<u32, ()>,
+    /// Stack steps taken in the current call; past [`MAX_WORK`] (or a set past
+    /// [`MAX_STACKS`]) the machine stops: `overflow` says why, every step is dead and
+    /// nothing computed since is cached, until [`Matcher::reset`].
+    work: u64,
+    /// Stack steps since the start or the last reset, against [`MAX_TOTAL_WORK`].
+    total_work: u64,
+    overflow: Option<MatchError>,
 }
 
 impl Machine {
@@ -273,6 +300,10 @@ impl Machine {
             has_tokens: Vec::new(),
             todo: Vec::new(),
             seen: FxMap::default(),
+            in_out: FxMap::default(),
+            work: 0,
+            total_work: 0,
+            overflow: None,
         };
         m.n_intervals = n_intervals;
         m.intern_set(Vec::new());
@@ -292,8 +323,15 @@ impl Machine {
         self.nodes[stack as usize]
     }
 
+    /// Starts a new `out` for [`Machine::advance`].
+    fn new_out(&mut self) -> Vec<u32> {
+        self.in_out.clear();
+        Vec::new()
+    }
+
     /// `llama_grammar_advance_stack`: every stack `stack` can become with a terminal
-    /// (or nothing) on top, added to `out` without duplicates.
+    /// (or nothing) on top, added to `out` (begun by [`Machine::new_out`]) without
+    /// duplicates.
     fn advance(&mut self, stack: u32, out: &mut Vec<u32>) {
         self.todo.clear();
         self.seen.clear();
@@ -302,8 +340,22 @@ impl Machine {
             if self.seen.insert(s, ()).is_some() {
                 continue;
             }
+            self.work += 1;
+            self.total_work += 1;
+            if self.work > MAX_WORK {
+                self.overflow = Some(MatchError::TooMuchWork(MAX_WORK));
+                return;
+            }
+            if self.total_work > MAX_TOTAL_WORK {
+                self.overflow = Some(MatchError::TooMuchWork(MAX_TOTAL_WORK));
+                return;
+            }
             if s == EMPTY_STACK || s == TRUNC {
-                if !out.contains(&s) {
+                if self.in_out.insert(s, ()).is_none() {
+                    if out.len() >= MAX_STACKS {
+                        self.overflow = Some(MatchError::TooManyStacks(MAX_STACKS));
+                        return;
+                    }
                     out.push(s);
                 }
                 continue;
@@ -333,7 +385,11 @@ impl Machine {
                 | Element::CharAny
                 | Element::Token(_)
                 | Element::TokenNot(_) => {
-                    if !out.contains(&s) {
+                    if self.in_out.insert(s, ()).is_none() {
+                        if out.len() >= MAX_STACKS {
+                            self.overflow = Some(MatchError::TooManyStacks(MAX_STACKS));
+                            return;
+                        }
                         out.push(s);
                     }
                 }
@@ -345,7 +401,7 @@ impl Machine {
 
     /// The stacks of the start rule's alternatives (`llama_grammar_init_impl`).
     fn start(&mut self, root: u32) -> u32 {
-        let mut out = Vec::new();
+        let mut out = self.new_out();
         let n_alts = self.prog.alts[root as usize].len();
         for a in 0..n_alts {
             let sub = self.prog.alts[root as usize][a];
@@ -417,12 +473,14 @@ impl Machine {
             return cached;
         }
         let next = self.compute_step(set, self.prog.representative(i));
-        self.trans[at] = next;
+        if self.overflow.is_none() {
+            self.trans[at] = next;
+        }
         next
     }
 
     fn compute_step(&mut self, set: u32, c: u32) -> u32 {
-        if set == DEAD {
+        if set == DEAD || self.overflow.is_some() {
             return DEAD;
         }
         let n = self.sets[set as usize].char_stacks.len();
@@ -442,7 +500,7 @@ impl Machine {
                 return next;
             }
         }
-        let mut out = Vec::new();
+        let mut out = self.new_out();
         for k in 0..n {
             let s = self.sets[set as usize].char_stacks[k];
             let (pos, parent) = self.pop(s);
@@ -457,6 +515,9 @@ impl Machine {
                 self.push(parent, end)
             };
             self.advance(next, &mut out);
+            if self.overflow.is_some() {
+                return DEAD;
+            }
         }
         let next = self.intern_set(out);
         if n <= 64 {
@@ -630,8 +691,34 @@ impl Matcher {
         }
     }
 
+    /// [`Matcher::new`], refusing a grammar whose start already has more parse stacks
+    /// than the matcher follows ([`MAX_STACKS`]).
+    pub fn try_new(grammar: &Grammar, vocab: Arc<TokenIndex>) -> Result<Matcher, MatchError> {
+        let m = Matcher::new(grammar, vocab);
+        match &m.m.overflow {
+            Some(e) => Err(e.clone()),
+            None => Ok(m),
+        }
+    }
+
     pub fn vocab(&self) -> &Arc<TokenIndex> {
         &self.vocab
+    }
+
+    /// The start of a call: an earlier overflow stays an error until [`Matcher::reset`];
+    /// otherwise the call gets a fresh [`MAX_WORK`] budget.
+    fn begin(&mut self) -> Result<(), MatchError> {
+        if let Some(e) = &self.m.overflow {
+            return Err(e.clone());
+        }
+        self.m.work = 0;
+        Ok(())
+    }
+
+    /// Why the matcher stopped (too many stacks or steps), if it did: then every mask and
+    /// token is refused until [`Matcher::reset`].
+    pub fn overflow(&self) -> Option<&MatchError> {
+        self.m.overflow.as_ref()
     }
 
     /// How many stack frames masks are computed over before the rest counts as
@@ -652,6 +739,10 @@ impl Matcher {
 
     /// Back to the start of the grammar.
     pub fn reset(&mut self) {
+        // Nothing computed during an overflow was kept, so the interned state is sound.
+        self.m.overflow = None;
+        self.m.work = 0;
+        self.m.total_work = 0;
         self.cur = self.m.start(self.root);
         self.partial = Partial::NONE;
     }
@@ -668,8 +759,16 @@ impl Matcher {
     }
 
     /// Whether token `id` may come next (llama.cpp's grammar sampler applied to that
-    /// one candidate).
+    /// one candidate). False once the matcher has overflowed ([`Matcher::overflow`]).
     pub fn is_allowed(&mut self, id: u32) -> bool {
+        if self.begin().is_err() {
+            return false;
+        }
+        let ok = self.is_allowed_inner(id);
+        ok && self.m.overflow.is_none()
+    }
+
+    fn is_allowed_inner(&mut self, id: u32) -> bool {
         let Some(piece) = self.vocab.pieces.get(id as usize) else {
             return false;
         };
@@ -710,13 +809,33 @@ impl Matcher {
 
     /// Sets bit `id` of `mask` (`mask[id / 64] >> (id % 64) & 1`) for every token the
     /// grammar allows next and clears the others. `mask` has `ceil(n_vocab / 64)` words.
-    pub fn fill_mask(&mut self, mask: &mut [u64]) {
+    /// Fails (with `mask` all clear) when the grammar is too ambiguous here
+    /// ([`MatchError::TooManyStacks`], [`MatchError::TooMuchWork`]).
+    pub fn fill_mask(&mut self, mask: &mut [u64]) -> Result<(), MatchError> {
+        if let Err(e) = self.begin() {
+            mask.fill(0);
+            return Err(e);
+        }
+        self.fill_mask_inner(mask);
+        match &self.m.overflow {
+            Some(e) => {
+                mask.fill(0);
+                Err(e.clone())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn fill_mask_inner(&mut self, mask: &mut [u64]) {
         if self.partial.n_remain > 0 {
             // After a token that ended inside a UTF-8 sequence every token decodes
             // differently; check them one by one (rare: byte-fallback output).
             mask.fill(0);
             for id in 0..self.vocab.n_vocab as u32 {
-                if self.is_allowed(id) {
+                if self.m.overflow.is_some() {
+                    return;
+                }
+                if self.is_allowed_inner(id) {
                     mask[id as usize / 64] |= 1 << (id % 64);
                 }
             }
@@ -739,6 +858,9 @@ impl Matcher {
                     None => {
                         mask.fill(0);
                         let undecided = self.walk(cut, mask);
+                        if self.m.overflow.is_some() {
+                            return;
+                        }
                         let t = Arc::new(TruncatedMask {
                             mask: mask.to_vec().into_boxed_slice(),
                             undecided,
@@ -756,6 +878,9 @@ impl Matcher {
         };
         mask.copy_from_slice(&t.mask);
         self.walk_undecided(cur, mask, &t.undecided);
+        if self.m.overflow.is_some() {
+            return;
+        }
         if self.m.sets[cur as usize].has_empty {
             for &e in &self.vocab.eog {
                 mask[e as usize / 64] |= 1 << (e % 64);
@@ -981,6 +1106,7 @@ impl Matcher {
     /// Advances past token `id` (`llama_grammar_accept_impl`). An end-of-generation
     /// token is accepted only where the grammar may end, and changes nothing.
     pub fn accept(&mut self, id: u32) -> Result<(), MatchError> {
+        self.begin()?;
         let Some(piece) = self.vocab.pieces.get(id as usize) else {
             return Err(MatchError::UnknownToken(id));
         };
@@ -994,10 +1120,14 @@ impl Matcher {
         let piece = piece.clone();
         match self.accept_piece(Some(id), &piece) {
             Some(()) => Ok(()),
-            None => Err(MatchError::Rejected {
-                token: id,
-                text: String::from_utf8_lossy(&piece).into_owned(),
-            }),
+            None => Err(self
+                .m
+                .overflow
+                .clone()
+                .unwrap_or_else(|| MatchError::Rejected {
+                    token: id,
+                    text: String::from_utf8_lossy(&piece).into_owned(),
+                })),
         }
     }
 
@@ -1009,18 +1139,23 @@ impl Matcher {
 
     /// [`Matcher::accept_str`] for bytes that may end inside a UTF-8 sequence.
     pub fn accept_bytes(&mut self, text: &[u8]) -> Result<(), MatchError> {
-        self.accept_piece(None, text)
-            .ok_or_else(|| MatchError::Rejected {
-                token: u32::MAX,
-                text: String::from_utf8_lossy(text).into_owned(),
-            })
+        self.begin()?;
+        self.accept_piece(None, text).ok_or_else(|| {
+            self.m
+                .overflow
+                .clone()
+                .unwrap_or_else(|| MatchError::Rejected {
+                    token: u32::MAX,
+                    text: String::from_utf8_lossy(text).into_owned(),
+                })
+        })
     }
 
     fn accept_piece(&mut self, id: Option<u32>, piece: &[u8]) -> Option<()> {
         let mut cps = std::mem::take(&mut self.scratch);
         let end = decode_utf8(piece, self.partial, &mut cps);
         let cur = self.cur;
-        let mut out: Vec<u32> = Vec::new();
+        let mut out: Vec<u32> = self.m.new_out();
         // Stacks waiting for a token: advance those the token matches.
         if let Some(id) = id {
             let stacks = self.m.sets[cur as usize].stacks.clone();
@@ -1061,6 +1196,9 @@ impl Matcher {
         }
         out.extend_from_slice(&self.m.sets[set as usize].stacks);
         self.scratch = cps;
+        if self.m.overflow.is_some() {
+            return None;
+        }
         let next = self.m.intern_set(out);
         if next == DEAD {
             return None;
@@ -1103,6 +1241,8 @@ impl Matcher {
             },
         );
         let mut m = Machine::new(prog);
+        m.overflow = self.m.overflow.take();
+        m.total_work = self.m.total_work;
         let ids: Vec<u32> = stacks
             .iter()
             .map(|elems| elems.iter().fold(EMPTY_STACK, |s, &pos| m.push(s, pos)))

@@ -209,9 +209,11 @@ impl SamplerChain {
             return Ok(id);
         }
         let t0 = Instant::now();
-        g.matcher.fill_mask(&mut g.mask);
+        let filled = g.matcher.fill_mask(&mut g.mask);
         g.stats.masks += 1;
         g.stats.mask_nanos += t0.elapsed().as_nanos() as u64;
+        // A grammar too ambiguous to follow here is an error, not a dead end.
+        filled?;
         if g.mask.iter().all(|&w| w == 0) {
             return Err(SampleError::GrammarDeadEnd);
         }

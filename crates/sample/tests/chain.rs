@@ -500,3 +500,40 @@ fn lazy_grammar_waits_for_its_trigger() {
         "constrained once `<` `t>` complete it"
     );
 }
+
+/// A grammar too ambiguous to follow (nested `((a)+)+`: exponentially many parses)
+/// surfaces as the grammar's typed error from `sample` or `accept`, not as a dead end.
+#[test]
+fn too_ambiguous_grammar_is_a_typed_error() {
+    use lamina_grammar::{Grammar, MatchError, Matcher, TokenIndex};
+    use std::sync::Arc;
+    let pieces: Vec<Vec<u8>> = ["a", "b", "</s>"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    let vocab = Arc::new(TokenIndex::new(pieces, |id| id == 2));
+    let src = format!("root ::= {}\"a\"{} \"b\"", "(".repeat(15), ")+".repeat(15));
+    let g = Grammar::parse(&src, "root", None).unwrap();
+    // Logits that prefer "b": the check fails while "a"s are needed, so masks are made.
+    let logits = [1.0f32, 5.0, 0.0];
+    let mut c = SamplerChain::greedy(3).unwrap();
+    c.set_lazy_grammar(Some(Matcher::new(&g, vocab)), Vec::new());
+    let mut err = None;
+    for _ in 0..64 {
+        match c.sample(&logits) {
+            Ok(_) => {}
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+        if let Err(e) = c.accept(0) {
+            err = Some(e);
+            break;
+        }
+    }
+    match err {
+        Some(SampleError::Grammar(MatchError::TooManyStacks(_) | MatchError::TooMuchWork(_))) => {}
+        e => panic!("expected a too-ambiguous grammar error, got {e:?}"),
+    }
+}

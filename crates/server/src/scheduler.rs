@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use lamina_grammar::{Grammar, Matcher, TokenIndex};
+use lamina_grammar::{Grammar, MatchError, Matcher, TokenIndex};
 use lamina_sample::{
     ReasoningBudget, SampleError, SamplerChain, SamplingParams, token_prob, top_probs,
 };
@@ -1009,10 +1009,10 @@ impl Scheduler {
                     Arc::new(TokenIndex::new(pieces, |t| engine.is_eog(t)))
                 })
                 .clone();
-            sampler.set_lazy_grammar(
-                Some(Matcher::new(&grammar, vocab)),
-                job.params.grammar_triggers.clone(),
-            );
+            let matcher = Matcher::try_new(&grammar, vocab).map_err(|e| {
+                ApiError::invalid_param("grammar", e.to_string()).with_code("invalid_grammar")
+            })?;
+            sampler.set_lazy_grammar(Some(matcher), job.params.grammar_triggers.clone());
         }
         // As llama.cpp: a budget sampler only with a limit, for tags that tokenize.
         let budget = reasoning
@@ -1832,10 +1832,10 @@ impl Scheduler {
             Err(SampleError::GrammarDeadEnd) => {
                 return After::Finish(StopType::GrammarDeadEnd, None);
             }
-            Err(e) => return After::Fail(ApiError::internal(e.to_string())),
+            Err(e) => return After::Fail(sample_error(e)),
         };
         if let Err(e) = a.sampler.accept(tok) {
-            return After::Fail(ApiError::internal(e.to_string()));
+            return After::Fail(sample_error(e));
         }
         if let Some(b) = &mut a.budget {
             b.accept(tok, &engine.token_to_piece(tok));
@@ -2000,6 +2000,17 @@ impl Scheduler {
         // The engine itself may be what failed; a panic here must not escape.
         let engine = &mut self.engine;
         let _ = catch_unwind(AssertUnwindSafe(|| engine.seq_rm(id, 0, None)));
+    }
+}
+
+/// A sampling error as the client sees it: a grammar too ambiguous to follow is the
+/// request's fault (400, on `grammar`), anything else the server's.
+fn sample_error(e: SampleError) -> ApiError {
+    match e {
+        SampleError::Grammar(e @ (MatchError::TooManyStacks(_) | MatchError::TooMuchWork(_))) => {
+            ApiError::invalid_param("grammar", e.to_string()).with_code("grammar_too_ambiguous")
+        }
+        e => ApiError::internal(e.to_string()),
     }
 }
 
