@@ -240,6 +240,14 @@ mod avx2 {
             TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
             TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
             TileKind::Q0(_) => run_tiles!(q0, 3, nb, w, a, out),
+            // SAFETY (all three): by this function's contract; `w.len()` is a multiple of 8.
+            TileKind::Q0Chain(t) if w.len().is_multiple_of(8) => unsafe {
+                match t {
+                    0 => q0_chain8::<0>(nb, w, a, out),
+                    4 => q0_chain8::<4>(nb, w, a, out),
+                    _ => q0_chain8::<3>(nb, w, a, out),
+                }
+            },
             TileKind::Q0Chain(0) => run_tiles!(q0_chain, 0, nb, w, a, out),
             TileKind::Q0Chain(4) => run_tiles!(q0_chain, 4, nb, w, a, out),
             TileKind::Q0Chain(_) => run_tiles!(q0_chain, 3, nb, w, a, out),
@@ -789,7 +797,7 @@ mod avx2 {
     /// # Safety
     /// 4 readable bytes at `p`; F16C enabled by the caller.
     #[inline(always)]
-    unsafe fn ld_f16(p: *const u8) -> f32 {
+    pub(super) unsafe fn ld_f16(p: *const u8) -> f32 {
         // SAFETY: by the caller's contract.
         unsafe {
             let v = p.cast::<i32>().read_unaligned();
@@ -884,7 +892,7 @@ mod avx2 {
 
     /// `ggml_e8m0_to_fp32_half` (exact: a power of two).
     #[inline(always)]
-    fn e8m0_half(e: u8) -> f32 {
+    pub(super) fn e8m0_half(e: u8) -> f32 {
         let bits = if e < 2 {
             0x0020_0000u32 << e
         } else {
@@ -898,7 +906,7 @@ mod avx2 {
 
     /// The 32 signed values of a Q4_0 (0), Q5_0 (1), Q8_0 (2), IQ4_NL (3) or MXFP4 (4) block.
     #[inline(always)]
-    unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
+    pub(super) unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
         // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
         unsafe {
             match T {
@@ -1007,6 +1015,70 @@ mod avx2 {
             }
         }
         acc
+    }
+
+    /// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows: per
+    /// block, the 8 weight rows are decoded once for all activation rows, and each activation
+    /// row's 8 exact block sums `Σ q·q8` are reduced together (a `hadd` tree, integers) into
+    /// one vector whose lanes follow the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`
+    /// in 8 f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C present; every row holds `nb` blocks; `w.len()` is a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        const CHUNK: usize = 16;
+        let bx = q0_bytes(T);
+        let (nw, na) = (w.len(), a.len());
+        // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
+        // outputs (checked by `tile_at`).
+        unsafe {
+            for i0 in (0..nw).step_by(8) {
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(CHUNK);
+                    let mut acc = [_mm256_setzero_ps(); CHUNK];
+                    for ib in 0..nb {
+                        let mut qx = [_mm256_setzero_si256(); 8];
+                        let mut ax = [_mm256_setzero_si256(); 8];
+                        let mut dxs = [0f32; 8];
+                        for i in 0..8 {
+                            let xb = w[i0 + i].as_ptr().add(ib * bx);
+                            dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
+                            qx[i] = q0_values::<T>(xb);
+                            ax[i] = _mm256_sign_epi8(qx[i], qx[i]);
+                        }
+                        let dx = _mm256_loadu_ps(dxs.as_ptr());
+                        for j in 0..rn {
+                            let yb = a[j0 + j].as_ptr().add(ib * 34);
+                            let dy = _mm256_set1_ps(ld_f16(yb));
+                            let qy = loadu(yb.add(2));
+                            let mut l = [_mm256_setzero_si256(); 8];
+                            for i in 0..8 {
+                                l[i] = lanes_i8(ax[i], qx[i], qy);
+                            }
+                            let h01 = _mm256_hadd_epi32(l[0], l[1]);
+                            let h23 = _mm256_hadd_epi32(l[2], l[3]);
+                            let h45 = _mm256_hadd_epi32(l[4], l[5]);
+                            let h67 = _mm256_hadd_epi32(l[6], l[7]);
+                            let h03 = _mm256_hadd_epi32(h01, h23);
+                            let h47 = _mm256_hadd_epi32(h45, h67);
+                            let sums = _mm256_add_epi32(
+                                _mm256_permute2x128_si256(h03, h47, 0x20),
+                                _mm256_permute2x128_si256(h03, h47, 0x31),
+                            );
+                            // dx*dy rounded once, then one FMA: the scalar chain per lane.
+                            let d = _mm256_mul_ps(dx, dy);
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[j]);
+                        }
+                    }
+                    for j in 0..rn {
+                        _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), acc[j]);
+                    }
+                    j0 += rn;
+                }
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
