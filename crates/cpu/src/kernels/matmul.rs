@@ -366,6 +366,7 @@ impl MatMul {
             DotKind::Q0Repack(iq4nl) => TileKind::Q0Chain(if iq4nl { 3 } else { 0 }),
             DotKind::Mxfp4Repack => TileKind::Q0Chain(4),
             DotKind::Iq4XsTiled => TileKind::Iq4XsTiled,
+            DotKind::Q2KTiled => TileKind::Q2KTiled,
             DotKind::IqGridTiled(t) => TileKind::IqGridTiled(t),
             DotKind::Q4KRepack if j0 + n <= self.gemm_rows => TileKind::Q4KGemm,
             DotKind::Q4KRepack if j0 >= self.gemm_rows => TileKind::Q4KGemv,

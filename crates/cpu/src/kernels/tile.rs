@@ -24,6 +24,8 @@ pub(crate) enum TileKind {
     Iq4XsTiled,
     /// The tiled kernel of a grid i-quant (IQ2_*, IQ3_*, IQ1_*) per output.
     IqGridTiled(lamina_core::DType),
+    /// The tiled Q2_K kernel per output.
+    Q2KTiled,
     /// `ggml_vec_dot_q4_1_q8_1` (`false`) or `ggml_vec_dot_q5_1_q8_1` (`true`).
     Q1(bool),
     /// `ggml_gemv_q4_K_8x8_q8_K` per output.
@@ -45,6 +47,7 @@ impl TileKind {
         match self {
             TileKind::Q0(t) | TileKind::Q0Chain(t) => (32, [18, 22, 34, 18, 17][t as usize], 34),
             TileKind::Iq4XsTiled => (256, 136, 292),
+            TileKind::Q2KTiled => (256, 84, 292),
             TileKind::IqGridTiled(t) => (256, t.type_size() as usize, 292),
             TileKind::Q1(q5) => (32, if q5 { 24 } else { 20 }, 36),
             TileKind::Q4KGemv | TileKind::Q4KGemm => (256, 144, 292),
@@ -256,6 +259,7 @@ mod avx2 {
                 iq_tiled::<0>(lamina_core::DType::IQ4_XS, nb, w, a, out)
             },
             TileKind::IqGridTiled(t) => unsafe { iq_tiled::<1>(t, nb, w, a, out) },
+            TileKind::Q2KTiled => unsafe { iq_tiled::<2>(lamina_core::DType::Q2_K, nb, w, a, out) },
             TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
             TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
             // SAFETY (both): by this function's contract; the table limit holds.
@@ -1357,12 +1361,13 @@ mod avx2 {
         acc
     }
 
-    /// The tiled IQ4_XS (`G == 0`) or grid i-quant (`G == 1`, type `t`) kernel over the whole
-    /// product: per weight row and superblock, the block is decoded once (signed values, the
-    /// i16 scale of each 16 values) for all activation rows; per output the exact
-    /// `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes, summed),
-    /// then `acc = fma(d_w * (float)s1, d_a, acc)` as [`crate::kernels::repack`]'s scalar
-    /// kernels.
+    /// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`) or Q2_K (`G == 2`)
+    /// kernel over the whole product: per weight row and superblock, the block is decoded
+    /// once (values, the i16 scale of each 16 values) for all activation rows; per output the
+    /// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
+    /// summed), then `res = d_w * (float)s1`, for Q2_K `res = fma(-dmin_w, (float)s2, res)`
+    /// with `s2 = Σ min·bsum`, and `acc = fma(res, d_a, acc)`, as
+    /// [`crate::kernels::repack`]'s scalar kernels.
     ///
     /// # Safety
     /// AVX2/FMA/F16C present; every row holds `nb` blocks of `t` (weights) or Q8_K.
@@ -1388,7 +1393,28 @@ mod avx2 {
                         let xb = w[i].as_ptr().add(ib * bx);
                         let mut v = [_mm256_setzero_si256(); 8];
                         let mut sc = [_mm256_setzero_si256(); 8];
-                        let d = if G == 0 {
+                        let mut dmin = 0f32;
+                        let mut mins = _mm256_setzero_si256();
+                        let d = if G == 2 {
+                            let m3 = _mm256_set1_epi8(3);
+                            for s in 0..8 {
+                                let (j, k) = (s / 4, (s % 4) as i32);
+                                let bits = loadu(xb.add(16 + 32 * j));
+                                let sh = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k));
+                                v[s] = _mm256_and_si256(sh, m3);
+                                sc[s] = _mm256_set_m128i(
+                                    _mm_set1_epi16(i16::from(*xb.add(2 * s + 1) & 15)),
+                                    _mm_set1_epi16(i16::from(*xb.add(2 * s) & 15)),
+                                );
+                            }
+                            let m = _mm_loadu_si128(xb as *const __m128i);
+                            mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+                                _mm_srli_epi16(m, 4),
+                                _mm_set1_epi8(15),
+                            ));
+                            dmin = ld_f16_last(xb.add(82));
+                            ld_f16(xb.add(80))
+                        } else if G == 0 {
                             let table = {
                                 let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
                                 _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1)
@@ -1416,19 +1442,34 @@ mod avx2 {
                         };
                         let mut av = [_mm256_setzero_si256(); 8];
                         for s in 0..8 {
-                            av[s] = _mm256_sign_epi8(v[s], v[s]);
+                            av[s] = if G == 2 {
+                                v[s]
+                            } else {
+                                _mm256_sign_epi8(v[s], v[s])
+                            };
                         }
                         for j in 0..rn {
                             let yb = a[j0 + j].as_ptr().add(ib * 292);
                             let yd = ld_f32(yb);
                             let mut sumi = _mm256_setzero_si256();
                             for s in 0..8 {
-                                let q8 = _mm256_sign_epi8(loadu(yb.add(4 + 32 * s)), v[s]);
+                                let q8 = loadu(yb.add(4 + 32 * s));
+                                // Q2_K's values are unsigned already.
+                                let q8 = if G == 2 {
+                                    q8
+                                } else {
+                                    _mm256_sign_epi8(q8, v[s])
+                                };
                                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(av[s], q8), sc[s]);
                                 sumi = _mm256_add_epi32(sumi, p);
                             }
                             let s1 = hsum_i32(sumi);
-                            acc[j] = (d * s1 as f32).mul_add(yd, acc[j]);
+                            let mut res = d * s1 as f32;
+                            if G == 2 {
+                                let s2 = hsum_i32(_mm256_madd_epi16(mins, loadu(yb.add(260))));
+                                res = (-dmin).mul_add(s2 as f32, res);
+                            }
+                            acc[j] = res.mul_add(yd, acc[j]);
                         }
                     }
                     for j in 0..rn {
