@@ -1524,11 +1524,144 @@ mod avx2 {
     fma_build! {
         iq4_nl => dot_iq4_nl, 18, 34, 32;
         mxfp4 => dot_mxfp4, 17, 34, 32;
-        q5_k => dot_q5_k, 176, 292, 256;
-        q2_k => dot_q2_k, 84, 292, 256;
-        iq4_xs => dot_iq4_xs, 136, 292, 256;
         q3_k => dot_q3_k, 110, 292, 256;
         q2_0 => dot_q2_0, 18, 68, 64;
+    }
+
+    /// `ggml_vec_dot_q2_K_q8_K`: per block `acc = fmadd(dmin, madd(mins, bsums), acc)`, then
+    /// `acc = fmadd(d, Σ madd(maddubs(q2, q8), scales), acc)`; `hsum_float_8`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: `nb` blocks in bounds (checked by `check`); AVX2/FMA/F16C enabled.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 84);
+                let yb = y.as_ptr().add(i * 292);
+                let yd = f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let d = yd * f16_in_block(x, i * 84 + 80);
+                // The block's last 2 bytes: a 16-bit load (a 4-byte one could leave the row).
+                let hm = u16::from_le_bytes([*xb.add(82), *xb.add(83)]);
+                let dmin = -yd * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(hm))));
+                let sc = _mm_loadu_si128(xb as *const __m128i);
+                let mins =
+                    _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+                let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                let prod = _mm256_madd_epi16(mins, bsums);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let bits = _mm256_loadu_si256(xb.add(16 + 32 * j) as *const __m256i);
+                    for k in 0..4 {
+                        let v = _mm256_and_si256(
+                            _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)),
+                            m3,
+                        );
+                        let y8 = _mm256_loadu_si256(yb.add(4 + 128 * j + 32 * k) as *const __m256i);
+                        let s = 8 * j + 2 * k;
+                        let scales = _mm256_set_m128i(
+                            _mm_set1_epi16(i16::from(*xb.add(s + 1) & 15)),
+                            _mm_set1_epi16(i16::from(*xb.add(s) & 15)),
+                        );
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(v, y8), scales);
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
+    }
+
+    /// `ggml_vec_dot_q5_K_q8_K`: Q4_K's lanes with 5-bit values; the mins to a scalar
+    /// `summs = fma(dmin, (float)Σ min·bsum, summs)`; `hsum_float_8(acc) + summs`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q5_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: `nb` blocks in bounds (checked by `check`); AVX2/FMA/F16C enabled.
+        unsafe {
+            let m15 = _mm256_set1_epi8(15);
+            let one = _mm256_set1_epi8(1);
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            for i in 0..nb {
+                let xs = &x[i * 176..i * 176 + 176];
+                let xb = xs.as_ptr();
+                let yb = y.as_ptr().add(i * 292);
+                let yd = f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let d = yd * f16_in_block(x, i * 176);
+                let dmin = -yd * f16_in_block(x, i * 176 + 2);
+                let (scales, mins) = super::q4k_scales_mins(&xs[4..16]);
+                let bsum =
+                    |t: usize| i16::from_le_bytes([*yb.add(260 + 2 * t), *yb.add(261 + 2 * t)]);
+                let mut prod = 0i32;
+                for k in 0..8 {
+                    let q8s = bsum(2 * k).wrapping_add(bsum(2 * k + 1));
+                    prod = prod.wrapping_add(i32::from(mins[k]) * i32::from(q8s));
+                }
+                summs = dmin.mul_add(prod as f32, summs);
+                let qh = _mm256_loadu_si256(xb.add(16) as *const __m256i);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bits = _mm256_loadu_si256(xb.add(48 + 32 * j) as *const __m256i);
+                    let hl = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)),
+                        one,
+                    );
+                    let hh = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)),
+                        one,
+                    );
+                    let lo = _mm256_or_si256(_mm256_and_si256(bits, m15), _mm256_slli_epi16(hl, 4));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(bits, 4), m15),
+                        _mm256_slli_epi16(hh, 4),
+                    );
+                    let q8l = _mm256_loadu_si256(yb.add(4 + 64 * j) as *const __m256i);
+                    let q8h = _mm256_loadu_si256(yb.add(36 + 64 * j) as *const __m256i);
+                    let pl = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(lo, q8l),
+                        _mm256_set1_epi16(i16::from(scales[2 * j])),
+                    );
+                    let ph = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi, q8h),
+                        _mm256_set1_epi16(i16::from(scales[2 * j + 1])),
+                    );
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc) + summs
+        }
+    }
+
+    /// `ggml_vec_dot_iq4_xs_q8_K`: per 32 values `madd(mul_add_epi8(q4, q8), ls - 32)` into
+    /// 8 i32 lanes, one `fmadd(d, lanes, acc)` per superblock, `hsum_float_8`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+        // SAFETY: `nb` blocks in bounds (checked by `check`); AVX2/FMA/F16C enabled.
+        unsafe {
+            let t = _mm_loadu_si128(super::KVALUES_IQ4NL.as_ptr() as *const __m128i);
+            let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = x.as_ptr().add(i * 136);
+                let yb = y.as_ptr().add(i * 292);
+                let d = f16_in_block(x, i * 136) * f32::from_le_bytes(*(yb as *const [u8; 4]));
+                let sh = u32::from(u16::from_le_bytes([*xb.add(2), *xb.add(3)]));
+                let mut sumi = _mm256_setzero_si256();
+                for ib in 0..8 {
+                    let lo = (u32::from(*xb.add(4 + ib / 2)) >> (4 * (ib % 2))) & 0xf;
+                    let ls = (lo | (((sh >> (2 * ib)) & 3) << 4)) as i16 - 32;
+                    let q = _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(8 + 16 * ib)));
+                    let q8 = _mm256_loadu_si256(yb.add(4 + 32 * ib) as *const __m256i);
+                    let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(q8, q));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls)));
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_float_8(acc)
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

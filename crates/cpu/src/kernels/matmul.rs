@@ -364,6 +364,10 @@ impl MatMul {
             },
             DotKind::TinyIq4Nl => TileKind::Q0(3),
             DotKind::Q0Repack(iq4nl) => TileKind::Q0Chain(if iq4nl { 3 } else { 0 }),
+            DotKind::Mxfp4Repack => TileKind::Q0Chain(4),
+            DotKind::Iq4XsTiled => TileKind::Iq4XsTiled,
+            DotKind::Q2KTiled => TileKind::Q2KTiled,
+            DotKind::IqGridTiled(t) => TileKind::IqGridTiled(t),
             DotKind::Q4KRepack if j0 + n <= self.gemm_rows => TileKind::Q4KGemm,
             DotKind::Q4KRepack if j0 >= self.gemm_rows => TileKind::Q4KGemv,
             DotKind::Q6KTiled => TileKind::Q6KTiled,
@@ -394,8 +398,10 @@ impl MatMul {
         assert!(out.len() >= w.len() * na, "tile output too short");
         // A single activation row (token generation) streams the weights once: row after row
         // reads memory sequentially, which is faster than interleaving several rows.
-        if na > 1
-            && let Some(t) = self.tile_kind(j0, na)
+        // The repacked Q0 kernels' 4×1 tiles still beat one row at a time there (their
+        // single-row kernel is scalar).
+        if let Some(t) = self.tile_kind(j0, na)
+            && (na > 1 || matches!(t, TileKind::Q0Chain(_)))
             && tile::tile_at(isa, t, k, w, acts, out)
         {
             return;

@@ -210,7 +210,7 @@ pub fn tiled_applies(dtype: lamina_core::DType, repacked: bool, activation_rows:
 /// scale (f16 times 1/8 for IQ2 and IQ1, 1/4 for IQ3_XXS), the integer scale of each 16
 /// values, and the 256 signed values (IQ1: `8 * grid + delta`).
 #[inline(always)]
-fn iq_grid_tile(dtype: lamina_core::DType, xb: &[u8]) -> (f32, [i32; 16], [i8; 256]) {
+pub(crate) fn iq_grid_tile(dtype: lamina_core::DType, xb: &[u8]) -> (f32, [i32; 16], [i8; 256]) {
     use lamina_core::DType::*;
     use lamina_core::quant as q;
     let mut ls = [0i32; 16];

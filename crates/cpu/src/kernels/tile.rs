@@ -17,8 +17,15 @@ pub(crate) enum TileKind {
     /// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0: one 8-lane FMA chain of `fma(dx*dy, lanes, acc)`,
     /// then `hsum_float_8`, for Q4_0 (0), Q5_0 (1), Q8_0 (2) and IQ4_NL under tinyBLAS (3).
     Q0(u8),
-    /// Q4_0 (0) or IQ4_NL (3) repacked to 8x8: `acc = fma((float)Σq·q8, dx*dy, acc)`.
+    /// Q4_0 (0), IQ4_NL (3) or MXFP4 (4, `dx` = `e8m0_to_fp32_half`) repacked to 8x8:
+    /// `acc = fma((float)Σq·q8, dx*dy, acc)`.
     Q0Chain(u8),
+    /// The tiled IQ4_XS kernel per output.
+    Iq4XsTiled,
+    /// The tiled kernel of a grid i-quant (IQ2_*, IQ3_*, IQ1_*) per output.
+    IqGridTiled(lamina_core::DType),
+    /// The tiled Q2_K kernel per output.
+    Q2KTiled,
     /// `ggml_vec_dot_q4_1_q8_1` (`false`) or `ggml_vec_dot_q5_1_q8_1` (`true`).
     Q1(bool),
     /// `ggml_gemv_q4_K_8x8_q8_K` per output.
@@ -38,7 +45,10 @@ impl TileKind {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn geometry(self) -> (usize, usize, usize) {
         match self {
-            TileKind::Q0(t) | TileKind::Q0Chain(t) => (32, [18, 22, 34, 18][t as usize], 34),
+            TileKind::Q0(t) | TileKind::Q0Chain(t) => (32, [18, 22, 34, 18, 17][t as usize], 34),
+            TileKind::Iq4XsTiled => (256, 136, 292),
+            TileKind::Q2KTiled => (256, 84, 292),
+            TileKind::IqGridTiled(t) => (256, t.type_size() as usize, 292),
             TileKind::Q1(q5) => (32, if q5 { 24 } else { 20 }, 36),
             TileKind::Q4KGemv | TileKind::Q4KGemm => (256, 144, 292),
             TileKind::Q6KTiled => (256, 210, 292),
@@ -233,8 +243,23 @@ mod avx2 {
             TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
             TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
             TileKind::Q0(_) => run_tiles!(q0, 3, nb, w, a, out),
+            // SAFETY (all three): by this function's contract; `w.len()` is a multiple of 8.
+            TileKind::Q0Chain(t) if w.len().is_multiple_of(8) => unsafe {
+                match t {
+                    0 => q0_chain8::<0>(nb, w, a, out),
+                    4 => q0_chain8::<4>(nb, w, a, out),
+                    _ => q0_chain8::<3>(nb, w, a, out),
+                }
+            },
             TileKind::Q0Chain(0) => run_tiles!(q0_chain, 0, nb, w, a, out),
+            TileKind::Q0Chain(4) => run_tiles!(q0_chain, 4, nb, w, a, out),
             TileKind::Q0Chain(_) => run_tiles!(q0_chain, 3, nb, w, a, out),
+            // SAFETY (both): by this function's contract.
+            TileKind::Iq4XsTiled => unsafe {
+                iq_tiled::<0>(lamina_core::DType::IQ4_XS, nb, w, a, out)
+            },
+            TileKind::IqGridTiled(t) => unsafe { iq_tiled::<1>(t, nb, w, a, out) },
+            TileKind::Q2KTiled => unsafe { iq_tiled::<2>(lamina_core::DType::Q2_K, nb, w, a, out) },
             TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
             TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
             // SAFETY (both): by this function's contract; the table limit holds.
@@ -776,7 +801,7 @@ mod avx2 {
     /// # Safety
     /// 4 readable bytes at `p`; F16C enabled by the caller.
     #[inline(always)]
-    unsafe fn ld_f16(p: *const u8) -> f32 {
+    pub(super) unsafe fn ld_f16(p: *const u8) -> f32 {
         // SAFETY: by the caller's contract.
         unsafe {
             let v = p.cast::<i32>().read_unaligned();
@@ -869,9 +894,23 @@ mod avx2 {
         -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
     ];
 
-    /// The 32 signed values of a Q4_0 (0), Q5_0 (1), Q8_0 (2) or IQ4_NL (3) block.
+    /// `ggml_e8m0_to_fp32_half` (exact: a power of two).
     #[inline(always)]
-    unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
+    pub(super) fn e8m0_half(e: u8) -> f32 {
+        let bits = if e < 2 {
+            0x0020_0000u32 << e
+        } else {
+            u32::from(e - 1) << 23
+        };
+        f32::from_bits(bits)
+    }
+
+    /// `kvalues_mxfp4` (the FP4 E2M1 values, doubled).
+    const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+    /// The 32 signed values of a Q4_0 (0), Q5_0 (1), Q8_0 (2), IQ4_NL (3) or MXFP4 (4) block.
+    #[inline(always)]
+    pub(super) unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
         // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
         unsafe {
             match T {
@@ -884,6 +923,11 @@ mod avx2 {
                     _mm256_or_si256(qx, bxhi)
                 }
                 2 => loadu(xb.add(2)),
+                4 => {
+                    let t = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+                    let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
+                    _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(1)))
+                }
                 _ => {
                     let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
                     let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
@@ -897,6 +941,7 @@ mod avx2 {
         match t {
             0 | 3 => 18,
             1 => 22,
+            4 => 17,
             _ => 34,
         }
     }
@@ -963,7 +1008,7 @@ mod avx2 {
                 }
                 for i in 0..RM {
                     let xb = w[i].add(ib * bx);
-                    let dx = ld_f16(xb);
+                    let dx = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
                     let qx = q0_values::<T>(xb);
                     let ax = _mm256_sign_epi8(qx, qx);
                     for j in 0..RN {
@@ -974,6 +1019,70 @@ mod avx2 {
             }
         }
         acc
+    }
+
+    /// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows: per
+    /// block, the 8 weight rows are decoded once for all activation rows, and each activation
+    /// row's 8 exact block sums `Σ q·q8` are reduced together (a `hadd` tree, integers) into
+    /// one vector whose lanes follow the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`
+    /// in 8 f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C present; every row holds `nb` blocks; `w.len()` is a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+        const CHUNK: usize = 16;
+        let bx = q0_bytes(T);
+        let (nw, na) = (w.len(), a.len());
+        // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
+        // outputs (checked by `tile_at`).
+        unsafe {
+            for i0 in (0..nw).step_by(8) {
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(CHUNK);
+                    let mut acc = [_mm256_setzero_ps(); CHUNK];
+                    for ib in 0..nb {
+                        let mut qx = [_mm256_setzero_si256(); 8];
+                        let mut ax = [_mm256_setzero_si256(); 8];
+                        let mut dxs = [0f32; 8];
+                        for i in 0..8 {
+                            let xb = w[i0 + i].as_ptr().add(ib * bx);
+                            dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
+                            qx[i] = q0_values::<T>(xb);
+                            ax[i] = _mm256_sign_epi8(qx[i], qx[i]);
+                        }
+                        let dx = _mm256_loadu_ps(dxs.as_ptr());
+                        for j in 0..rn {
+                            let yb = a[j0 + j].as_ptr().add(ib * 34);
+                            let dy = _mm256_set1_ps(ld_f16(yb));
+                            let qy = loadu(yb.add(2));
+                            let mut l = [_mm256_setzero_si256(); 8];
+                            for i in 0..8 {
+                                l[i] = lanes_i8(ax[i], qx[i], qy);
+                            }
+                            let h01 = _mm256_hadd_epi32(l[0], l[1]);
+                            let h23 = _mm256_hadd_epi32(l[2], l[3]);
+                            let h45 = _mm256_hadd_epi32(l[4], l[5]);
+                            let h67 = _mm256_hadd_epi32(l[6], l[7]);
+                            let h03 = _mm256_hadd_epi32(h01, h23);
+                            let h47 = _mm256_hadd_epi32(h45, h67);
+                            let sums = _mm256_add_epi32(
+                                _mm256_permute2x128_si256(h03, h47, 0x20),
+                                _mm256_permute2x128_si256(h03, h47, 0x31),
+                            );
+                            // dx*dy rounded once, then one FMA: the scalar chain per lane.
+                            let d = _mm256_mul_ps(dx, dy);
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[j]);
+                        }
+                    }
+                    for j in 0..rn {
+                        _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), acc[j]);
+                    }
+                    j0 += rn;
+                }
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1250,6 +1359,126 @@ mod avx2 {
             }
         }
         acc
+    }
+
+    /// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`) or Q2_K (`G == 2`)
+    /// kernel over the whole product: per weight row and superblock, the block is decoded
+    /// once (values, the i16 scale of each 16 values) for all activation rows; per output the
+    /// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
+    /// summed), then `res = d_w * (float)s1`, for Q2_K `res = fma(-dmin_w, (float)s2, res)`
+    /// with `s2 = Σ min·bsum`, and `acc = fma(res, d_a, acc)`, as
+    /// [`crate::kernels::repack`]'s scalar kernels.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C present; every row holds `nb` blocks of `t` (weights) or Q8_K.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq_tiled<const G: u8>(
+        t: lamina_core::DType,
+        nb: usize,
+        w: &[&[u8]],
+        a: &[&[u8]],
+        out: &mut [f32],
+    ) {
+        const CHUNK: usize = 16;
+        let (nw, na) = (w.len(), a.len());
+        let bx = t.type_size() as usize;
+        // SAFETY: rows hold `nb` blocks (the caller's contract).
+        unsafe {
+            for i in 0..nw {
+                let mut j0 = 0;
+                while j0 < na {
+                    let rn = (na - j0).min(CHUNK);
+                    let mut acc = [0f32; CHUNK];
+                    for ib in 0..nb {
+                        let xb = w[i].as_ptr().add(ib * bx);
+                        let mut v = [_mm256_setzero_si256(); 8];
+                        let mut sc = [_mm256_setzero_si256(); 8];
+                        let mut dmin = 0f32;
+                        let mut mins = _mm256_setzero_si256();
+                        let d = if G == 2 {
+                            let m3 = _mm256_set1_epi8(3);
+                            for s in 0..8 {
+                                let (j, k) = (s / 4, (s % 4) as i32);
+                                let bits = loadu(xb.add(16 + 32 * j));
+                                let sh = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k));
+                                v[s] = _mm256_and_si256(sh, m3);
+                                sc[s] = _mm256_set_m128i(
+                                    _mm_set1_epi16(i16::from(*xb.add(2 * s + 1) & 15)),
+                                    _mm_set1_epi16(i16::from(*xb.add(2 * s) & 15)),
+                                );
+                            }
+                            let m = _mm_loadu_si128(xb as *const __m128i);
+                            mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+                                _mm_srli_epi16(m, 4),
+                                _mm_set1_epi8(15),
+                            ));
+                            dmin = ld_f16_last(xb.add(82));
+                            ld_f16(xb.add(80))
+                        } else if G == 0 {
+                            let table = {
+                                let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                                _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1)
+                            };
+                            let sh = u32::from(xb.add(2).cast::<u16>().read_unaligned());
+                            for s in 0..8 {
+                                let lo = u32::from(*xb.add(4 + s / 2) >> (4 * (s % 2))) & 0xf;
+                                let ls = (lo | (((sh >> (2 * s)) & 3) << 4)) as i16 - 32;
+                                sc[s] = _mm256_set1_epi16(ls);
+                                let nib = bytes_from_nibbles_32(xb.add(8 + 16 * s));
+                                v[s] = _mm256_shuffle_epi8(table, nib);
+                            }
+                            ld_f16(xb)
+                        } else {
+                            let blk = std::slice::from_raw_parts(xb, bx);
+                            let (d, ls, vals) = crate::kernels::repack::iq_grid_tile(t, blk);
+                            for s in 0..8 {
+                                v[s] = loadu(vals.as_ptr().add(32 * s).cast::<u8>());
+                                sc[s] = _mm256_set_m128i(
+                                    _mm_set1_epi16(ls[2 * s + 1] as i16),
+                                    _mm_set1_epi16(ls[2 * s] as i16),
+                                );
+                            }
+                            d
+                        };
+                        let mut av = [_mm256_setzero_si256(); 8];
+                        for s in 0..8 {
+                            av[s] = if G == 2 {
+                                v[s]
+                            } else {
+                                _mm256_sign_epi8(v[s], v[s])
+                            };
+                        }
+                        for j in 0..rn {
+                            let yb = a[j0 + j].as_ptr().add(ib * 292);
+                            let yd = ld_f32(yb);
+                            let mut sumi = _mm256_setzero_si256();
+                            for s in 0..8 {
+                                let q8 = loadu(yb.add(4 + 32 * s));
+                                // Q2_K's values are unsigned already.
+                                let q8 = if G == 2 {
+                                    q8
+                                } else {
+                                    _mm256_sign_epi8(q8, v[s])
+                                };
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(av[s], q8), sc[s]);
+                                sumi = _mm256_add_epi32(sumi, p);
+                            }
+                            let s1 = hsum_i32(sumi);
+                            let mut res = d * s1 as f32;
+                            if G == 2 {
+                                let s2 = hsum_i32(_mm256_madd_epi16(mins, loadu(yb.add(260))));
+                                res = (-dmin).mul_add(s2 as f32, res);
+                            }
+                            acc[j] = res.mul_add(yd, acc[j]);
+                        }
+                    }
+                    for j in 0..rn {
+                        out[(j0 + j) * nw + i] = acc[j];
+                    }
+                    j0 += rn;
+                }
+            }
+        }
     }
 
     /// Group `l` of 8 values at `p`: f16 (`T == 0`) or f32, as f32.

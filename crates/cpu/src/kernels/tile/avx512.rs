@@ -10,14 +10,17 @@
 //! one 16-lane multiply and read back as embedded broadcasts.
 
 use super::avx2::{
-    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, Q4K_MAX_BLOCKS, Q4kDecoded, decode_q4k, ld_f16_last,
-    q0_bytes, q8k_act, scales4,
+    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, Q4K_MAX_BLOCKS, Q4kDecoded, decode_q4k, e8m0_half,
+    ld_f16, ld_f16_last, q0_bytes, q0_values, q8k_act, scales4,
 };
 use crate::kernels::x86::{K6_SHUFFLE, bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
 /// Whether [`run`] has a kernel for this product.
 pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> bool {
+    if let super::TileKind::Q0Chain(_) = kind {
+        return nw.is_multiple_of(8);
+    }
     if matches!(kind, super::TileKind::Q0(_) | super::TileKind::Q1(_))
         && (nb > MAX_BLOCKS || nw > MAX_W || na > MAX_A)
     {
@@ -61,6 +64,9 @@ pub(super) unsafe fn run(
         super::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
         super::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
         super::TileKind::Q6KTiled => unsafe { q6k_tiles(nb, w, a, out) },
+        super::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
+        super::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
+        super::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
     }
 }
@@ -813,5 +819,108 @@ unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN])
             }
         }
         out
+    }
+}
+
+/// The repacked Q0 kernels (Q4_0 `T == 0`, IQ4_NL 3, MXFP4 4; `acc = fma((float)Σq·q8,
+/// dx*dy, acc)` per output) for weight rows in groups of 8 and any number of activation rows,
+/// bit-identical to the AVX2 `q0_chain8`. Per block the 8 weight rows are decoded once and
+/// transposed so that i32 lane `r` holds row `r`'s values (4 bytes per `vpdpbusd` step, as
+/// `block_q4_0x8`'s interleaving); each activation row's 4-byte groups are broadcast to the
+/// lanes, the signs moved from the weights (`|x|`) onto them, and `vpdpbusd` accumulates the
+/// 8 exact block sums in the lanes, with no horizontal sums.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; every row holds `nb` blocks;
+/// `w.len()` is a multiple of 8; `out` holds `w.len() * a.len()` outputs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const CHUNK: usize = 16;
+    let bx = q0_bytes(T);
+    let (nw, na) = (w.len(), a.len());
+    // SAFETY: by this function's contract.
+    unsafe {
+        let mut idx = [_mm512_setzero_si512(); 4];
+        for (p, ix) in idx.iter_mut().enumerate() {
+            *ix = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set1_epi32(2 * p as i32)),
+                _mm256_set1_epi32(2 * p as i32 + 1),
+                1,
+            );
+        }
+        let zero = _mm512_setzero_si512();
+        for i0 in (0..nw).step_by(8) {
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(CHUNK);
+                let mut acc = [_mm256_setzero_ps(); CHUNK];
+                for ib in 0..nb {
+                    let mut v = [_mm256_setzero_si256(); 8];
+                    let mut dxs = [0f32; 8];
+                    for i in 0..8 {
+                        let xb = w[i0 + i].as_ptr().add(ib * bx);
+                        dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
+                        v[i] = q0_values::<T>(xb);
+                    }
+                    let dx = _mm256_loadu_ps(dxs.as_ptr());
+                    // 8×8 transpose of the rows' 4-byte groups: `t[k]` lane `r` = row r, group k.
+                    let mut t = [_mm256_setzero_si256(); 8];
+                    for h in 0..2 {
+                        let r = 4 * h;
+                        let a0 = _mm256_unpacklo_epi32(v[r], v[r + 1]);
+                        let a1 = _mm256_unpackhi_epi32(v[r], v[r + 1]);
+                        let a2 = _mm256_unpacklo_epi32(v[r + 2], v[r + 3]);
+                        let a3 = _mm256_unpackhi_epi32(v[r + 2], v[r + 3]);
+                        t[4 * h] = _mm256_unpacklo_epi64(a0, a2);
+                        t[4 * h + 1] = _mm256_unpackhi_epi64(a0, a2);
+                        t[4 * h + 2] = _mm256_unpacklo_epi64(a1, a3);
+                        t[4 * h + 3] = _mm256_unpackhi_epi64(a1, a3);
+                    }
+                    let mut ax = [zero; 4];
+                    let mut neg = [0u64; 4];
+                    for p in 0..4 {
+                        // Groups 2p (lanes 0-7) and 2p+1 (lanes 8-15): groups k and k+4 sit in
+                        // the low and high 128 bits of `t[k]` (rows 0-3) and `t[k + 4]` (4-7).
+                        let (c0, c1) = ((2 * p) % 4, (2 * p + 1) % 4);
+                        let (g0, g1) = if p < 2 {
+                            (
+                                _mm256_permute2x128_si256(t[c0], t[c0 + 4], 0x20),
+                                _mm256_permute2x128_si256(t[c1], t[c1 + 4], 0x20),
+                            )
+                        } else {
+                            (
+                                _mm256_permute2x128_si256(t[c0], t[c0 + 4], 0x31),
+                                _mm256_permute2x128_si256(t[c1], t[c1 + 4], 0x31),
+                            )
+                        };
+                        let z = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+                        neg[p] = _mm512_movepi8_mask(z);
+                        ax[p] = _mm512_abs_epi8(z);
+                    }
+                    for j in 0..rn {
+                        let yb = a[j0 + j].as_ptr().add(ib * 34);
+                        let dy = _mm256_set1_ps(ld_f16(yb));
+                        let y = _mm512_castsi256_si512(_mm256_loadu_si256(yb.add(2).cast()));
+                        let mut s = zero;
+                        for p in 0..4 {
+                            let yp = _mm512_permutexvar_epi32(idx[p], y);
+                            let ys = _mm512_mask_sub_epi8(yp, neg[p], zero, yp);
+                            s = _mm512_dpbusd_epi32(s, ax[p], ys);
+                        }
+                        let sums = _mm256_add_epi32(
+                            _mm512_castsi512_si256(s),
+                            _mm512_extracti64x4_epi64(s, 1),
+                        );
+                        // dx*dy rounded once, then one FMA: the scalar chain per lane.
+                        let d = _mm256_mul_ps(dx, dy);
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[j]);
+                    }
+                }
+                for j in 0..rn {
+                    _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), acc[j]);
+                }
+                j0 += rn;
+            }
+        }
     }
 }
