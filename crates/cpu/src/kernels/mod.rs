@@ -105,6 +105,30 @@ pub fn simd_available() -> bool {
     isa() >= Isa::Avx2
 }
 
+/// How far ahead of the weight row being read [`prefetch_ahead`] fetches. Token generation
+/// streams every weight once; on some machines (seen: an Intel Xeon VM) the hardware
+/// prefetcher leaves a row-at-a-time dot waiting on memory (SmolLM2 Q4_1 tg128 at one
+/// thread: 37 t/s without, 64 with; 320 bytes: 40, 1280: 60, 4096: 64, 8192: 63).
+pub(crate) const PREFETCH_DISTANCE: usize = 4096;
+
+/// Asks the cache for the `len` bytes that lie [`PREFETCH_DISTANCE`] past `row`: the rows
+/// a gemv reads next (weight rows sit one after another). A hint only: no result changes.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(row: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let start = row.as_ptr().wrapping_add(PREFETCH_DISTANCE);
+        for off in (0..row.len()).step_by(64) {
+            // SAFETY: a prefetch never faults, whatever the address (it may lie past the
+            // tensor or the mapping); SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off) as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
 /// `GGML_CPU_FP16_TO_FP32` of the little-endian f16 at `b[off..off + 2]`.
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
