@@ -402,13 +402,9 @@ impl MatMul {
         // single-row kernel is scalar).
         if let Some(t) = self.tile_kind(j0, na)
             && (na > 1 || matches!(t, TileKind::Q0Chain(_)))
+            && tile::tile_at(isa, t, k, w, acts, out)
         {
-            if na == 1 {
-                w.iter().for_each(|wr| super::prefetch_ahead(wr));
-            }
-            if tile::tile_at(isa, t, k, w, acts, out) {
-                return;
-            }
+            return;
         }
         for (i, wr) in w.iter().enumerate() {
             super::prefetch_ahead(wr);
