@@ -723,9 +723,23 @@ impl Grammar {
     /// Which rules derive some finite text: the usual worklist fixpoint, linear in the
     /// grammar's size. A grammar whose root is not productive can never end.
     fn productive(&self) -> Vec<bool> {
+        // `[5-1]` matches nothing: an alternative with such a class derives nothing.
+        self.derives(|rule, i| matches!(rule[i], Element::Char(_)) && class_is_empty(&rule[i..]))
+    }
+
+    /// Which rules derive the empty text: the same fixpoint with every terminal blocking
+    /// its alternative.
+    fn nullable(&self) -> Vec<bool> {
+        self.derives(|_, _| true)
+    }
+
+    /// The worklist fixpoint behind [`Grammar::productive`] and [`Grammar::nullable`]: a rule
+    /// derives when one of its alternatives has only deriving references and no terminal
+    /// element `blocks(rule, i)` says stops it.
+    fn derives(&self, blocks: impl Fn(&[Element], usize) -> bool) -> Vec<bool> {
         let n = self.rules.len();
-        // Per alternative: its rule and how many of its references are not yet known
-        // productive; users[r]: the alternatives referencing r, once per reference.
+        // Per alternative: its rule and how many of its references are not yet known to
+        // derive; users[r]: the alternatives referencing r, once per reference.
         let mut alt_rule = Vec::new();
         let mut pending = Vec::new();
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -737,25 +751,22 @@ impl Grammar {
                         count += 1;
                         users[c as usize].push(alt_rule.len());
                     }
-                    Element::Char(_) if class_is_empty(&rule[i..]) => {
-                        // `[5-1]` matches nothing: this alternative derives nothing.
-                        count = usize::MAX / 2;
-                    }
                     e if e.is_end_of_sequence() => {
                         alt_rule.push(r);
                         pending.push(count);
                         count = 0;
                     }
+                    _ if blocks(rule, i) => count = usize::MAX / 2,
                     _ => {}
                 }
             }
         }
-        let mut productive = vec![false; n];
+        let mut derives = vec![false; n];
         let mut work: Vec<usize> = Vec::new();
         for (alt, &c) in pending.iter().enumerate() {
             let r = alt_rule[alt];
-            if c == 0 && !productive[r] {
-                productive[r] = true;
+            if c == 0 && !derives[r] {
+                derives[r] = true;
                 work.push(r);
             }
         }
@@ -763,60 +774,13 @@ impl Grammar {
             for &alt in &users[r] {
                 pending[alt] -= 1;
                 let owner = alt_rule[alt];
-                if pending[alt] == 0 && !productive[owner] {
-                    productive[owner] = true;
+                if pending[alt] == 0 && !derives[owner] {
+                    derives[owner] = true;
                     work.push(owner);
                 }
             }
         }
-        productive
-    }
-
-    /// Which rules derive the empty text: the worklist fixpoint of [`Grammar::productive`]
-    /// with terminals blocking an alternative.
-    fn nullable(&self) -> Vec<bool> {
-        let n = self.rules.len();
-        let mut alt_rule = Vec::new();
-        let mut pending = Vec::new();
-        let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for (r, rule) in self.rules.iter().enumerate() {
-            let mut count = 0usize;
-            for e in rule {
-                match *e {
-                    Element::RuleRef(c) => {
-                        count += 1;
-                        users[c as usize].push(alt_rule.len());
-                    }
-                    e if e.is_end_of_sequence() => {
-                        alt_rule.push(r);
-                        pending.push(count);
-                        count = 0;
-                    }
-                    // A terminal: this alternative never derives the empty text.
-                    _ => count = usize::MAX / 2,
-                }
-            }
-        }
-        let mut nullable = vec![false; n];
-        let mut work: Vec<usize> = Vec::new();
-        for (alt, &c) in pending.iter().enumerate() {
-            let r = alt_rule[alt];
-            if c == 0 && !nullable[r] {
-                nullable[r] = true;
-                work.push(r);
-            }
-        }
-        while let Some(r) = work.pop() {
-            for &alt in &users[r] {
-                pending[alt] -= 1;
-                let owner = alt_rule[alt];
-                if pending[alt] == 0 && !nullable[owner] {
-                    nullable[owner] = true;
-                    work.push(owner);
-                }
-            }
-        }
-        nullable
+        derives
     }
 
     /// Left recursion the stacks grow on without end, which llama.cpp's check misses:
