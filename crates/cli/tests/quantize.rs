@@ -174,15 +174,19 @@ fn check_perplexity(model: &str) {
     let mut failures = Vec::new();
     for r in results {
         let qtype = r["type"].as_str().unwrap();
-        // An importance matrix (IQ2_XXS) is named by its path from the repository root.
+        // An importance matrix (IQ2_XXS) is named by its path from the repository root, and
+        // run from there: the path as given is written into `quantize.imatrix.file`.
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-        let imatrix = r["imatrix"].as_str().map(|p| format!("{root}/{p}"));
         let mut args = vec!["quantize", "--allow-requantize"];
-        if let Some(p) = &imatrix {
-            args.extend(["--imatrix", p.as_str()]);
+        if let Some(p) = r["imatrix"].as_str() {
+            args.extend(["--imatrix", p]);
         }
         args.extend([path.to_str().unwrap(), out_s, qtype, "2"]);
-        let o = lamina(&args);
+        let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .current_dir(root)
+            .args(&args)
+            .output()
+            .unwrap();
         assert!(
             o.status.success(),
             "{model} {qtype}: {}",
