@@ -295,6 +295,17 @@ fn write_splits(model: &Path, dir: &Path, max_tensors: usize) -> Vec<std::path::
     paths
 }
 
+/// Each file's name and sha256.
+fn names_and_hashes(paths: &[std::path::PathBuf]) -> Vec<(String, String)> {
+    paths
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap().to_string();
+            (name, sha256_of(p))
+        })
+        .collect()
+}
+
 fn sha256_of(path: &Path) -> String {
     format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()))
 }
@@ -318,13 +329,7 @@ fn split_models_quantize_like_llama_quantize() {
         .iter()
         .map(|i| (i["name"].as_str().unwrap(), i["sha256"].as_str().unwrap()))
         .collect();
-    let got: Vec<(String, String)> = inputs
-        .iter()
-        .map(|p| {
-            let name = p.file_name().unwrap().to_str().unwrap().to_string();
-            (name, sha256_of(p))
-        })
-        .collect();
+    let got = names_and_hashes(&inputs);
     let got: Vec<(&str, &str)> = got.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     assert_eq!(got, want, "the split input is not llama-gguf-split's");
 
@@ -365,13 +370,7 @@ fn split_models_quantize_like_llama_quantize() {
             .map(|e| e.unwrap().path())
             .collect();
         outs.sort();
-        let got: Vec<(String, String)> = outs
-            .iter()
-            .map(|p| {
-                let name = p.file_name().unwrap().to_str().unwrap().to_string();
-                (name, sha256_of(p))
-            })
-            .collect();
+        let got = names_and_hashes(&outs);
         let want: Vec<(String, String)> = case["outputs"]
             .as_array()
             .unwrap()
