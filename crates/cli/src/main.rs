@@ -211,6 +211,8 @@ fn serve_context_params(
         n_ctx: args.ctx_size as usize,
         n_ubatch: args.ubatch_size.min(args.batch_size).max(1) as usize,
         n_seq_max: args.parallel.max(1) as usize,
+        // As llama-server: without `-kvu`, each slot has a stream of cells of its own.
+        kv_unified: args.kv_unified,
         ..Default::default()
     };
     cache.apply(&mut params)?;
@@ -236,7 +238,6 @@ fn serve_router(
         cmd::resolve_model(lamina_gguf::pull::DEFAULT_MODEL)?;
     }
     let devices = devices.clone();
-    let kv_unified = args.kv_unified;
     let loader: Loader = Arc::new(move |m| {
         let path = m.path.display().to_string();
         let loaded =
@@ -246,8 +247,7 @@ fn serve_router(
             loaded.tokenizer,
             &choice,
         )
-        .map_err(|e| format!("{e:#}"))?
-        .kv_unified(kv_unified);
+        .map_err(|e| format!("{e:#}"))?;
         Ok(Box::new(engine) as Box<dyn lamina_server::Engine>)
     });
     let default_model = scan_models(args.models_dir.as_deref(), None)
@@ -300,7 +300,6 @@ fn serve(
         Box::new(move || Ok(cmd::load_with(&path, threads, params, &devices)?.context));
     let engine =
         cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?
-            .kv_unified(args.kv_unified)
             .with_reload(reload);
     cmd::serve::run(args, config, Box::new(engine))
 }

@@ -115,6 +115,11 @@ pub struct ContextParams {
     pub n_threads: usize,
     /// Sequences the cache can hold (`-np`).
     pub n_seq_max: usize,
+    /// All sequences share all cells (`-kvu`, llama.cpp's unified cache). When off, with
+    /// several sequences, each has a stream of its own of `n_ctx / n_seq_max` cells (padded
+    /// to 256, as llama.cpp does), and a sequence computes the same whichever stream it is
+    /// in and whatever the others hold.
+    pub kv_unified: bool,
     /// With several devices, keep several micro-batches in flight (pipeline parallelism);
     /// `false` waits for each micro-batch before the next.
     pub pipeline_parallel: bool,
@@ -130,6 +135,7 @@ impl Default for ContextParams {
             flash_attn: FlashAttn::Auto,
             n_threads: 0,
             n_seq_max: 1,
+            kv_unified: true,
             pipeline_parallel: true,
         }
     }
@@ -197,6 +203,22 @@ impl Context {
                 "micro-batch size must be positive and sequences between 1 and {MAX_SEQUENCES}"
             )));
         }
+        let n_stream = if params.kv_unified {
+            1
+        } else {
+            params.n_seq_max
+        };
+        if n_stream > 1 {
+            // llama.cpp's sizes: each stream's cells (`n_ctx_seq`) padded to 256.
+            let n_ctx_seq = (params.n_ctx.next_multiple_of(256) / n_stream).next_multiple_of(256);
+            if n_ctx_seq == 0 {
+                return Err(ModelError::BadParams(format!(
+                    "a context of {} cells is too small for {n_stream} sequences",
+                    params.n_ctx
+                )));
+            }
+            params.n_ctx = n_ctx_seq * n_stream;
+        }
         params.n_ubatch = params.n_ubatch.min(params.n_ctx);
         // As llama.cpp: auto is on (every CPU device runs flash attention); a quantized V
         // cache turns auto on and refuses off.
@@ -230,7 +252,8 @@ impl Context {
             &model.hparams,
             params.n_ctx,
             format,
-        )?;
+        )?
+        .with_streams(n_stream)?;
         let sched = Scheduler::new(plan.devices.clone(), params.pipeline_parallel)?;
         let mut ctx = Context {
             kv_memory: (0..plan.devices.len())
@@ -254,6 +277,7 @@ impl Context {
         // Size the compute buffer once for the worst case: a full micro-batch over the whole cache.
         let worst = GraphShape {
             n_tokens: params.n_ubatch,
+            kv_start: 0,
             n_kv: params.n_ctx,
             n_outputs: params.n_ubatch,
             embeddings: false,
@@ -359,6 +383,7 @@ impl Context {
             placement: &[],
             cells: &all_cells,
             kv: &self.kv,
+            kv_start: 0,
             n_kv: self.kv.size(),
         };
         let mut scratch = Vec::new();
@@ -564,18 +589,15 @@ impl Context {
         k: usize,
     ) -> Result<PendingRead, ModelError> {
         let n_tokens = ubatch.len();
-        // Attend over the used cells padded to 256, as llama.cpp's `get_n_kv` does: the padding
-        // is masked out, but it decides which kernels run and how their sums are grouped, and
-        // matching llama.cpp bit for bit needs the same.
-        let n_kv = self
-            .kv
-            .size()
-            .min(self.kv.n_kv().next_multiple_of(256).max(256));
+        // Attend over the used cells of the micro-batch's streams, padded to 256 as llama.cpp
+        // pads them: matching llama.cpp bit for bit needs the same span.
+        let (kv_start, n_kv) = self.kv.attention_span(ubatch.iter().map(|t| t.seq));
         let n_wanted = ubatch.iter().filter(|t| t.logits).count();
         // A micro-batch that wants no logits still runs (to fill the cache); it computes one row.
         let n_outputs = n_wanted.max(1);
         let shape = GraphShape {
             n_tokens,
+            kv_start,
             n_kv,
             n_outputs,
             embeddings,
@@ -618,6 +640,7 @@ impl Context {
             placement: &scratch.placement,
             cells: &self.cells[cells],
             kv: &self.kv,
+            kv_start,
             n_kv,
         };
         for input in &cached.inputs {

@@ -6,6 +6,7 @@
 //! and the sequences of the token they hold; the attention mask is built from them. A layer
 //! whose V is the start of its K rows (absorbed MLA) stores no V.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use lamina_backend::{Buffer, Device};
@@ -103,6 +104,14 @@ pub struct KvCache {
     /// over the cache before the next compute.
     shifts: Vec<i32>,
     has_shift: bool,
+    /// Cells per stream: the whole cache when unified, else `size / n_seq` (llama.cpp's
+    /// `n_ctx_seq`), and sequence `s` keeps its tokens in stream `s`'s cells. See
+    /// [`KvCache::with_streams`].
+    stream_size: usize,
+    n_stream: usize,
+    /// Per stream, and last for the whole cache, where the next free-cell search of one
+    /// [`KvCache::place_into`] goes on (kept so that placing allocates nothing).
+    cursors: Vec<usize>,
 }
 
 impl KvCache {
@@ -212,6 +221,9 @@ impl KvCache {
             cells: vec![Cell::FREE; size],
             shifts: vec![0; size],
             has_shift: false,
+            stream_size: size,
+            n_stream: 1,
+            cursors: vec![0; 2],
         })
     }
 
@@ -237,6 +249,83 @@ impl KvCache {
         &self.cells
     }
 
+    /// The cache cut into `n_stream` equal streams, llama.cpp's non-unified cache (its
+    /// default with several sequences): sequence `s` keeps its tokens in stream `s`, and
+    /// attention over a micro-batch of one sequence looks at that stream's cells alone, from
+    /// its first cell, so a sequence computes the same in every stream (on one shared run of
+    /// cells, where its tokens land would decide how the kernels group their sums). A
+    /// stream's size must be a multiple of 256 (llama.cpp's padding).
+    pub fn with_streams(mut self, n_stream: usize) -> Result<KvCache, ModelError> {
+        if n_stream == 1 {
+            self.stream_size = self.size;
+            self.n_stream = 1;
+            self.cursors = vec![0; 2];
+            return Ok(self);
+        }
+        if n_stream == 0
+            || !self.size.is_multiple_of(n_stream)
+            || !(self.size / n_stream).is_multiple_of(256)
+        {
+            return Err(ModelError::BadParams(format!(
+                "{} cells cannot be cut into {n_stream} streams of a multiple of 256 cells",
+                self.size
+            )));
+        }
+        self.stream_size = self.size / n_stream;
+        self.n_stream = n_stream;
+        self.cursors = vec![0; n_stream + 1];
+        Ok(self)
+    }
+
+    /// Number of streams (1: unified).
+    pub fn n_stream(&self) -> usize {
+        self.n_stream
+    }
+
+    /// The stream sequence `seq` lives in; `None` for the whole cache: a unified cache, or a
+    /// sequence beyond the streams (the context's scratch sequence for embeddings, which
+    /// takes free cells anywhere for the time of one call).
+    fn stream_of(&self, seq: usize) -> Option<usize> {
+        (self.n_stream > 1 && seq < self.n_stream).then_some(seq)
+    }
+
+    /// The cells sequence `seq` may take.
+    pub fn stream_cells(&self, seq: usize) -> Range<usize> {
+        match self.stream_of(seq) {
+            Some(s) => s * self.stream_size..(s + 1) * self.stream_size,
+            None => 0..self.size,
+        }
+    }
+
+    /// The cells attention over tokens of `seqs` looks at: from the first cell of their first
+    /// stream up to the last used cell of their last, each stream's part padded to 256 cells
+    /// as llama.cpp's `get_n_kv` pads it (the padding is masked out, but it decides which
+    /// kernels run and how their sums are grouped). Returns `(first cell, cell count)`.
+    pub fn attention_span(&self, seqs: impl Iterator<Item = usize>) -> (usize, usize) {
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        // Streams seen, and last the whole cache (bit 63: MAX_SEQUENCES is 64).
+        let mut seen = 0u64;
+        for seq in seqs {
+            let key = self.stream_of(seq).unwrap_or(63);
+            if seen & (1 << key) != 0 {
+                continue;
+            }
+            seen |= 1 << key;
+            let r = self.stream_cells(seq);
+            let used = self.cells[r.clone()]
+                .iter()
+                .rposition(|c| !c.is_free())
+                .map_or(0, |i| i + 1);
+            let n = r.len().min(used.next_multiple_of(256).max(256));
+            lo = lo.min(r.start);
+            hi = hi.max(r.start + n);
+        }
+        if lo == usize::MAX {
+            return (0, self.stream_size.min(256));
+        }
+        (lo, hi - lo)
+    }
+
     /// Cells in use.
     pub fn used(&self) -> usize {
         self.cells.iter().filter(|c| !c.is_free()).count()
@@ -250,8 +339,8 @@ impl KvCache {
             .map_or(0, |i| i + 1)
     }
 
-    /// Claims a free cell for each `(pos, seq)` token, lowest cells first; nothing is claimed
-    /// if they do not all fit.
+    /// Claims a free cell for each `(pos, seq)` token, lowest cells of its sequence's stream
+    /// first; nothing is claimed if they do not all fit.
     pub fn place(&mut self, tokens: &[(i32, usize)]) -> Result<Vec<usize>, ModelError> {
         let mut cells = Vec::with_capacity(tokens.len());
         self.place_into(tokens, &mut cells)?;
@@ -265,24 +354,34 @@ impl KvCache {
         out: &mut Vec<usize>,
     ) -> Result<(), ModelError> {
         let start = out.len();
-        out.extend(
-            (0..self.size)
-                .filter(|&i| self.cells[i].is_free())
-                .take(tokens.len()),
-        );
-        if out.len() - start < tokens.len() {
-            out.truncate(start);
-            return Err(ModelError::ContextFull {
-                needed: tokens.len(),
-                free: self.size - self.used(),
-                size: self.size,
-            });
+        for s in 0..self.n_stream {
+            self.cursors[s] = s * self.stream_size;
         }
-        for (&cell, &(pos, seq)) in out[start..].iter().zip(tokens) {
-            self.cells[cell] = Cell {
+        self.cursors[self.n_stream] = 0;
+        // Each search moves forward from where its last one stopped; a cell is claimed as it
+        // is found, and all are given back if one token finds none.
+        for &(pos, seq) in tokens {
+            let r = self.stream_cells(seq);
+            let key = self.stream_of(seq).unwrap_or(self.n_stream);
+            let found = (self.cursors[key].max(r.start)..r.end).find(|&i| self.cells[i].is_free());
+            let Some(c) = found else {
+                for &c in &out[start..] {
+                    self.cells[c] = Cell::FREE;
+                }
+                out.truncate(start);
+                let in_stream = |seq: usize| self.stream_cells(seq) == r;
+                return Err(ModelError::ContextFull {
+                    needed: tokens.iter().filter(|t| in_stream(t.1)).count(),
+                    free: self.cells[r.clone()].iter().filter(|c| c.is_free()).count(),
+                    size: r.len(),
+                });
+            };
+            self.cursors[key] = c + 1;
+            self.cells[c] = Cell {
                 pos,
                 seqs: 1 << seq,
             };
+            out.push(c);
         }
         Ok(())
     }
@@ -529,7 +628,7 @@ impl KvCache {
             .max()
     }
 
-    /// The attention mask for tokens `(pos, seq)` over the first `n_kv` cells, as llama.cpp
+    /// The attention mask for tokens `(pos, seq)` over the cells `span`, as llama.cpp
     /// builds it: 0 where the token may attend to the cell (same sequence, not in the future,
     /// and within the sliding window when `window` is set), -inf elsewhere. Written into `out`
     /// (its allocation reused) as the little-endian f32 bytes the graph input takes, so a
@@ -537,14 +636,14 @@ impl KvCache {
     pub fn mask_into(
         &self,
         tokens: &[(i32, usize)],
-        n_kv: usize,
+        span: Range<usize>,
         window: Option<u32>,
         out: &mut Vec<u8>,
     ) {
         out.clear();
-        out.reserve(4 * n_kv * tokens.len());
+        out.reserve(4 * span.len() * tokens.len());
         for &(pos, seq) in tokens {
-            for cell in &self.cells[..n_kv] {
+            for cell in &self.cells[span.clone()] {
                 let visible = cell.seqs & (1 << seq) != 0
                     && cell.pos <= pos
                     && window.is_none_or(|w| i64::from(pos) - i64::from(cell.pos) < i64::from(w));

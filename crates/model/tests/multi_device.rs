@@ -225,6 +225,7 @@ fn check_residency_with(model: &Model, flash_attn: bool) {
     };
     let shape = GraphShape {
         n_tokens: 8,
+        kv_start: 0,
         n_kv: 256,
         n_outputs: 8,
         embeddings: false,

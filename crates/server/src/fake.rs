@@ -41,6 +41,8 @@ pub struct FakeStats {
     pub tokens_decoded: AtomicU64,
     /// Largest number of distinct sequences seen in one batch.
     pub max_seqs_per_batch: AtomicU64,
+    /// The number of distinct sequences in each batch, in order.
+    pub seqs_per_batch: std::sync::Mutex<Vec<u64>>,
 }
 
 /// The fake model; see the module doc.
@@ -340,6 +342,9 @@ impl Engine for FakeEngine {
         self.stats
             .max_seqs_per_batch
             .fetch_max(n_seqs, Ordering::Relaxed);
+        if let Ok(mut v) = self.stats.seqs_per_batch.lock() {
+            v.push(n_seqs);
+        }
         let cost = self.decode_base + self.decode_per_token * batch.len() as u32;
         if !cost.is_zero() {
             std::thread::sleep(cost);

@@ -615,6 +615,7 @@ impl AppState {
                     .with_code("queue_full")
             })?;
         let mut choices = Vec::with_capacity(total);
+        let mut jobs = Vec::with_capacity(total);
         for (prompt_index, prompt) in prompts.iter().enumerate() {
             for k in 0..n {
                 let mut p = params.clone();
@@ -622,14 +623,11 @@ impl AppState {
                     p.sampling.seed = p.sampling.seed.wrapping_add(k as u32);
                 }
                 let (tx, rx) = mpsc::unbounded_channel();
-                self.0
-                    .cmd
-                    .send(Command::Generate(Job {
-                        prompt: prompt.clone(),
-                        params: p,
-                        events: tx,
-                    }))
-                    .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+                jobs.push(Job {
+                    prompt: prompt.clone(),
+                    params: p,
+                    events: tx,
+                });
                 choices.push(Choice {
                     rx,
                     prompt_index,
@@ -639,6 +637,10 @@ impl AppState {
                 });
             }
         }
+        self.0
+            .cmd
+            .send(Command::Generate(jobs))
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
         for c in &mut choices {
             match c.rx.recv().await {
                 Some(Event::Accepted {

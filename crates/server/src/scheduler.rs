@@ -343,7 +343,11 @@ pub enum EmbedInput {
 // Commands are moved once through the channel; boxing the large variant buys nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Command {
-    Generate(Job),
+    /// The choices of one request (its prompts times `n`): queued together, so that they
+    /// start in the same step and share every batch after it, as llama-server posts a
+    /// request's tasks at once. (Queued one by one, the engine could start the first a step
+    /// ahead, and identical prompts could then round differently.)
+    Generate(Vec<Job>),
     Tokenize {
         text: String,
         add_special: bool,
@@ -380,8 +384,10 @@ impl Command {
     /// Answers the command with `e` (or the closest thing its reply can carry).
     fn fail(self, e: ApiError) {
         match self {
-            Command::Generate(job) => {
-                let _ = job.events.send(Event::Error(e));
+            Command::Generate(jobs) => {
+                for job in jobs {
+                    let _ = job.events.send(Event::Error(e.clone()));
+                }
             }
             Command::Embed { reply, .. } => {
                 let _ = reply.send(Err(e));
@@ -779,6 +785,40 @@ impl Scheduler {
         }
     }
 
+    /// Prepares `job` and queues it, or answers it with the error.
+    fn queue_job(&mut self, job: Job) {
+        match self.prepare(&job) {
+            Ok((tokens, sampler, thinking_open, budget)) => {
+                if job
+                    .events
+                    .send(Event::Accepted {
+                        prompt_tokens: tokens.len(),
+                        thinking_open,
+                        prompt: {
+                            let mut bytes = Vec::new();
+                            for &t in &tokens {
+                                bytes.extend(self.engine.token_to_piece_special(t));
+                            }
+                            String::from_utf8_lossy(&bytes).into_owned()
+                        },
+                    })
+                    .is_ok()
+                {
+                    Metrics::add(&self.metrics.requests_total, 1);
+                    self.queue.push_back(Queued {
+                        job,
+                        tokens,
+                        sampler,
+                        budget,
+                    });
+                }
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Error(e));
+            }
+        }
+    }
+
     fn handle(&mut self, cmd: Command) {
         if !matches!(cmd, Command::Slots { .. })
             && let Err(e) = self.wake_up()
@@ -787,39 +827,15 @@ impl Scheduler {
             return;
         }
         match cmd {
-            Command::Generate(job) => match self.prepare(&job) {
-                Ok((tokens, sampler, thinking_open, budget)) => {
-                    if job
-                        .events
-                        .send(Event::Accepted {
-                            prompt_tokens: tokens.len(),
-                            thinking_open,
-                            prompt: {
-                                let mut bytes = Vec::new();
-                                for &t in &tokens {
-                                    bytes.extend(self.engine.token_to_piece_special(t));
-                                }
-                                String::from_utf8_lossy(&bytes).into_owned()
-                            },
-                        })
-                        .is_ok()
-                    {
-                        Metrics::add(&self.metrics.requests_total, 1);
-                        self.queue.push_back(Queued {
-                            job,
-                            tokens,
-                            sampler,
-                            budget,
-                        });
-                    }
+            Command::Generate(jobs) => {
+                for job in jobs {
+                    self.queue_job(job);
                 }
-                Err(e) => {
-                    let _ = job.events.send(Event::Error(e));
-                }
-            },
+            }
             Command::Slot { id, action, reply } => {
                 let _ = reply.send(self.slot_action(id, action));
             }
+
             Command::ApplyTemplate { chat, reply } => {
                 let out = chat.render(&self.engine).map_err(template_error);
                 let _ = reply.send(out);

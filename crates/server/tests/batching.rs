@@ -37,38 +37,71 @@ fn run_jobs(
     let mut receivers = Vec::new();
     for (prompt, params) in jobs {
         let (etx, erx) = mpsc::unbounded_channel();
-        tx.send(Command::Generate(Job {
+        tx.send(Command::Generate(vec![Job {
             prompt,
             params,
             events: etx,
-        }))
+        }]))
         .unwrap();
         receivers.push(erx);
     }
     drop(tx);
     let thread = std::thread::spawn(move || sched.run(rx));
-    let outcomes = receivers
-        .into_iter()
-        .map(|mut rx| {
-            let mut text = String::new();
-            loop {
-                match rx.blocking_recv().expect("event") {
-                    Event::Accepted { .. } | Event::Progress(_) => {}
-                    Event::Delta(d) => text.push_str(&d.text),
-                    Event::Done(d) => {
-                        return Outcome {
-                            text,
-                            completion_tokens: d.completion_tokens,
-                            stop: d.stop_type,
-                        };
-                    }
-                    Event::Error(e) => panic!("{e}"),
-                }
-            }
-        })
-        .collect();
+    let outcomes = receivers.into_iter().map(outcome).collect();
     thread.join().unwrap();
     (outcomes, stats)
+}
+
+/// Waits for a job's events to end.
+fn outcome(mut rx: mpsc::UnboundedReceiver<Event>) -> Outcome {
+    let mut text = String::new();
+    loop {
+        match rx.blocking_recv().expect("event") {
+            Event::Accepted { .. } | Event::Progress(_) => {}
+            Event::Delta(d) => text.push_str(&d.text),
+            Event::Done(d) => {
+                return Outcome {
+                    text,
+                    completion_tokens: d.completion_tokens,
+                    stop: d.stop_type,
+                };
+            }
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// The prompts of one request reach a running engine as one command and start in the
+/// same step: every batch holds both, so identical prompts are computed alike.
+#[test]
+fn the_prompts_of_one_request_share_every_batch() {
+    let engine = FakeEngine::new(2048, 2);
+    let stats = engine.stats();
+    let sched = Scheduler::new(Box::new(engine), 512, Arc::new(Metrics::default()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Running (and waiting for work) before the request comes.
+    let thread = std::thread::spawn(move || sched.run(rx));
+    let mut jobs = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..2 {
+        let (etx, erx) = mpsc::unbounded_channel();
+        jobs.push(Job {
+            prompt: Prompt::Text {
+                text: "I believe the meaning of life is".into(),
+                add_special: true,
+            },
+            params: params(SamplingParams::greedy(), 24),
+            events: etx,
+        });
+        receivers.push(erx);
+    }
+    tx.send(Command::Generate(jobs)).unwrap();
+    let outcomes: Vec<Outcome> = receivers.into_iter().map(outcome).collect();
+    drop(tx);
+    thread.join().unwrap();
+    assert_eq!(outcomes[0].text, outcomes[1].text);
+    let seqs = stats.seqs_per_batch.lock().unwrap();
+    assert!(!seqs.is_empty() && seqs.iter().all(|&n| n == 2), "{seqs:?}");
 }
 
 fn prompts() -> Vec<String> {
@@ -228,7 +261,7 @@ fn prompt_cache_reuses_the_common_prefix() {
             params: params(SamplingParams::greedy(), 20),
             events: etx,
         };
-        tx.send(Command::Generate(job)).unwrap();
+        tx.send(Command::Generate(vec![job])).unwrap();
         let mut out = String::new();
         loop {
             match erx.blocking_recv().unwrap() {

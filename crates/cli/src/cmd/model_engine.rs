@@ -17,6 +17,7 @@ enum Template {
 #[derive(Clone, Copy)]
 struct Dims {
     n_ctx: u32,
+    kv_unified: bool,
     n_ctx_train: u32,
     n_vocab: usize,
     n_seq_max: u32,
@@ -65,8 +66,6 @@ pub struct ModelEngine {
     tokenizer: Tokenizer,
     template: Template,
     name: String,
-    /// `--kv-unified`: every sequence may use the whole cache (else `n_ctx / n_seq`).
-    kv_unified: bool,
 }
 
 impl ModelEngine {
@@ -108,6 +107,7 @@ impl ModelEngine {
         let hp = &ctx.model().hparams;
         let dims = Dims {
             n_ctx: ctx.n_ctx() as u32,
+            kv_unified: ctx.params().kv_unified,
             n_ctx_train: hp.n_ctx_train,
             n_vocab: hp.n_vocab as usize,
             n_seq_max: ctx.params().n_seq_max as u32,
@@ -126,7 +126,6 @@ impl ModelEngine {
             tokenizer,
             template,
             name,
-            kv_unified: false,
         })
     }
 
@@ -141,12 +140,6 @@ impl ModelEngine {
         self.ctx.as_mut().ok_or_else(|| {
             EngineError::Backend("the model is not loaded (the server sleeps)".into())
         })
-    }
-
-    /// llama.cpp's `--kv-unified`: the slots share all the cells instead of an equal part each.
-    pub fn kv_unified(mut self, on: bool) -> ModelEngine {
-        self.kv_unified = on;
-        self
     }
 }
 
@@ -166,7 +159,9 @@ impl Engine for ModelEngine {
         self.dims.n_ctx
     }
     fn n_ctx_seq(&self) -> u32 {
-        if self.kv_unified {
+        // `--kv-unified`: every sequence may use the whole cache; else each has a stream of
+        // `n_ctx / n_seq` cells.
+        if self.dims.kv_unified {
             self.n_ctx()
         } else {
             self.n_ctx() / self.n_seq_max().max(1)

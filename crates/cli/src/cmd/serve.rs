@@ -242,7 +242,8 @@ pub struct ServeArgs {
     /// has it further on (0: off); a request's `n_cache_reuse` wins.
     #[arg(long = "cache-reuse", value_parser = clap::value_parser!(u32))]
     pub cache_reuse: Option<u32>,
-    /// All slots share the whole KV cache (`-kvu`) instead of an equal part each.
+    /// All slots share the whole KV cache (`-kvu`) instead of a stream of `-c / -np` cells
+    /// each (where a slot computes the same whatever the others hold).
     #[arg(long = "kv-unified")]
     pub kv_unified: bool,
     /// How embeddings pool the hidden states: `mean` (the default), `cls`, `last`,

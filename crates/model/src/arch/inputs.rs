@@ -17,7 +17,8 @@ pub struct InputSource<'a> {
     /// The cache cell of each token.
     pub cells: &'a [usize],
     pub kv: &'a KvCache,
-    /// Cells attention looks at.
+    /// Cells attention looks at: `n_kv` from `kv_start`.
+    pub kv_start: usize,
     pub n_kv: usize,
 }
 
@@ -99,9 +100,10 @@ impl InputFill for KqMask {
         write: &mut InputWriter<'_>,
     ) -> Result<(), ModelError> {
         let n_kv = src.n_kv;
+        let span = src.kv_start..src.kv_start + n_kv;
         let rows = (MASK_PART_BYTES / (4 * n_kv)).max(1);
         for (i, part) in src.placement.chunks(rows).enumerate() {
-            src.kv.mask_into(part, n_kv, self.window, scratch);
+            src.kv.mask_into(part, span.clone(), self.window, scratch);
             write(i * rows * 4 * n_kv, scratch)?;
         }
         Ok(())

@@ -29,6 +29,7 @@ pub fn build_shift_graph(ctx: &BuildContext<'_>) -> Result<BuiltGraph, ModelErro
     let size = kv.size();
     let shape = GraphShape {
         n_tokens: size,
+        kv_start: 0,
         n_kv: size,
         n_outputs: 0,
         embeddings: false,

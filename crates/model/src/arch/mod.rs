@@ -180,7 +180,9 @@ pub struct BuiltGraph {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GraphShape {
     pub n_tokens: usize,
-    /// Cells attention looks at.
+    /// Cells attention looks at: `n_kv` of them from cell `kv_start` (the first cell of the
+    /// micro-batch's first stream).
+    pub kv_start: usize,
     pub n_kv: usize,
     /// Rows of logits computed.
     pub n_outputs: usize,
@@ -793,7 +795,7 @@ impl<'a> Builder<'a> {
     ) -> Result<TensorId, ModelError> {
         let hp = self.hp();
         let n_tokens = self.shape.n_tokens;
-        let n_kv = self.shape.n_kv;
+        let (kv_start, n_kv) = (self.shape.kv_start, self.shape.n_kv);
         let head_k = hp.n_embd_head_k as usize;
         let head_v = hp.n_embd_head_v as usize;
         let n_head = hp.n_head[il] as usize;
@@ -820,7 +822,8 @@ impl<'a> Builder<'a> {
         let k_stored = self.g.set_rows(k_cache, k_rows, k_idxs)?;
         let row_k = row_bytes(fmt.type_k, lc.n_embd_k)?;
 
-        // Read back the first n_kv cells, per KV head (views of the stores, so they run first).
+        // Read back n_kv cells from kv_start, per KV head (views of the stores, so they run
+        // first).
         let k_view = self.g.view_3d(
             k_stored,
             head_k,
@@ -828,25 +831,27 @@ impl<'a> Builder<'a> {
             n_head_kv,
             row_k,
             row_bytes(fmt.type_k, head_k)?,
-            0,
+            kv_start * row_k,
         )?;
         if self.ctx.flash_attn {
             // V as rows: stored like K, or (K-only cache) the start of each K row.
             let v_view = if lc.v_in_k {
-                self.g.view_3d(k_stored, head_v, n_kv, 1, row_k, row_k, 0)?
+                self.g
+                    .view_3d(k_stored, head_v, n_kv, 1, row_k, row_k, kv_start * row_k)?
             } else {
                 let v_cache = self.g.new_tensor(fmt.type_v, &[lc.n_embd_v, size])?;
                 self.g.bind(v_cache, kv_memory, lc.v_offset)?;
                 let v_rows = self.g.reshape(v, &[lc.n_embd_v, n_tokens])?;
                 let v_stored = self.g.set_rows(v_cache, v_rows, k_idxs)?;
+                let row_v = row_bytes(fmt.type_v, lc.n_embd_v)?;
                 self.g.view_3d(
                     v_stored,
                     head_v,
                     n_kv,
                     n_head_kv,
-                    row_bytes(fmt.type_v, lc.n_embd_v)?,
+                    row_v,
                     row_bytes(fmt.type_v, head_v)?,
-                    0,
+                    kv_start * row_v,
                 )?
             };
             return self.flash_attend(il, q, k_view, v_view, params);
@@ -860,7 +865,9 @@ impl<'a> Builder<'a> {
                     "layer {il}: V inside K needs one KV head"
                 )));
             }
-            let v_rows = self.g.view_2d(k_stored, head_v, n_kv, row_k, 0)?;
+            let v_rows = self
+                .g
+                .view_2d(k_stored, head_v, n_kv, row_k, kv_start * row_k)?;
             let v_t = self.g.transpose(v_rows)?;
             let v_t = self.g.cont(v_t)?;
             self.g.reshape(v_t, &[n_kv, head_v, 1])?
@@ -879,7 +886,7 @@ impl<'a> Builder<'a> {
                 n_head_kv,
                 size * ts,
                 size * ts * head_v,
-                0,
+                kv_start * ts,
             )?
         };
 
