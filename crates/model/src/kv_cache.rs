@@ -331,14 +331,6 @@ impl KvCache {
         self.cells.iter().filter(|c| !c.is_free()).count()
     }
 
-    /// One past the highest cell in use: the span attention has to look at.
-    pub fn n_kv(&self) -> usize {
-        self.cells
-            .iter()
-            .rposition(|c| !c.is_free())
-            .map_or(0, |i| i + 1)
-    }
-
     /// Claims a free cell for each `(pos, seq)` token, lowest cells of its sequence's stream
     /// first; nothing is claimed if they do not all fit.
     pub fn place(&mut self, tokens: &[(i32, usize)]) -> Result<Vec<usize>, ModelError> {

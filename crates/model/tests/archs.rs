@@ -10,9 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lamina_backend::Device;
-use lamina_cpu::{CpuBackendReg, CpuConfig};
-use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model, Placement, SplitMode};
+mod common;
+
+use common::load;
+use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model};
 use serde_json::Value;
 
 /// The fixtures each architecture is checked on: `(folder, file)`; every one must give
@@ -56,25 +57,6 @@ fn reference(which: &str) -> Option<Value> {
             None
         }
     }
-}
-
-fn load(path: &Path, n_devices: usize) -> Arc<Model> {
-    let reg =
-        CpuBackendReg::new(CpuConfig::default().with_devices(n_devices).with_threads(2)).unwrap();
-    let devices: Vec<Arc<dyn Device>> = reg
-        .cpu_devices()
-        .iter()
-        .map(|d| d.clone() as Arc<dyn Device>)
-        .collect();
-    let placement = Placement {
-        host: devices[0].clone(),
-        devices,
-        split_mode: SplitMode::Layer,
-        tensor_split: Vec::new(),
-        n_gpu_layers: None,
-        main_gpu: 0,
-    };
-    Arc::new(Model::load_placed(path, &placement).unwrap())
 }
 
 /// Logits of every position when `tokens` are evaluated in one batch (n_ctx 256, f16 KV,

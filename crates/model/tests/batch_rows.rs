@@ -11,38 +11,11 @@
 
 use std::sync::Arc;
 
-use lamina_backend::Device;
-use lamina_cpu::{CpuBackendReg, CpuConfig};
+mod common;
+
+use common::{argmax, load};
 use lamina_gguf::pull::model_for_test;
-use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model, Placement, SplitMode};
-
-fn load(path: &std::path::Path) -> Arc<Model> {
-    let reg = CpuBackendReg::new(CpuConfig::default().with_threads(2)).unwrap();
-    let devices: Vec<Arc<dyn Device>> = reg
-        .cpu_devices()
-        .iter()
-        .map(|d| d.clone() as Arc<dyn Device>)
-        .collect();
-    let placement = Placement {
-        host: devices[0].clone(),
-        devices,
-        split_mode: SplitMode::Layer,
-        tensor_split: Vec::new(),
-        n_gpu_layers: None,
-        main_gpu: 0,
-    };
-    Arc::new(Model::load_placed(path, &placement).unwrap())
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model};
 
 /// Greedy logits of `prompt` decoded alone as sequence `seq`, then a token at a time.
 fn alone(model: &Arc<Model>, params: ContextParams, seq: usize, prompt: &[u32]) -> Vec<Vec<f32>> {
@@ -63,7 +36,7 @@ fn check(name: &str, flash_attn: FlashAttn) {
     let Some(path) = model_for_test(name) else {
         return;
     };
-    let model = load(&path);
+    let model = load(&path, 1);
     // Alone, a sequence computes the same in any stream as in a one-sequence context (one
     // token at a time is where flash attention cuts the cells into chunks, by their count).
     let prompt = [2u32, 504, 3458, 282, 4649, 314, 1200, 77];

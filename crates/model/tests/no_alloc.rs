@@ -9,10 +9,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lamina_backend::Device;
-use lamina_cpu::{CpuBackendReg, CpuConfig};
+mod common;
+
+use common::load;
 use lamina_gguf::pull::model_for_test;
-use lamina_model::{Batch, Context, ContextParams, Model, Placement, SplitMode};
+use lamina_model::{Batch, Context, ContextParams, Model};
 use lamina_sample::{SamplerChain, SamplingParams};
 
 /// Counts every allocation and reallocation, on every thread.
@@ -45,25 +46,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn load(path: &std::path::Path, n_devices: usize) -> Arc<Model> {
-    let reg =
-        CpuBackendReg::new(CpuConfig::default().with_devices(n_devices).with_threads(2)).unwrap();
-    let devices: Vec<Arc<dyn Device>> = reg
-        .cpu_devices()
-        .iter()
-        .map(|d| d.clone() as Arc<dyn Device>)
-        .collect();
-    let placement = Placement {
-        host: devices[0].clone(),
-        devices,
-        split_mode: SplitMode::Layer,
-        tensor_split: Vec::new(),
-        n_gpu_layers: None,
-        main_gpu: 0,
-    };
-    Arc::new(Model::load_placed(path, &placement).unwrap())
-}
 
 /// Generates `warmup` then `measured` tokens after a prompt; returns the allocations made
 /// during the measured steps, and the tokens.

@@ -3,36 +3,17 @@
 //! sliding-window and global attention), with the V cache transposed and as rows; bad
 //! states are refused without touching the cache.
 
-use std::sync::Arc;
+mod common;
 
-use lamina_backend::Device;
-use lamina_cpu::{CpuBackendReg, CpuConfig};
+use common::load;
 use lamina_gguf::pull::model_for_test;
-use lamina_model::{Batch, Context, ContextParams, FlashAttn, Model, Placement, SplitMode};
-
-fn load(path: &std::path::Path) -> Arc<Model> {
-    let reg = CpuBackendReg::new(CpuConfig::default().with_threads(2)).unwrap();
-    let devices: Vec<Arc<dyn Device>> = reg
-        .cpu_devices()
-        .iter()
-        .map(|d| d.clone() as Arc<dyn Device>)
-        .collect();
-    let placement = Placement {
-        host: devices[0].clone(),
-        devices,
-        split_mode: SplitMode::Layer,
-        tensor_split: Vec::new(),
-        n_gpu_layers: None,
-        main_gpu: 0,
-    };
-    Arc::new(Model::load_placed(path, &placement).unwrap())
-}
+use lamina_model::{Batch, Context, ContextParams, FlashAttn};
 
 fn check(name: &str, flash_attn: FlashAttn) {
     let Some(path) = model_for_test(name) else {
         return;
     };
-    let model = load(&path);
+    let model = load(&path, 1);
     let mut ctx = Context::new(
         model,
         ContextParams {
