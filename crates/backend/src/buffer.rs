@@ -1,11 +1,15 @@
 //! Buffer types and buffers: device memory with bounds-checked access.
 //!
-//! A [`BufferType`] is owned by one device, named after it, and compared by identity (two
-//! devices never share one, so the allocator and scheduler never merge their memory). A
-//! [`Buffer`] owns its memory (or, for weights, an `Arc` of a read-only host mapping) and is
-//! shared by reference counting: graphs that bind tensors to it keep it alive while queued work
-//! may still touch it. Every byte access takes the buffer's lock, so blocking host access and
-//! queued device work on the same buffer serialize instead of racing.
+//! As ggml's `buffer_type_i` / `buffer_i`, the memory itself is an interface a backend
+//! implements: [`BufferTypeImpl`] (alignment, max size, `is_host`, allocation) and
+//! [`BufferImpl`] (set/get/clear/copy, and a host address when the memory is host-visible).
+//! [`BufferType`] and [`Buffer`] are the handles everyone else holds. A buffer type is owned by
+//! one device, named after it, and compared by identity (two devices never share one, so the
+//! allocator and scheduler never merge their memory). A buffer is shared by reference counting:
+//! graphs that bind tensors to it keep it alive while queued work may still touch it. Every byte
+//! access takes the buffer's lock, so blocking host access and queued device work on the same
+//! buffer serialize instead of racing. Host memory (allocated, or wrapping an mmapped file) is
+//! the implementation in this module that host-memory devices share.
 
 use std::alloc;
 use std::any::Any;
@@ -41,37 +45,82 @@ pub enum BufferUsage {
     Compute = 2,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BufferKind {
-    /// Allocated host memory.
-    Host,
-    /// Wraps read-only host memory; cannot allocate.
-    Mapped,
+/// The device side of a buffer type (ggml's `buffer_type_i`).
+pub trait BufferTypeImpl: Send + Sync + fmt::Debug + Any {
+    fn name(&self) -> &str;
+    fn device(&self) -> DeviceKey;
+    fn device_name(&self) -> &str;
+    /// Alignment of tensors in buffers of this type (a power of two).
+    fn alignment(&self) -> usize;
+    fn max_size(&self) -> usize;
+    /// Whether the host can address this memory directly (then [`BufferImpl::host_ptr`] is
+    /// `Some` for its buffers).
+    fn is_host(&self) -> bool;
+    /// Bytes a tensor of `layout` needs in this buffer type.
+    fn alloc_size(&self, layout: &Layout) -> usize {
+        layout.span_bytes()
+    }
+    /// `size` zero-filled bytes (`size` ≤ [`BufferTypeImpl::max_size`], checked by the caller).
+    fn alloc(&self, size: usize) -> Result<Box<dyn BufferImpl>, BackendError>;
+    /// A read-only buffer over `memory`, without copying; only for types that can.
+    fn wrap_host_memory(
+        &self,
+        memory: Arc<dyn HostMemory>,
+    ) -> Result<Box<dyn BufferImpl>, BackendError> {
+        drop(memory);
+        Err(BackendError::Unsupported {
+            device: self.device_name().to_owned(),
+            what: format!("wrapping host memory in buffer type {}", self.name()),
+        })
+    }
+    fn as_any(&self) -> &dyn Any;
 }
 
-#[derive(Debug)]
-struct BufferTypeShared {
-    name: String,
-    device: DeviceKey,
-    device_name: String,
-    alignment: usize,
-    max_size: usize,
-    kind: BufferKind,
+/// The device side of a buffer (ggml's `buffer_i`). The [`Buffer`] handle checks every range
+/// and holds the buffer's lock while it calls these. Host-visible memory returns its address
+/// from [`BufferImpl::host_ptr`], and the handle then reads and writes it directly; device
+/// memory implements the transfers.
+pub trait BufferImpl: Send + Sync + Any {
+    fn size(&self) -> usize;
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    /// The memory's base address when the host can address it; valid as long as the buffer.
+    fn host_ptr(&self) -> Option<NonNull<u8>>;
+    /// Blocking write (device memory only: called when `host_ptr` is `None`).
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), BackendError>;
+    /// Blocking read (device memory only).
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
+    /// Blocking fill with `value` (device memory only).
+    fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), BackendError>;
+    /// A copy from `src` done by the device (e.g. two buffers of one GPU). `Ok(false)` declines,
+    /// and the handle goes through host memory.
+    fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &dyn BufferImpl,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<bool, BackendError> {
+        let _ = (dst_offset, src, src_offset, len);
+        Ok(false)
+    }
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A kind of memory of one device. Equality is identity.
 #[derive(Clone, Debug)]
-pub struct BufferType(Arc<BufferTypeShared>);
+pub struct BufferType(Arc<dyn BufferTypeImpl>);
 
 impl PartialEq for BufferType {
     fn eq(&self, other: &BufferType) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
     }
 }
 impl Eq for BufferType {}
 impl Hash for BufferType {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        (Arc::as_ptr(&self.0) as usize).hash(state);
+        (Arc::as_ptr(&self.0) as *const u8 as usize).hash(state);
     }
 }
 
@@ -79,6 +128,11 @@ impl Hash for BufferType {
 pub const HOST_ALIGNMENT: usize = 64;
 
 impl BufferType {
+    /// The handle of a backend's buffer type.
+    pub fn new(implementation: Arc<dyn BufferTypeImpl>) -> BufferType {
+        BufferType(implementation)
+    }
+
     /// Host memory of `device`, with `alignment` (a power of two).
     pub fn new_host(
         device: DeviceKey,
@@ -86,116 +140,230 @@ impl BufferType {
         name: &str,
         alignment: usize,
     ) -> BufferType {
-        BufferType(Arc::new(BufferTypeShared {
+        BufferType::new(Arc::new(HostBufferType {
             name: name.to_owned(),
             device,
             device_name: device_name.to_owned(),
             alignment: alignment.max(1).next_power_of_two(),
-            max_size: isize::MAX as usize,
-            kind: BufferKind::Host,
+            kind: HostKind::Allocated,
         }))
     }
 
     /// The type of buffers that wrap read-only host memory for `device`.
     pub fn new_mapped(device: DeviceKey, device_name: &str, name: &str) -> BufferType {
-        BufferType(Arc::new(BufferTypeShared {
+        BufferType::new(Arc::new(HostBufferType {
             name: name.to_owned(),
             device,
             device_name: device_name.to_owned(),
             alignment: 1,
-            max_size: isize::MAX as usize,
-            kind: BufferKind::Mapped,
+            kind: HostKind::Mapped,
         }))
     }
 
+    /// The backend's implementation (to downcast to its own type).
+    pub fn implementation(&self) -> &dyn BufferTypeImpl {
+        &*self.0
+    }
     pub fn name(&self) -> &str {
-        &self.0.name
+        self.0.name()
     }
     pub fn device(&self) -> DeviceKey {
-        self.0.device
+        self.0.device()
     }
     pub fn device_name(&self) -> &str {
-        &self.0.device_name
+        self.0.device_name()
     }
     pub fn alignment(&self) -> usize {
-        self.0.alignment
+        self.0.alignment()
     }
     pub fn max_size(&self) -> usize {
-        self.0.max_size
+        self.0.max_size()
     }
     /// Whether the host can address this memory directly.
     pub fn is_host(&self) -> bool {
-        true
+        self.0.is_host()
     }
 
     /// Bytes a tensor of `layout` needs in this buffer type.
     pub fn alloc_size(&self, layout: &Layout) -> usize {
-        layout.span_bytes()
+        self.0.alloc_size(layout)
     }
 
     /// Allocates a zero-filled buffer of `size` bytes (size 0 gives an empty buffer).
     pub fn alloc_buffer(&self, size: usize) -> Result<Buffer, BackendError> {
-        let fail = || BackendError::AllocFailed {
-            buffer_type: self.name().to_owned(),
-            size,
-        };
-        if self.0.kind != BufferKind::Host || size > self.0.max_size {
-            return Err(fail());
-        }
-        let storage = if size == 0 {
-            Storage::Empty
-        } else {
-            // Zeroed memory from the allocator's calloc path (16-byte alignment), over-allocated
-            // by the alignment and aligned by hand: large blocks then come straight from the OS
-            // as untouched zero pages, so a worst-case compute buffer costs resident memory only
-            // for the parts graphs actually use. (An aligned `alloc_zeroed` would memset it all.)
-            let align = self.alignment();
-            let layout =
-                alloc::Layout::from_size_align(size.checked_add(align).ok_or_else(fail)?, 16)
-                    .map_err(|_| fail())?;
-            // SAFETY: `layout` has non-zero size.
-            let base = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(fail)?;
-            let offset = (base.as_ptr() as usize).next_multiple_of(align) - base.as_ptr() as usize;
-            // SAFETY: offset < align, so `ptr .. ptr + size` lies inside the allocation.
-            let ptr = unsafe { base.add(offset) };
-            Storage::Host { ptr, base, layout }
-        };
-        Ok(Buffer::new(self.clone(), storage, size))
-    }
-
-    /// Wraps `memory` as a read-only buffer of this (mapped) type.
-    pub fn wrap_host_memory(&self, memory: Arc<dyn HostMemory>) -> Result<Buffer, BackendError> {
-        if self.0.kind != BufferKind::Mapped {
-            return Err(BackendError::Unsupported {
-                device: self.device_name().to_owned(),
-                what: format!("wrapping host memory in buffer type {}", self.name()),
+        if size > self.max_size() {
+            return Err(BackendError::AllocFailed {
+                buffer_type: self.name().to_owned(),
+                size,
             });
         }
-        let len = memory.bytes().len();
-        Ok(Buffer::new(self.clone(), Storage::Mapped { memory }, len))
+        let imp = self.0.alloc(size)?;
+        Ok(Buffer::new(self.clone(), imp))
+    }
+
+    /// Wraps `memory` as a read-only buffer of this type, if the type can.
+    pub fn wrap_host_memory(&self, memory: Arc<dyn HostMemory>) -> Result<Buffer, BackendError> {
+        let imp = self.0.wrap_host_memory(memory)?;
+        Ok(Buffer::new(self.clone(), imp))
     }
 }
 
-enum Storage {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HostKind {
+    /// Allocates host memory.
+    Allocated,
+    /// Wraps read-only host memory; cannot allocate.
+    Mapped,
+}
+
+/// Host memory of a host-memory device: allocated, or wrapping read-only memory.
+#[derive(Debug)]
+struct HostBufferType {
+    name: String,
+    device: DeviceKey,
+    device_name: String,
+    alignment: usize,
+    kind: HostKind,
+}
+
+impl BufferTypeImpl for HostBufferType {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn device(&self) -> DeviceKey {
+        self.device
+    }
+    fn device_name(&self) -> &str {
+        &self.device_name
+    }
+    fn alignment(&self) -> usize {
+        self.alignment
+    }
+    fn max_size(&self) -> usize {
+        isize::MAX as usize
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+
+    fn alloc(&self, size: usize) -> Result<Box<dyn BufferImpl>, BackendError> {
+        let fail = || BackendError::AllocFailed {
+            buffer_type: self.name.clone(),
+            size,
+        };
+        if self.kind != HostKind::Allocated {
+            return Err(fail());
+        }
+        if size == 0 {
+            return Ok(Box::new(HostBuffer::Empty));
+        }
+        // Zeroed memory from the allocator's calloc path (16-byte alignment), over-allocated by
+        // the alignment and aligned by hand: large blocks then come straight from the OS as
+        // untouched zero pages, so a worst-case compute buffer costs resident memory only for
+        // the parts graphs actually use. (An aligned `alloc_zeroed` would memset it all.)
+        let align = self.alignment;
+        let layout = alloc::Layout::from_size_align(size.checked_add(align).ok_or_else(fail)?, 16)
+            .map_err(|_| fail())?;
+        // SAFETY: `layout` has non-zero size.
+        let base = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(fail)?;
+        let offset = (base.as_ptr() as usize).next_multiple_of(align) - base.as_ptr() as usize;
+        // SAFETY: offset < align, so `ptr .. ptr + size` lies inside the allocation.
+        let ptr = unsafe { base.add(offset) };
+        Ok(Box::new(HostBuffer::Allocated {
+            ptr,
+            base,
+            layout,
+            size,
+        }))
+    }
+
+    fn wrap_host_memory(
+        &self,
+        memory: Arc<dyn HostMemory>,
+    ) -> Result<Box<dyn BufferImpl>, BackendError> {
+        if self.kind != HostKind::Mapped {
+            return Err(BackendError::Unsupported {
+                device: self.device_name.clone(),
+                what: format!("wrapping host memory in buffer type {}", self.name),
+            });
+        }
+        Ok(Box::new(HostBuffer::Mapped { memory }))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The memory of a host buffer.
+enum HostBuffer {
     Empty,
-    Host {
+    Allocated {
         /// The aligned start of the buffer.
         ptr: NonNull<u8>,
         /// The allocation, as allocated.
         base: NonNull<u8>,
         layout: alloc::Layout,
+        size: usize,
     },
     Mapped {
         memory: Arc<dyn HostMemory>,
     },
 }
 
-impl Drop for Storage {
+// SAFETY: the raw allocation is owned exclusively by this value and only reached through the
+// owning `Buffer`'s lock, which serializes readers and writers across threads; mapped memory is
+// `Send + Sync` and never written.
+unsafe impl Send for HostBuffer {}
+// SAFETY: see above.
+unsafe impl Sync for HostBuffer {}
+
+impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if let Storage::Host { base, layout, .. } = self {
-            // SAFETY: allocated in `alloc_buffer` with exactly this layout, freed once.
+        if let HostBuffer::Allocated { base, layout, .. } = self {
+            // SAFETY: allocated in `HostBufferType::alloc` with exactly this layout, freed once.
             unsafe { alloc::dealloc(base.as_ptr(), *layout) };
         }
+    }
+}
+
+impl BufferImpl for HostBuffer {
+    fn size(&self) -> usize {
+        match self {
+            HostBuffer::Empty => 0,
+            HostBuffer::Allocated { size, .. } => *size,
+            HostBuffer::Mapped { memory } => memory.bytes().len(),
+        }
+    }
+    fn is_read_only(&self) -> bool {
+        matches!(self, HostBuffer::Mapped { .. })
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        Some(match self {
+            HostBuffer::Empty => NonNull::dangling(),
+            HostBuffer::Allocated { ptr, .. } => *ptr,
+            HostBuffer::Mapped { memory } => NonNull::from(memory.bytes()).cast(),
+        })
+    }
+    // Host memory is always reached through `host_ptr`; these are never called.
+    fn write(&self, _: usize, _: &[u8]) -> Result<(), BackendError> {
+        Err(host_only())
+    }
+    fn read(&self, _: usize, _: &mut [u8]) -> Result<(), BackendError> {
+        Err(host_only())
+    }
+    fn fill(&self, _: usize, _: usize, _: u8) -> Result<(), BackendError> {
+        Err(host_only())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn host_only() -> BackendError {
+    BackendError::Unsupported {
+        device: "host".into(),
+        what: "device transfers on host memory".into(),
     }
 }
 
@@ -203,19 +371,12 @@ impl Drop for Storage {
 pub struct BufferShared {
     id: u64,
     buffer_type: BufferType,
-    storage: Storage,
+    imp: Box<dyn BufferImpl>,
     size: usize,
     usage: AtomicU8,
     /// Held by every access to the bytes (host copies, queued device work).
     lock: Mutex<()>,
 }
-
-// SAFETY: the raw allocation is owned exclusively by this value and only reached through
-// `lock`, which serializes readers and writers across threads; mapped memory is `Send + Sync`
-// and never written.
-unsafe impl Send for BufferShared {}
-// SAFETY: see above.
-unsafe impl Sync for BufferShared {}
 
 impl fmt::Debug for BufferShared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -253,13 +414,13 @@ impl PartialEq for Buffer {
 impl Eq for Buffer {}
 
 impl Buffer {
-    fn new(buffer_type: BufferType, storage: Storage, size: usize) -> Buffer {
+    fn new(buffer_type: BufferType, imp: Box<dyn BufferImpl>) -> Buffer {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Buffer(Arc::new(BufferShared {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             buffer_type,
-            storage,
-            size,
+            size: imp.size(),
+            imp,
             usage: AtomicU8::new(BufferUsage::Any as u8),
             lock: Mutex::new(()),
         }))
@@ -278,12 +439,20 @@ impl Buffer {
     pub fn device(&self) -> DeviceKey {
         self.0.buffer_type.device()
     }
+    /// The backend's implementation (to downcast to its own type).
+    pub fn implementation(&self) -> &dyn BufferImpl {
+        &*self.0.imp
+    }
     /// `<buffer type>#<id>`, for messages.
     pub fn name(&self) -> String {
         format!("{}#{}", self.0.buffer_type.name(), self.0.id)
     }
     pub fn is_read_only(&self) -> bool {
-        matches!(self.0.storage, Storage::Mapped { .. })
+        self.0.imp.is_read_only()
+    }
+    /// Whether the host can address the memory (see [`BufferGuard::as_ptr`]).
+    pub fn is_host(&self) -> bool {
+        self.0.imp.host_ptr().is_some()
     }
     pub fn usage(&self) -> BufferUsage {
         match self.0.usage.load(Ordering::Relaxed) {
@@ -298,14 +467,15 @@ impl Buffer {
 
     /// The largest power of two (up to 4096) that divides the memory's base address: tensors
     /// at offset `o` are aligned to `a` when this and `o` are multiples of `a`. Wrapped host
-    /// memory can have any address, so devices must check this, not just offsets.
+    /// memory can have any address, so devices must check this, not just offsets. Device
+    /// memory is taken as aligned (its offsets are what the device sees).
     pub fn base_alignment(&self) -> usize {
-        let addr = match &self.0.storage {
-            Storage::Empty => return 4096,
-            Storage::Host { ptr, .. } => ptr.as_ptr() as usize,
-            Storage::Mapped { memory } => memory.bytes().as_ptr() as usize,
-        };
-        (1usize << addr.trailing_zeros().min(12)).min(4096)
+        match self.0.imp.host_ptr() {
+            Some(p) if self.0.size > 0 => {
+                (1usize << (p.as_ptr() as usize).trailing_zeros().min(12)).min(4096)
+            }
+            _ => 4096,
+        }
     }
 
     /// This buffer as graph-binding memory.
@@ -331,6 +501,13 @@ impl Buffer {
         Ok(())
     }
 
+    fn check_writable(&self) -> Result<(), BackendError> {
+        if self.is_read_only() {
+            return Err(BackendError::ReadOnly(self.name()));
+        }
+        Ok(())
+    }
+
     /// Locks the buffer for direct access by a device implementation.
     pub fn lock(&self) -> BufferGuard<'_> {
         BufferGuard {
@@ -342,26 +519,36 @@ impl Buffer {
     /// Blocking write of `data` at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), BackendError> {
         self.check(offset, data.len())?;
+        self.check_writable()?;
         let g = self.lock();
-        let dst = g.bytes_mut(offset, data.len())?;
-        dst.copy_from_slice(data);
-        Ok(())
+        if g.is_host() {
+            g.bytes_mut(offset, data.len())?.copy_from_slice(data);
+            return Ok(());
+        }
+        self.0.imp.write(offset, data)
     }
 
     /// Blocking read into `out` from `offset`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         self.check(offset, out.len())?;
         let g = self.lock();
-        out.copy_from_slice(g.bytes(offset, out.len())?);
-        Ok(())
+        if g.is_host() {
+            out.copy_from_slice(g.bytes(offset, out.len())?);
+            return Ok(());
+        }
+        self.0.imp.read(offset, out)
     }
 
     /// Blocking fill of `len` bytes at `offset` with `value` (memset).
     pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), BackendError> {
         self.check(offset, len)?;
+        self.check_writable()?;
         let g = self.lock();
-        g.bytes_mut(offset, len)?.fill(value);
-        Ok(())
+        if g.is_host() {
+            g.bytes_mut(offset, len)?.fill(value);
+            return Ok(());
+        }
+        self.0.imp.fill(offset, len, value)
     }
 
     /// Fills the whole buffer with `value`.
@@ -369,7 +556,8 @@ impl Buffer {
         self.fill(0, self.size(), value)
     }
 
-    /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset`.
+    /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset`:
+    /// by the device where it offers a copy, else through host memory.
     pub fn copy_from(
         &self,
         dst_offset: usize,
@@ -379,8 +567,21 @@ impl Buffer {
     ) -> Result<(), BackendError> {
         self.check(dst_offset, len)?;
         src.check(src_offset, len)?;
+        self.check_writable()?;
         if self == src {
             let g = self.lock();
+            if !g.is_host() {
+                if self
+                    .0
+                    .imp
+                    .copy_from(dst_offset, &*src.0.imp, src_offset, len)?
+                {
+                    return Ok(());
+                }
+                let mut staged = vec![0u8; len];
+                self.0.imp.read(src_offset, &mut staged)?;
+                return self.0.imp.write(dst_offset, &staged);
+            }
             let p = g.as_mut_ptr()?;
             // SAFETY: both ranges are inside the buffer (checked), the lock is held, and
             // `ptr::copy` allows overlap.
@@ -396,8 +597,24 @@ impl Buffer {
             let gs = src.lock();
             (self.lock(), gs)
         };
-        gd.bytes_mut(dst_offset, len)?
-            .copy_from_slice(gs.bytes(src_offset, len)?);
+        match (gd.is_host(), gs.is_host()) {
+            (true, true) => gd
+                .bytes_mut(dst_offset, len)?
+                .copy_from_slice(gs.bytes(src_offset, len)?),
+            (false, true) => self.0.imp.write(dst_offset, gs.bytes(src_offset, len)?)?,
+            (true, false) => src.0.imp.read(src_offset, gd.bytes_mut(dst_offset, len)?)?,
+            (false, false) => {
+                if !self
+                    .0
+                    .imp
+                    .copy_from(dst_offset, &*src.0.imp, src_offset, len)?
+                {
+                    let mut staged = vec![0u8; len];
+                    src.0.imp.read(src_offset, &mut staged)?;
+                    self.0.imp.write(dst_offset, &staged)?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -419,28 +636,48 @@ impl BufferGuard<'_> {
         self.shared.size == 0
     }
     pub fn is_read_only(&self) -> bool {
-        matches!(self.shared.storage, Storage::Mapped { .. })
+        self.shared.imp.is_read_only()
+    }
+    /// Whether the memory has a host address.
+    pub fn is_host(&self) -> bool {
+        self.shared.imp.host_ptr().is_some()
+    }
+    /// The backend's implementation, for device work under the lock.
+    pub fn implementation(&self) -> &dyn BufferImpl {
+        &*self.shared.imp
     }
 
-    /// Base address of the memory. Valid while the guard is held; reads only.
-    pub fn as_ptr(&self) -> *const u8 {
-        match &self.shared.storage {
-            Storage::Empty => NonNull::<u8>::dangling().as_ptr(),
-            Storage::Host { ptr, .. } => ptr.as_ptr(),
-            Storage::Mapped { memory } => memory.bytes().as_ptr(),
+    fn not_host(&self) -> BackendError {
+        BackendError::Unsupported {
+            device: self.shared.buffer_type.device_name().to_owned(),
+            what: format!(
+                "host access to device memory {}#{}",
+                self.shared.buffer_type.name(),
+                self.shared.id
+            ),
         }
     }
 
-    /// Base address for writing; an error for read-only memory.
+    /// Base address of host-visible memory. Valid while the guard is held; reads only.
+    pub fn as_ptr(&self) -> Result<*const u8, BackendError> {
+        match self.shared.imp.host_ptr() {
+            Some(p) => Ok(p.as_ptr()),
+            None => Err(self.not_host()),
+        }
+    }
+
+    /// Base address for writing; an error for read-only or device memory.
     pub fn as_mut_ptr(&self) -> Result<*mut u8, BackendError> {
-        match &self.shared.storage {
-            Storage::Mapped { .. } => Err(BackendError::ReadOnly(format!(
+        if self.is_read_only() {
+            return Err(BackendError::ReadOnly(format!(
                 "{}#{}",
                 self.shared.buffer_type.name(),
                 self.shared.id
-            ))),
-            Storage::Empty => Ok(NonNull::<u8>::dangling().as_ptr()),
-            Storage::Host { ptr, .. } => Ok(ptr.as_ptr()),
+            )));
+        }
+        match self.shared.imp.host_ptr() {
+            Some(p) => Ok(p.as_ptr()),
+            None => Err(self.not_host()),
         }
     }
 
@@ -453,12 +690,13 @@ impl BufferGuard<'_> {
                 size: self.len(),
             });
         }
+        let p = self.as_ptr()?;
         if len == 0 {
             return Ok(&[]);
         }
-        // SAFETY: in bounds (checked); the buffer lock is held for the slice's lifetime, so no
-        // other thread writes these bytes meanwhile.
-        Ok(unsafe { std::slice::from_raw_parts(self.as_ptr().add(offset), len) })
+        // SAFETY: in bounds (checked) of host memory; the buffer lock is held for the slice's
+        // lifetime, so no other thread writes these bytes meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(p.add(offset), len) })
     }
 
     #[allow(clippy::mut_from_ref)]

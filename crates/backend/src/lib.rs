@@ -2,7 +2,10 @@
 //! and their [`Device`]s; per device, [`BufferType`]s (compared by identity, named after the
 //! device), [`Buffer`]s with bounds-checked blocking access, one in-order [`Stream`] (graph
 //! compute, async set/get/copy, synchronize) and [`Event`]s (record, device-side wait, host
-//! synchronize); the generic async fallbacks; the [`CommandQueue`] that host-memory devices
+//! synchronize). Memory and events are interfaces a backend implements ([`BufferTypeImpl`],
+//! [`BufferImpl`], [`EventImpl`]; host memory and [`TimelineEvent`] are the ones host devices
+//! share), so device memory the host cannot address fits as well as host memory. Also here: the
+//! generic async fallbacks; the [`CommandQueue`] that host-memory devices
 //! build their streams on; the [`GraphAllocator`] that places a graph's intermediates; and the
 //! [`Scheduler`] that runs one graph over several devices (placement, splits, copies with
 //! events, pipeline parallelism). Concrete devices (the CPU in `lamina-cpu`) implement the traits.
@@ -19,13 +22,13 @@ pub mod wait;
 
 pub use alloc::{AllocPlan, GraphAllocator, plan_graph, plan_graph_where};
 pub use buffer::{
-    Buffer, BufferGuard, BufferSlice, BufferType, BufferUsage, HOST_ALIGNMENT, HostMemory,
-    bytes_to_f32, f32_to_bytes, tensor_get, tensor_get_f32, tensor_set, tensor_set_f32,
-    tensor_set_i32,
+    Buffer, BufferGuard, BufferImpl, BufferSlice, BufferType, BufferTypeImpl, BufferUsage,
+    HOST_ALIGNMENT, HostMemory, bytes_to_f32, f32_to_bytes, tensor_get, tensor_get_f32, tensor_set,
+    tensor_set_f32, tensor_set_i32,
 };
 pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryInfo, Registry};
 pub use error::BackendError;
-pub use event::Event;
+pub use event::{Event, EventImpl, TimelineEvent};
 pub use queue::{Command, CommandQueue, QueuedCommand};
 pub use sched::{
     Assignment, DeviceHint, PIPELINE_COPIES, ScheduledGraph, Scheduler, Split, SplitCopy,

@@ -277,27 +277,26 @@ impl CpuStream {
         // (1) The fence: behind the destination's queued work (its readers of `dst`).
         let fence = if fenced {
             let fence_ev = &self.ev_sync;
-            let v = fence_ev.record_with(|v| {
-                self.queue
-                    .submit(CpuCommand::Signal(fence_ev.clone(), v))
-                    .map(|_| v)
-            })?;
+            let v = fence_ev
+                .record_with(|v| self.queue.submit(CpuCommand::Signal(fence_ev.clone(), v)))?;
             Some((fence_ev.clone(), v))
         } else {
             None
         };
         let done_ev = &src_impl.ev_cpy;
         // (2) On the source queue: wait for the fence, copy, signal, as one command.
+        let mut parts = Some((src, dst, fence));
         let done = done_ev.record_with(|v| {
-            src_impl
-                .queue
-                .submit(CpuCommand::Copy {
-                    src,
-                    dst,
-                    fence,
-                    done: Some((done_ev.clone(), v)),
-                })
-                .map(|_| v)
+            // Called exactly once; the `None` arm only satisfies the type.
+            let Some((src, dst, fence)) = parts.take() else {
+                return Ok(());
+            };
+            src_impl.queue.submit(CpuCommand::Copy {
+                src,
+                dst,
+                fence,
+                done: Some((done_ev.clone(), v)),
+            })
         })?;
         // (3) Later work on the destination waits for the copy.
         self.queue.submit(CpuCommand::Wait(done_ev.clone(), done))?;
@@ -390,14 +389,16 @@ impl StreamImpl for CpuStream {
     }
 
     fn record(&self, event: &Event) -> Result<(), BackendError> {
-        event.record_with(|v| {
-            let r = self.queue.submit(CpuCommand::Signal(event.clone(), v));
-            if r.is_err() {
-                // Never leave a reserved value unsignalled: waiters would hang.
-                event.signal(v);
-            }
-            r
-        })
+        event
+            .record_with(|v| {
+                let r = self.queue.submit(CpuCommand::Signal(event.clone(), v));
+                if r.is_err() {
+                    // Never leave a reserved value unsignalled: waiters would hang.
+                    event.signal(v);
+                }
+                r
+            })
+            .map(drop)
     }
 
     fn wait(&self, event: &Event) -> Result<(), BackendError> {

@@ -560,7 +560,7 @@ fn with_locked<R>(
     };
     let g = p.buffers[i].lock();
     bases[i] = BasePtr(if g.is_read_only() {
-        g.as_ptr() as *mut u8
+        g.as_ptr()? as *mut u8
     } else {
         g.as_mut_ptr()?
     });
