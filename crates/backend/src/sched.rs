@@ -7,7 +7,8 @@
 //!    never move); otherwise the caller's hint for that part of the graph decides (the model
 //!    says "these nodes are layer 7's"); otherwise the node follows the previous node. There is
 //!    no neighbour-expansion heuristic to second-guess: what is not pinned by memory is placed by
-//!    the one who knows the model.
+//!    the one who knows the model. Last, a node its device cannot run (`supports_op`) moves to
+//!    a device that can, the CPU first, and the copies of pass 3 carry its operands and result.
 //! 2. **Splits**: maximal runs of consecutive compute nodes on one device.
 //! 3. **Copies**: every tensor a split reads from another device gets a copy leaf in that
 //!    device's copy buffer, and the split's nodes are rewritten to read the copy (views are
@@ -38,7 +39,7 @@ use lamina_core::tensor::TensorFlags;
 
 use crate::alloc::GraphAllocator;
 use crate::buffer::{Buffer, BufferSlice, BufferUsage};
-use crate::device::Device;
+use crate::device::{Device, DeviceType};
 use crate::error::BackendError;
 use crate::event::Event;
 use crate::stream::{PendingRead, Stream, copy_async, copy_async_unfenced};
@@ -166,6 +167,16 @@ pub fn assign_devices(
     for id in first_unplaced {
         dev[id.index()] = Some(first);
     }
+    // A node its device cannot run goes to one that can, as in `ggml_backend_sched`: the splits
+    // then copy what it reads there and its result back.
+    for id in graph.ids() {
+        if let Some(d) = dev[id.index()]
+            && graph.tensor(id).op.is_compute()
+            && !devices[d].supports_op(graph, id)
+        {
+            dev[id.index()] = Some(fallback_device(graph, id, devices, d)?);
+        }
+    }
     // Unbound leaves that are not inputs (constants the caller fills) live with their first reader.
     for id in graph.ids() {
         let t = graph.tensor(id);
@@ -191,6 +202,52 @@ pub fn assign_devices(
         }
     }
     Ok(dev)
+}
+
+/// The device for node `id` that `devices[preferred]` cannot run: one that can run it and, for
+/// a node that writes into bound memory (a cache store), can use that memory; the CPU first,
+/// the host being the fallback of every backend.
+fn fallback_device(
+    graph: &Graph,
+    id: TensorId,
+    devices: &[Arc<dyn Device>],
+    preferred: usize,
+) -> Result<usize, BackendError> {
+    let t = graph.tensor(id);
+    let written = t
+        .view_src
+        .map(|root| graph.tensor(root))
+        .and_then(|r| r.binding.as_ref())
+        .and_then(|b| Buffer::from_memory(&b.memory));
+    let usable = |d: &Arc<dyn Device>| {
+        d.supports_op(graph, id)
+            && written
+                .as_ref()
+                .is_none_or(|b| d.supports_buffer_type(b.buffer_type()))
+    };
+    let cpu_first = devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.device_type() == DeviceType::Cpu)
+        .chain(devices.iter().enumerate());
+    for (i, d) in cpu_first {
+        if usable(d) {
+            return Ok(i);
+        }
+    }
+    Err(BackendError::Unsupported {
+        device: devices[preferred].name().to_owned(),
+        what: format!(
+            "node {id} ({} '{}'), and no other device of {} can run it",
+            t.op.name(),
+            t.name,
+            devices
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    })
 }
 
 /// A tensor a split reads from elsewhere, and the leaf it reads instead.

@@ -294,7 +294,7 @@ fn copy_slots_are_not_reused_while_read() {
         .map(|r| reference(&values(K * N, 500 + r as u32)))
         .collect();
     let gate = lamina_backend::Event::new(devs[2].key(), "gate");
-    let v = gate.record_with(|v| v);
+    let v = gate.record_with(|_| Ok(())).unwrap();
     devs[2].stream().wait(&gate).unwrap();
     let pending: Vec<_> = (0..rounds)
         .map(|r| queue(&mut sched, &w, 500 + r as u32).1)
@@ -344,5 +344,101 @@ fn scheduled_graphs_are_reused_in_their_slots() {
     sched.synchronize().unwrap();
     for (r, p) in pending.iter().enumerate() {
         assert_eq!(p.wait().unwrap(), want[r], "run {r}");
+    }
+}
+
+/// A device that delegates to another but cannot run `ADD` (as a GPU lacking a kernel).
+#[derive(Debug)]
+struct WithoutAdd(Arc<dyn Device>);
+
+impl Device for WithoutAdd {
+    fn key(&self) -> lamina_backend::DeviceKey {
+        self.0.key()
+    }
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn description(&self) -> &str {
+        self.0.description()
+    }
+    fn device_type(&self) -> lamina_backend::DeviceType {
+        self.0.device_type()
+    }
+    fn device_id(&self) -> &str {
+        self.0.device_id()
+    }
+    fn memory(&self) -> lamina_backend::MemoryInfo {
+        self.0.memory()
+    }
+    fn caps(&self) -> lamina_backend::DeviceCaps {
+        self.0.caps()
+    }
+    fn buffer_type(&self) -> lamina_backend::BufferType {
+        self.0.buffer_type()
+    }
+    fn supports_buffer_type(&self, buffer_type: &lamina_backend::BufferType) -> bool {
+        self.0.supports_buffer_type(buffer_type)
+    }
+    fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
+        graph.tensor(id).op != lamina_core::graph::Op::Add && self.0.supports_op(graph, id)
+    }
+    fn stream(&self) -> lamina_backend::Stream {
+        self.0.stream()
+    }
+    fn new_event(&self) -> Result<lamina_backend::Event, BackendError> {
+        self.0.new_event()
+    }
+    fn buffer_from_host_memory(
+        &self,
+        memory: Arc<dyn lamina_backend::HostMemory>,
+    ) -> Result<Buffer, BackendError> {
+        self.0.buffer_from_host_memory(memory)
+    }
+}
+
+#[test]
+fn a_node_its_device_cannot_run_moves_to_one_that_can() {
+    let input = values(K * N, 13);
+    let want = reference(&input);
+    let mut devs = devices(3, true);
+    devs[1] = Arc::new(WithoutAdd(devs[1].clone()));
+    let w = weights3(&devs);
+    let t = test_graph([&w[0], &w[1], &w[2]], 2);
+    let [a, b, c, d, e, f] = t.ids;
+    let dev = assign_devices(&t.g, &devs, &t.hints).unwrap();
+    let on = |id: TensorId| dev[id.index()];
+    // d = c + a would follow c onto device 1, which has no ADD: it runs on the first device
+    // that has one (a CPU), and the rest keeps its place.
+    assert_eq!(
+        [on(a), on(b), on(c), on(d), on(e), on(f)],
+        [Some(0), Some(0), Some(1), Some(0), Some(2), Some(2)]
+    );
+    let mut sched = Scheduler::new(devs.clone(), true).unwrap();
+    let sg = sched.schedule(t.g, &t.hints).unwrap();
+    assert_eq!(
+        sg.splits().iter().map(|s| s.device).collect::<Vec<_>>(),
+        [0, 1, 0, 2]
+    );
+    sg.check_residency(&devs).unwrap();
+    sched.set_input_f32(&sg, t.x, &input).unwrap();
+    sched.compute_async(&sg).unwrap();
+    let out = sched.get_async(&sg, f).unwrap();
+    sched.synchronize().unwrap();
+    assert_eq!(out.wait().unwrap(), want);
+
+    // With no device able to add, scheduling is a typed error naming the op.
+    let devs: Vec<Arc<dyn Device>> = devices(2, true)
+        .into_iter()
+        .map(|d| Arc::new(WithoutAdd(d)) as Arc<dyn Device>)
+        .collect();
+    let w = [
+        weight(&devs[0], 1),
+        weight(&devs[0], 2),
+        weight(&devs[1], 3),
+    ];
+    let t = test_graph([&w[0], &w[1], &w[2]], 1);
+    match assign_devices(&t.g, &devs, &t.hints) {
+        Err(BackendError::Unsupported { what, .. }) => assert!(what.contains("ADD"), "{what}"),
+        other => panic!("expected Unsupported, got {other:?}"),
     }
 }
