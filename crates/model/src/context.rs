@@ -331,7 +331,7 @@ impl Context {
     fn build_context(&self) -> BuildContext<'_> {
         BuildContext {
             arch: self.model.arch.as_ref(),
-            weight_memory: self.model.weight_memory(),
+            weights: self.model.weights(),
             plan: self.model.plan(),
             kv: &self.kv,
             kv_memory: &self.kv_memory,

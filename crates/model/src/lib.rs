@@ -17,5 +17,5 @@ pub use context::{Batch, BatchToken, Context, ContextParams, FlashAttn};
 pub use error::ModelError;
 pub use hparams::{HParams, RopeScaling, RopeType};
 pub use kv_cache::KvFormat;
-pub use model::Model;
+pub use model::{LoadOptions, Model, WeightStore};
 pub use placement::{LayerPlan, Placement, SplitMode};

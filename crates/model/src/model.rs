@@ -1,5 +1,6 @@
 //! A loaded model: its file (mapped), hyperparameters, weights, and the device they live on.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,6 +21,115 @@ impl HostMemory for MappedFile {
     }
 }
 
+/// How weights reach the devices.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Copy the weights into each device's own memory even where the device could use the
+    /// file's mapping in place (llama.cpp's `--no-mmap`).
+    pub no_mmap: bool,
+    /// Called with (bytes uploaded, bytes to upload) as weights are copied to a device.
+    pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("no_mmap", &self.no_mmap)
+            .finish()
+    }
+}
+
+/// One device's weights: the file's mapping wrapped as that device's buffer (a weight is at its
+/// file offset), or copies of the weights it uses in a buffer of its own memory.
+#[derive(Debug)]
+pub struct WeightStore {
+    buffer: Buffer,
+    memory: Arc<dyn BufferMemory>,
+    /// For uploaded weights: file offset → offset in `buffer`. `None`: the mapping itself.
+    offsets: Option<HashMap<usize, usize>>,
+}
+
+impl WeightStore {
+    /// The memory and offset of the weight whose data starts at `file_offset`; `None` if this
+    /// device holds no copy of it.
+    pub fn locate(&self, file_offset: usize) -> Option<(Arc<dyn BufferMemory>, usize)> {
+        let offset = match &self.offsets {
+            None => file_offset,
+            Some(map) => *map.get(&file_offset)?,
+        };
+        Some((self.memory.clone(), offset))
+    }
+
+    /// The buffer the weights are in.
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    /// Whether the weights were copied into device memory (rather than mapped).
+    pub fn is_uploaded(&self) -> bool {
+        self.offsets.is_some()
+    }
+
+    fn mapped(buffer: Buffer) -> WeightStore {
+        buffer.set_usage(BufferUsage::Weights);
+        WeightStore {
+            memory: buffer.memory(),
+            buffer,
+            offsets: None,
+        }
+    }
+
+    /// Copies `tensors` (file offset, size) of `bytes` into one new buffer of `device`.
+    fn upload(
+        device: &Arc<dyn Device>,
+        bytes: &[u8],
+        tensors: &[(usize, usize)],
+        progress: Option<&(dyn Fn(u64, u64) + Send + Sync)>,
+    ) -> Result<WeightStore, ModelError> {
+        let bt = device.buffer_type();
+        let align = bt.alignment().max(1);
+        let mut offsets = HashMap::with_capacity(tensors.len());
+        let mut size = 0usize;
+        for &(at, len) in tensors {
+            if offsets.contains_key(&at) {
+                continue;
+            }
+            offsets.insert(at, size);
+            size = size
+                .checked_add(len)
+                .and_then(|e| e.checked_next_multiple_of(align))
+                .ok_or_else(|| ModelError::Placement("weights too large".into()))?;
+        }
+        let buffer = bt.alloc_buffer(size)?;
+        buffer.set_usage(BufferUsage::Weights);
+        let total = size as u64;
+        let mut done = 0u64;
+        let mut written = std::collections::HashSet::with_capacity(tensors.len());
+        for &(at, len) in tensors {
+            if !written.insert(at) {
+                continue;
+            }
+            // Offsets and sizes were checked against the file when the weights were read.
+            let src = at
+                .checked_add(len)
+                .and_then(|end| bytes.get(at..end))
+                .ok_or_else(|| {
+                    ModelError::Placement(format!("weight at {at} is outside the file"))
+                })?;
+            buffer.write(offsets[&at], src)?;
+            done += len as u64;
+            if let Some(p) = progress {
+                p(done, total);
+            }
+        }
+        Ok(WeightStore {
+            memory: buffer.memory(),
+            buffer,
+            offsets: Some(offsets),
+        })
+    }
+}
+
 /// A model ready to run.
 pub struct Model {
     pub file: GgufFile,
@@ -28,10 +138,9 @@ pub struct Model {
     pub arch: Box<dyn Architecture>,
     /// Which device each layer is on.
     plan: LayerPlan,
-    /// Per device of the plan: the file's mapping as that device's read-only buffer (the same
-    /// bytes, no copy; each layer's weights are bound through its device's buffer).
-    weight_buffers: Vec<Buffer>,
-    weight_memory: Vec<Arc<dyn BufferMemory>>,
+    /// Per device of the plan: its weights (each layer's weights are bound through its
+    /// device's store).
+    weights: Vec<WeightStore>,
 }
 
 impl std::fmt::Debug for Model {
@@ -61,6 +170,17 @@ impl Model {
     /// Opens `path`, checks every hyperparameter and weight, and maps each layer's weights onto
     /// the device `placement` gives it.
     pub fn load_placed(path: impl AsRef<Path>, placement: &Placement) -> Result<Model, ModelError> {
+        Model::load_with_options(path, placement, &LoadOptions::default())
+    }
+
+    /// [`Model::load_placed`], with `options`. A device that can use host memory gets the
+    /// file's mapping (no copy) unless `no_mmap` is set; any other gets copies, in its own
+    /// memory, of the weights of its layers and of the model's global weights.
+    pub fn load_with_options(
+        path: impl AsRef<Path>,
+        placement: &Placement,
+        options: &LoadOptions,
+    ) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         // A split model's first file holds the metadata but not every tensor.
         if let Some(count) = file.metadata.get("split.count").and_then(|v| v.as_u64())
@@ -76,20 +196,28 @@ impl Model {
         let hparams = arch.hparams().clone();
         let plan = placement.plan(hparams.n_layer as usize)?;
         let mapping = Arc::new(MappedFile(file.mapping()));
-        let mut weight_buffers = Vec::with_capacity(plan.devices.len());
-        for device in &plan.devices {
-            let b = device.buffer_from_host_memory(mapping.clone())?;
-            b.set_usage(BufferUsage::Weights);
-            weight_buffers.push(b);
+        let mut weights = Vec::with_capacity(plan.devices.len());
+        for (d, device) in plan.devices.iter().enumerate() {
+            if device.caps().buffer_from_host_ptr && !options.no_mmap {
+                weights.push(WeightStore::mapped(
+                    device.buffer_from_host_memory(mapping.clone())?,
+                ));
+                continue;
+            }
+            let tensors = device_tensors(&file, &plan, d)?;
+            weights.push(WeightStore::upload(
+                device,
+                &mapping.0,
+                &tensors,
+                options.progress.as_deref(),
+            )?);
         }
-        let weight_memory = weight_buffers.iter().map(Buffer::memory).collect();
         Ok(Model {
             file,
             hparams,
             arch,
             plan,
-            weight_buffers,
-            weight_memory,
+            weights,
         })
     }
 
@@ -105,12 +233,12 @@ impl Model {
 
     /// The weight buffer of the host device.
     pub fn weight_buffer(&self) -> &Buffer {
-        &self.weight_buffers[self.plan.input]
+        self.weights[self.plan.input].buffer()
     }
 
-    /// Per device of the plan, the weight buffer as graph tensors bind to it.
-    pub fn weight_memory(&self) -> &[Arc<dyn BufferMemory>] {
-        &self.weight_memory
+    /// Per device of the plan, where its weights are.
+    pub fn weights(&self) -> &[WeightStore] {
+        &self.weights
     }
 
     /// `general.name`, else the file name.
@@ -134,4 +262,44 @@ impl Model {
     pub fn n_params(&self) -> u64 {
         self.file.tensors.iter().map(|t| t.n_elements()).sum()
     }
+}
+
+/// The (file offset, size) of every tensor device `d` of `plan` needs: those of the layers
+/// placed on it (`blk.<i>.`) and every tensor outside the layers (embeddings, output, rope
+/// factors), which any device may read.
+fn device_tensors(
+    file: &GgufFile,
+    plan: &LayerPlan,
+    d: usize,
+) -> Result<Vec<(usize, usize)>, ModelError> {
+    let mut out = Vec::new();
+    for t in &file.tensors {
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok());
+        let wanted = match layer {
+            Some(i) => plan.layers.get(i).is_none_or(|&ld| ld == d),
+            None => true,
+        };
+        if wanted {
+            let at = file
+                .gguf()
+                .data_offset
+                .checked_add(t.offset)
+                .and_then(|a| usize::try_from(a).ok());
+            let len = usize::try_from(t.size).ok();
+            match (at, len) {
+                (Some(at), Some(len)) => out.push((at, len)),
+                _ => {
+                    return Err(ModelError::Placement(format!(
+                        "tensor {} lies outside the address space",
+                        t.name
+                    )));
+                }
+            }
+        }
+    }
+    Ok(out)
 }

@@ -34,6 +34,8 @@ struct Config {
     layers_not_offloaded: Option<usize>,
     main_gpu: usize,
     pipeline: bool,
+    /// Weights copied into each device's memory instead of mapped (`--no-mmap`).
+    no_mmap: bool,
 }
 
 fn config(name: &'static str, n_devices: usize, tensor_split: &[f32]) -> Config {
@@ -45,6 +47,7 @@ fn config(name: &'static str, n_devices: usize, tensor_split: &[f32]) -> Config 
         layers_not_offloaded: None,
         main_gpu: 0,
         pipeline: true,
+        no_mmap: false,
     }
 }
 
@@ -63,6 +66,14 @@ fn configs() -> Vec<Config> {
                 "4 devices, partial offload, 1:1:2:0",
                 4,
                 &[1.0, 1.0, 2.0, 0.0],
+            )
+        },
+        Config {
+            no_mmap: true,
+            ..config(
+                "3 devices, 1:2:1, weights copied (--no-mmap)",
+                3,
+                &[1.0, 2.0, 1.0],
             )
         },
         Config {
@@ -96,7 +107,11 @@ fn load(path: &std::path::Path, c: &Config) -> Arc<Model> {
         n_gpu_layers: c.layers_not_offloaded.map(|k| n_layer + 1 - k),
         main_gpu: c.main_gpu,
     };
-    Arc::new(Model::load_placed(path, &placement).unwrap())
+    let options = lamina_model::LoadOptions {
+        no_mmap: c.no_mmap,
+        progress: None,
+    };
+    Arc::new(Model::load_with_options(path, &placement, &options).unwrap())
 }
 
 /// What one placement produces: all-position prompt logits (as bits), greedy tokens, and the
@@ -216,7 +231,7 @@ fn check_residency_with(model: &Model, flash_attn: bool) {
         .collect();
     let bc = BuildContext {
         arch: model.arch.as_ref(),
-        weight_memory: model.weight_memory(),
+        weights: model.weights(),
         plan,
         kv: &kv,
         kv_memory: &kv_memory,
@@ -266,6 +281,18 @@ fn prove(name: &str) {
             plan.output
         );
         check_residency(&model);
+        if c.no_mmap {
+            // Each device holds copies of its own layers' weights (and the global ones), so
+            // none holds the whole file.
+            let file_len = model.file.bytes().len();
+            for (d, store) in model.weights().iter().enumerate() {
+                assert!(store.is_uploaded(), "{name}: device {d} maps the file");
+                assert!(
+                    store.buffer().size() < file_len,
+                    "{name}: device {d} has it all"
+                );
+            }
+        }
         let got = run(model, c.pipeline);
         assert!(
             got.logits == baseline.logits,

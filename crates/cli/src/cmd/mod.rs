@@ -186,6 +186,10 @@ pub struct DeviceArgs {
     /// With several devices, run one micro-batch at a time instead of pipelining them.
     #[arg(long = "no-pipeline")]
     pub no_pipeline: bool,
+    /// Copy the weights into memory instead of using the file's mapping in place (slower to
+    /// load; as llama.cpp's --no-mmap).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
 }
 
 impl DeviceArgs {
@@ -433,8 +437,32 @@ pub fn load_model(
         .map(|d| d.clone() as Arc<dyn lamina_backend::Device>)
         .collect();
     let placement = devices.placement(&available)?;
-    let model = lamina_model::Model::load_placed(&path, &placement)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    // A bar for weights copied to a device, drawn only on a terminal.
+    let bar = ProgressBar::with_draw_target(
+        Some(0),
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            indicatif::ProgressDrawTarget::stderr()
+        } else {
+            indicatif::ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("loading weights [{bar:30}] {bytes}/{total_bytes}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    let progress_bar = bar.clone();
+    let options = lamina_model::LoadOptions {
+        no_mmap: devices.no_mmap,
+        progress: Some(Arc::new(move |done, total| {
+            progress_bar.set_length(total);
+            progress_bar.set_position(done);
+        })),
+    };
+    let model = lamina_model::Model::load_with_options(&path, &placement, &options)
+        .with_context(|| format!("cannot load {}", path.display()));
+    bar.finish_and_clear();
+    let model = model?;
     Ok((model, path))
 }
 

@@ -541,7 +541,6 @@ const UNSUPPORTED_LLAMA_FLAGS: &[&str] = &[
     "--override-tensor",
     "--numa",
     "--mlock",
-    "--no-mmap",
     "-tb",
     "--threads-batch",
     "--threads-http",

@@ -34,7 +34,7 @@ use lamina_gguf::Gguf;
 
 use crate::kv_cache::KvCache;
 use crate::weights::{AttnWeights, FfnWeights, Linear, NormWeights, Qkv, WeightRef};
-use crate::{HParams, LayerPlan, ModelError, RopeType};
+use crate::{HParams, LayerPlan, ModelError, RopeType, WeightStore};
 use inputs::{GraphInput, InputFill};
 pub use k_shift::{KShiftRope, build_shift_graph};
 
@@ -194,7 +194,7 @@ pub struct GraphShape {
 /// placement, and the cache (its memory per device).
 pub struct BuildContext<'a> {
     pub arch: &'a dyn Architecture,
-    pub weight_memory: &'a [Arc<dyn BufferMemory>],
+    pub weights: &'a [WeightStore],
     pub plan: &'a LayerPlan,
     pub kv: &'a KvCache,
     pub kv_memory: &'a [Option<Arc<dyn BufferMemory>>],
@@ -484,8 +484,16 @@ impl<'a> Builder<'a> {
         }
         let id = self.g.new_tensor(w.dtype, &w.ne)?;
         self.g.add_flags(id, TensorFlags::WEIGHT)?;
-        self.g
-            .bind(id, self.ctx.weight_memory[self.device].clone(), w.offset)?;
+        let (memory, offset) = self.ctx.weights[self.device]
+            .locate(w.offset)
+            .ok_or_else(|| {
+                ModelError::Placement(format!(
+                    "the weight at file offset {} was not loaded onto {}",
+                    w.offset,
+                    self.ctx.plan.devices[self.device].name()
+                ))
+            })?;
+        self.g.bind(id, memory, offset)?;
         self.weight_ids.insert(key, id);
         Ok(id)
     }
