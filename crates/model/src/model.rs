@@ -40,29 +40,35 @@ impl std::fmt::Debug for LoadOptions {
 }
 
 /// One device's weights: the file's mapping wrapped as that device's buffer (a weight is at its
-/// file offset), or copies of the weights it uses in a buffer of its own memory.
+/// file offset), or copies of the weights it uses in buffers of its own memory (several when
+/// they exceed the buffer type's largest buffer, as ggml splits weight buffers).
 #[derive(Debug)]
 pub struct WeightStore {
-    buffer: Buffer,
-    memory: Arc<dyn BufferMemory>,
-    /// For uploaded weights: file offset → offset in `buffer`. `None`: the mapping itself.
-    offsets: Option<HashMap<usize, usize>>,
+    buffers: Vec<Buffer>,
+    memory: Vec<Arc<dyn BufferMemory>>,
+    /// For uploaded weights: file offset → (buffer, offset in it). `None`: the mapping itself.
+    offsets: Option<HashMap<usize, (usize, usize)>>,
 }
 
 impl WeightStore {
     /// The memory and offset of the weight whose data starts at `file_offset`; `None` if this
     /// device holds no copy of it.
     pub fn locate(&self, file_offset: usize) -> Option<(Arc<dyn BufferMemory>, usize)> {
-        let offset = match &self.offsets {
-            None => file_offset,
+        let (b, offset) = match &self.offsets {
+            None => (0, file_offset),
             Some(map) => *map.get(&file_offset)?,
         };
-        Some((self.memory.clone(), offset))
+        Some((self.memory.get(b)?.clone(), offset))
     }
 
-    /// The buffer the weights are in.
-    pub fn buffer(&self) -> &Buffer {
-        &self.buffer
+    /// The buffers the weights are in (one for a mapping).
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.buffers
+    }
+
+    /// Bytes of device memory the weights take (the file's size for a mapping).
+    pub fn size(&self) -> usize {
+        self.buffers.iter().map(Buffer::size).sum()
     }
 
     /// Whether the weights were copied into device memory (rather than mapped).
@@ -73,13 +79,13 @@ impl WeightStore {
     fn mapped(buffer: Buffer) -> WeightStore {
         buffer.set_usage(BufferUsage::Weights);
         WeightStore {
-            memory: buffer.memory(),
-            buffer,
+            memory: vec![buffer.memory()],
+            buffers: vec![buffer],
             offsets: None,
         }
     }
 
-    /// Copies `tensors` (file offset, size) of `bytes` into one new buffer of `device`.
+    /// Copies `tensors` (file offset, size) of `bytes` into new buffers of `device`.
     fn upload(
         device: &Arc<dyn Device>,
         bytes: &[u8],
@@ -88,43 +94,73 @@ impl WeightStore {
     ) -> Result<WeightStore, ModelError> {
         let bt = device.buffer_type();
         let align = bt.alignment().max(1);
+        let max_size = bt.max_size();
+        let too_large = |len: usize| ModelError::OutOfMemory {
+            what: "a weight".into(),
+            device: device.name().to_string(),
+            need: len as u64,
+            free: max_size as u64,
+            hint: " (the device's largest buffer is smaller)",
+        };
+        // Lay the tensors out in buffers of at most `max_size` bytes.
         let mut offsets = HashMap::with_capacity(tensors.len());
-        let mut size = 0usize;
+        let mut sizes = vec![0usize];
+        let mut unique = Vec::with_capacity(tensors.len());
         for &(at, len) in tensors {
             if offsets.contains_key(&at) {
                 continue;
             }
-            offsets.insert(at, size);
-            size = size
-                .checked_add(len)
-                .and_then(|e| e.checked_next_multiple_of(align))
-                .ok_or_else(|| ModelError::Placement("weights too large".into()))?;
-        }
-        let buffer = bt.alloc_buffer(size)?;
-        buffer.set_usage(BufferUsage::Weights);
-        let total = size as u64;
-        let mut done = 0u64;
-        let mut written = std::collections::HashSet::with_capacity(tensors.len());
-        for &(at, len) in tensors {
-            if !written.insert(at) {
-                continue;
+            let padded = len
+                .checked_next_multiple_of(align)
+                .ok_or_else(|| too_large(len))?;
+            if padded > max_size {
+                return Err(too_large(len));
             }
-            // Offsets and sizes were checked against the file when the weights were read.
+            let last = sizes.len() - 1;
+            if sizes[last] + padded > max_size {
+                sizes.push(0);
+            }
+            let last = sizes.len() - 1;
+            offsets.insert(at, (last, sizes[last]));
+            sizes[last] += padded;
+            unique.push((at, len));
+        }
+        let total: u64 = unique.iter().map(|&(_, len)| len as u64).sum();
+        let free = device.memory().free;
+        if free > 0 && total > free {
+            return Err(ModelError::OutOfMemory {
+                what: "the weights".into(),
+                device: device.name().to_string(),
+                need: total,
+                free,
+                hint: " (offload fewer layers: -ngl)",
+            });
+        }
+        let mut buffers = Vec::with_capacity(sizes.len());
+        for &size in &sizes {
+            let b = bt.alloc_buffer(size)?;
+            b.set_usage(BufferUsage::Weights);
+            buffers.push(b);
+        }
+        let mut done = 0u64;
+        for &(at, len) in &unique {
+            // Offsets and sizes were checked against the file when it was opened.
             let src = at
                 .checked_add(len)
                 .and_then(|end| bytes.get(at..end))
                 .ok_or_else(|| {
                     ModelError::Placement(format!("weight at {at} is outside the file"))
                 })?;
-            buffer.write(offsets[&at], src)?;
+            let (b, offset) = offsets[&at];
+            buffers[b].write(offset, src)?;
             done += len as u64;
             if let Some(p) = progress {
                 p(done, total);
             }
         }
         Ok(WeightStore {
-            memory: buffer.memory(),
-            buffer,
+            memory: buffers.iter().map(Buffer::memory).collect(),
+            buffers,
             offsets: Some(offsets),
         })
     }
@@ -229,11 +265,6 @@ impl Model {
     /// The devices the model is on and each layer's device.
     pub fn plan(&self) -> &LayerPlan {
         &self.plan
-    }
-
-    /// The weight buffer of the host device.
-    pub fn weight_buffer(&self) -> &Buffer {
-        self.weights[self.plan.input].buffer()
     }
 
     /// Per device of the plan, where its weights are.
