@@ -31,7 +31,32 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
         }
         None => registry().context("initializing devices")?,
     };
-    super::emit(&format_devices(reg))?;
+    let mut out = format_devices(reg);
+    // GPU adapters through wgpu: each device with its adapter's driver and backend.
+    match lamina_wgpu::WgpuBackendReg::from_env() {
+        Ok(gpus) => {
+            for d in gpus.wgpu_devices() {
+                use lamina_backend::Device;
+                let m = d.memory();
+                out.push_str(&format!(
+                    "  {}: {} ({}, {}, {} MiB largest buffer)\n",
+                    d.name(),
+                    d.description(),
+                    d.device_type(),
+                    d.driver(),
+                    m.total / MIB
+                ));
+            }
+            for p in gpus.problems() {
+                out.push_str(&format!(
+                    "  (GPU adapter {} not usable: {})\n",
+                    p.name, p.message
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("  (GPU backend: {e})\n")),
+    }
+    super::emit(&out)?;
     Ok(())
 }
 

@@ -193,6 +193,16 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// Whether to open the GPU backend: `--device` names a WGPU device, or
+    /// `LAMINA_WGPU_DEVICES` is set. (Not by default yet: opening Vulkan costs start-up time
+    /// and, with Mesa, prints driver notes on stderr.)
+    pub fn wants_gpu(&self) -> bool {
+        self.device
+            .as_deref()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("wgpu"))
+            || std::env::var_os(lamina_wgpu::DEVICES_ENV).is_some()
+    }
+
     /// The placement these flags ask for over `available` devices (the first is the host).
     pub fn placement(
         &self,
@@ -204,7 +214,29 @@ impl DeviceArgs {
             .context("no compute device is available")?;
         let devices = match &self.device {
             Some(list) => lamina_model::placement::devices_by_name(list, available)?,
-            None => available.to_vec(),
+            // As llama.cpp: offload to the GPUs when there are any (a software adapter only
+            // when named), else spread over the CPU devices.
+            None => {
+                let gpus: Vec<_> = available
+                    .iter()
+                    .filter(|d| {
+                        matches!(
+                            d.device_type(),
+                            lamina_backend::DeviceType::Gpu | lamina_backend::DeviceType::IGpu
+                        )
+                    })
+                    .cloned()
+                    .collect();
+                if gpus.is_empty() {
+                    available
+                        .iter()
+                        .filter(|d| d.device_type() == lamina_backend::DeviceType::Cpu)
+                        .cloned()
+                        .collect()
+                } else {
+                    gpus
+                }
+            }
         };
         let split_mode: lamina_model::SplitMode = self.split_mode.parse()?;
         let n_gpu_layers = match self.n_gpu_layers.as_deref() {
@@ -431,11 +463,25 @@ pub fn load_model(
         config = config.with_threads(t);
     }
     let reg = lamina_cpu::CpuBackendReg::new(config)?;
-    let available: Vec<Arc<dyn lamina_backend::Device>> = reg
+    let mut available: Vec<Arc<dyn lamina_backend::Device>> = reg
         .cpu_devices()
         .iter()
         .map(|d| d.clone() as Arc<dyn lamina_backend::Device>)
         .collect();
+    if devices.wants_gpu() {
+        let gpus = lamina_wgpu::WgpuBackendReg::from_env()?;
+        for p in gpus.problems() {
+            eprintln!(
+                "warning: GPU adapter {} could not be opened: {}",
+                p.name, p.message
+            );
+        }
+        available.extend(
+            gpus.wgpu_devices()
+                .iter()
+                .map(|d| d.clone() as Arc<dyn lamina_backend::Device>),
+        );
+    }
     let placement = devices.placement(&available)?;
     // A bar for weights copied to a device, drawn only on a terminal.
     let bar = ProgressBar::with_draw_target(

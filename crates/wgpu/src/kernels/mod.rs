@@ -1,0 +1,49 @@
+//! Prototype GPU compute kernels for Lamina on `wgpu` (WGSL), in ggml's tensor model.
+//!
+//! * [`GpuContext`] opens a device (or use your own `Device`/`Queue`).
+//! * [`TensorRef`] describes a tensor living in a `wgpu::Buffer` (ggml `ne`/`nb`).
+//! * [`Kernels`] encodes ops into a `CommandEncoder`; call [`Kernels::submit`]
+//!   (or [`Kernels::flush`] before your own `queue.submit`) so the per-op
+//!   parameters reach the GPU.
+//! * [`reference`] holds scalar CPU implementations used by the tests.
+
+mod context;
+mod ops;
+pub mod reference;
+mod shaders;
+mod tensor;
+
+pub use context::{AdapterSummary, GpuContext, adapters};
+pub use ops::{Kernels, MatMulPath, MatVecConfig, RopeMode, UnaryOp};
+pub use tensor::{DType, TensorRef};
+
+/// Errors returned by this crate; bad input never panics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// No adapter (or not the requested index).
+    NoAdapter(String),
+    /// `request_device` failed.
+    Device(String),
+    /// Shapes/strides/types of the arguments do not fit the op.
+    Invalid(String),
+    /// A valid request this prototype does not implement (or the adapter limits forbid).
+    Unsupported(String),
+    /// A wgpu validation or device error caught by the context's error handler.
+    Gpu(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::NoAdapter(s) => write!(f, "no GPU adapter: {s}"),
+            Error::Device(s) => write!(f, "device request failed: {s}"),
+            Error::Invalid(s) => write!(f, "invalid argument: {s}"),
+            Error::Unsupported(s) => write!(f, "unsupported: {s}"),
+            Error::Gpu(s) => write!(f, "gpu error: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
