@@ -760,3 +760,50 @@ print(json.dumps(out))
         }
     }
 }
+
+/// The GPU backend from the command line: `lamina devices` lists the virtual GPU devices, and
+/// a layer split over two of them prints exactly what one prints (issue 17's "done when").
+#[test]
+fn two_virtual_gpu_devices_print_what_one_prints() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .arg("devices")
+        .env("LAMINA_WGPU_DEVICES", "2")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listed = stdout(&o);
+    if !listed.contains("WGPU1:") {
+        assert!(
+            std::env::var_os("LAMINA_REQUIRE_WGPU").is_none(),
+            "no GPU device listed, and LAMINA_REQUIRE_WGPU is set:\n{listed}"
+        );
+        eprintln!("skipping: no wgpu adapter");
+        return;
+    }
+    let run = |devices: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["run", "-m", path.to_str().unwrap(), "--device", devices])
+            .args([
+                "-ngl",
+                "all",
+                "--split-mode",
+                "layer",
+                "--temp",
+                "0",
+                "-n",
+                "12",
+            ])
+            .args(["-p", "The capital of France is"])
+            .env("LAMINA_WGPU_DEVICES", "2")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{devices}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let one = run("WGPU0");
+    assert!(one.starts_with("The capital of France is"), "{one}");
+    assert_eq!(run("WGPU0,WGPU1"), one);
+}
