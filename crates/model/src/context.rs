@@ -230,14 +230,7 @@ impl Context {
                 )));
             }
             FlashAttn::Off => false,
-            FlashAttn::On => true,
-            // The GPU backend has no flash-attention node yet: on a GPU, auto is off (as
-            // llama.cpp turns it off where a layer's device cannot run it).
-            FlashAttn::Auto => model
-                .plan()
-                .devices
-                .iter()
-                .all(|d| d.device_type() == lamina_backend::DeviceType::Cpu),
+            FlashAttn::On | FlashAttn::Auto => true,
         };
         params.flash_attn = if flash_attn {
             FlashAttn::On

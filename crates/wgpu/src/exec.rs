@@ -100,6 +100,25 @@ pub fn supports_op(graph: &Graph, id: TensorId) -> bool {
         Op::MulMat => {
             ty(0).is_some_and(|d| MATMUL_TYPES.contains(&d)) && f32_in(1) && out == DType::F32
         }
+        Op::FlashAttnExt { max_bias, .. } => {
+            let shape = |i: usize| t.src[i].map(|s| graph.tensor(s).layout.ne);
+            let (Some(q), Some(k), Some(v)) = (shape(0), shape(1), shape(2)) else {
+                return false;
+            };
+            f32_in(0)
+                && matches!(
+                    (ty(1), ty(2)),
+                    (Some(DType::F16), Some(DType::F16)) | (Some(DType::F32), Some(DType::F32))
+                )
+                && ty(3).is_none_or(|m| matches!(m, DType::F16 | DType::F32))
+                && t.src[4].is_none()
+                && max_bias == 0.0
+                && q[0] == k[0]
+                && k[0] == v[0]
+                && q[0] as u32 <= kernels::FA_MAX_D
+                && q[3] == 1
+                && out == DType::F32
+        }
         _ => false,
     }
 }
@@ -320,6 +339,13 @@ fn encode(
                 _ => kernels::UnaryOp::Gelu,
             };
             k.glu(enc, op, src(0)?, src(1)?, dst)?
+        }
+        Op::FlashAttnExt { scale, softcap, .. } => {
+            let mask = match t.src[3] {
+                Some(m) => Some(tensor_ref(graph, m, buffers)?),
+                None => None,
+            };
+            k.flash_attn(enc, src(0)?, src(1)?, src(2)?, mask, dst, scale, softcap)?
         }
         Op::GetRows => k.get_rows(enc, src(0)?, src(1)?, dst)?,
         Op::SetRows => k.set_rows(enc, src(0)?, src(1)?, dst)?,

@@ -69,12 +69,16 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// Prompt logits of every position, then a token at a time: the greedy choice, or `forced`'s
 /// tokens (so two devices are compared on the same inputs). Returns (logits, tokens fed).
-fn run(model: Arc<Model>, forced: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn run(
+    model: Arc<Model>,
+    forced: Option<&[u32]>,
+    flash_attn: FlashAttn,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut ctx = Context::new(
         model,
         ContextParams {
             n_ctx: 256,
-            flash_attn: FlashAttn::Off,
+            flash_attn,
             ..Default::default()
         },
     )
@@ -157,21 +161,31 @@ fn check(name: &str) {
         return;
     };
     let Some(one) = gpus(1) else { return };
-    let (want, tokens) = run(load(&path, cpu(), vec![cpu()], None), None);
-    let (got, _) = run(load(&path, cpu(), one, None), Some(&tokens));
+    let off = FlashAttn::Off;
+    let (want, tokens) = run(load(&path, cpu(), vec![cpu()], None), None, off);
+    let (got, _) = run(load(&path, cpu(), one.clone(), None), Some(&tokens), off);
     compare(name, "1 GPU", &got, &want);
 
     let Some(two) = gpus(2) else { return };
-    let (split, _) = run(load(&path, cpu(), two, None), Some(&tokens));
+    let (split, _) = run(load(&path, cpu(), two, None), Some(&tokens), off);
     assert!(
         split == got,
         "{name}: 2 virtual GPU devices differ from one"
     );
 
     // The first layers on the CPU, the rest on the GPU.
-    let Some(one) = gpus(1) else { return };
-    let (mixed, _) = run(load(&path, cpu(), one, Some(10)), Some(&tokens));
+    let (mixed, _) = run(
+        load(&path, cpu(), one.clone(), Some(10)),
+        Some(&tokens),
+        off,
+    );
     compare(name, "CPU+GPU", &mixed, &want);
+
+    // Fused attention on both.
+    let on = FlashAttn::On;
+    let (want_fa, _) = run(load(&path, cpu(), vec![cpu()], None), Some(&tokens), on);
+    let (got_fa, _) = run(load(&path, cpu(), one, None), Some(&tokens), on);
+    compare(name, "1 GPU, flash attention", &got_fa, &want_fa);
 }
 
 #[test]

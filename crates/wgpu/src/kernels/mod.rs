@@ -15,6 +15,7 @@ mod tensor;
 
 pub use context::{AdapterSummary, GpuContext, adapters};
 pub use ops::{Kernels, MatMulPath, MatVecConfig, RopeMode, UnaryOp};
+pub use shaders::FA_MAX_D;
 pub use tensor::{DType, TensorRef};
 
 /// Errors returned by this crate; bad input never panics.
