@@ -749,6 +749,41 @@ impl BufferSlice {
         BufferSlice::new(&buffer, offset, t.layout.span_bytes())
     }
 
+    /// [`BufferSlice::of_tensor`] for device `device` (named `device_name`) about to run a node:
+    /// the tensor must be bound to a buffer of that device, and lie inside it.
+    pub fn of_tensor_on(
+        graph: &Graph,
+        id: TensorId,
+        device: DeviceKey,
+        device_name: &str,
+    ) -> Result<BufferSlice, BackendError> {
+        let t = graph.get(id)?;
+        let unbound = || BackendError::Unbound(format!("{id} '{}' ({})", t.name, t.op.name()));
+        let (memory, offset) = graph.resolve(id).ok_or_else(unbound)?;
+        let buffer = Buffer::from_memory(memory).ok_or_else(unbound)?;
+        if buffer.device() != device {
+            return Err(BackendError::ForeignBuffer {
+                buffer: buffer.name(),
+                buffer_type: buffer.buffer_type().name().to_owned(),
+                device: device_name.to_owned(),
+            });
+        }
+        let span = t.layout.span_bytes();
+        if offset.checked_add(span).is_none_or(|e| e > buffer.size()) {
+            return Err(BackendError::OutOfBounds {
+                buffer: buffer.name(),
+                offset,
+                len: span,
+                size: buffer.size(),
+            });
+        }
+        Ok(BufferSlice {
+            buffer,
+            offset,
+            len: span,
+        })
+    }
+
     /// A sub-range of this slice.
     pub fn sub(&self, offset: usize, len: usize) -> Result<BufferSlice, BackendError> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {

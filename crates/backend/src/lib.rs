@@ -15,6 +15,7 @@ pub mod buffer;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod protocol;
 pub mod queue;
 pub mod sched;
 pub mod stream;
@@ -29,6 +30,9 @@ pub use buffer::{
 pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryInfo, Registry};
 pub use error::BackendError;
 pub use event::{Event, EventImpl, TimelineEvent};
+pub use protocol::{
+    ProtocolCommand, ProtocolQueue, queue_copy, queue_record, queue_wait, run_copy,
+};
 pub use queue::{Command, CommandQueue, QueuedCommand};
 pub use sched::{
     Assignment, DeviceHint, PIPELINE_COPIES, ScheduledGraph, Scheduler, Split, SplitCopy,

@@ -186,21 +186,34 @@ impl QueuedCommand<ExecState> for CpuCommand {
                 dst,
                 fence,
                 done,
-            } => {
-                // A fence that never came: no copy, but the done event is still signalled
-                // (its waiters get this error from the queue instead of waiting too).
-                let fenced = fence.map_or(Ok(()), |(ev, v)| ev.wait_for(v));
-                let r = fenced.and_then(|()| dst.copy_from(&src));
-                if let Some((ev, v)) = done {
-                    ev.signal(v);
-                }
-                r
-            }
+            } => lamina_backend::run_copy(&src, &dst, fence, done),
             CpuCommand::Signal(ev, v) => {
                 ev.signal(v);
                 Ok(())
             }
             CpuCommand::Wait(ev, v) => ev.wait_for(v),
+        }
+    }
+}
+
+impl lamina_backend::ProtocolCommand<ExecState> for CpuCommand {
+    fn signal(event: Event, value: u64) -> CpuCommand {
+        CpuCommand::Signal(event, value)
+    }
+    fn wait(event: Event, value: u64) -> CpuCommand {
+        CpuCommand::Wait(event, value)
+    }
+    fn copy(
+        src: BufferSlice,
+        dst: BufferSlice,
+        fence: Option<(Event, u64)>,
+        done: Option<(Event, u64)>,
+    ) -> CpuCommand {
+        CpuCommand::Copy {
+            src,
+            dst,
+            fence,
+            done,
         }
     }
 }
@@ -242,11 +255,15 @@ impl CpuStream {
 }
 
 impl CpuStream {
-    /// A copy between CPU queues. Fenced: the seed's protocol (1) a fence on the destination
-    /// queue, behind its queued work; (2) on the source queue, one command that waits for the
-    /// fence, copies and signals (signal and copy in the same command); (3) the destination
-    /// waits for that signal. Unfenced: step (1) is left out, the caller having ordered the copy
-    /// after the destination's readers with an event.
+    fn protocol(&self) -> lamina_backend::ProtocolQueue<'_, ExecState, CpuCommand> {
+        lamina_backend::ProtocolQueue {
+            queue: &self.queue,
+            sync: &self.ev_sync,
+            copied: &self.ev_cpy,
+        }
+    }
+
+    /// A copy between CPU queues, by the seed's protocol ([`lamina_backend::protocol`]).
     fn copy(
         &self,
         src_stream: &Stream,
@@ -264,42 +281,7 @@ impl CpuStream {
         if !self.queue.is_async() || !src_impl.queue.is_async() {
             return Ok(false);
         }
-        let (src, dst) = (src.clone(), dst.clone());
-        if std::ptr::eq(src_impl, self) {
-            self.queue.submit(CpuCommand::Copy {
-                src,
-                dst,
-                fence: None,
-                done: None,
-            })?;
-            return Ok(true);
-        }
-        // (1) The fence: behind the destination's queued work (its readers of `dst`).
-        let fence = if fenced {
-            let fence_ev = &self.ev_sync;
-            let v = fence_ev
-                .record_with(|v| self.queue.submit(CpuCommand::Signal(fence_ev.clone(), v)))?;
-            Some((fence_ev.clone(), v))
-        } else {
-            None
-        };
-        let done_ev = &src_impl.ev_cpy;
-        // (2) On the source queue: wait for the fence, copy, signal, as one command.
-        let mut parts = Some((src, dst, fence));
-        let done = done_ev.record_with(|v| {
-            // Called exactly once; the `None` arm only satisfies the type.
-            let Some((src, dst, fence)) = parts.take() else {
-                return Ok(());
-            };
-            src_impl.queue.submit(CpuCommand::Copy {
-                src,
-                dst,
-                fence,
-                done: Some((done_ev.clone(), v)),
-            })
-        })?;
-        // (3) Later work on the destination waits for the copy.
-        self.queue.submit(CpuCommand::Wait(done_ev.clone(), done))?;
+        lamina_backend::queue_copy(&src_impl.protocol(), &self.protocol(), src, dst, fenced)?;
         Ok(true)
     }
 }
@@ -389,21 +371,11 @@ impl StreamImpl for CpuStream {
     }
 
     fn record(&self, event: &Event) -> Result<(), BackendError> {
-        event
-            .record_with(|v| {
-                let r = self.queue.submit(CpuCommand::Signal(event.clone(), v));
-                if r.is_err() {
-                    // Never leave a reserved value unsignalled: waiters would hang.
-                    event.signal(v);
-                }
-                r
-            })
-            .map(drop)
+        lamina_backend::queue_record(&self.queue, event)
     }
 
     fn wait(&self, event: &Event) -> Result<(), BackendError> {
-        self.queue
-            .submit(CpuCommand::Wait(event.clone(), event.target()))
+        lamina_backend::queue_wait(&self.queue, event)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use lamina_backend::{BackendError, Buffer, DeviceKey};
+use lamina_backend::{BackendError, Buffer, BufferSlice, DeviceKey};
 use lamina_core::DType;
 use lamina_core::graph::{Graph, MAX_SRC, Op, TensorId};
 use lamina_core::tensor::Layout;
@@ -424,25 +424,8 @@ pub(crate) fn prepare(
             return Ok(l);
         }
         let t = graph.tensor(id);
-        let unbound = || BackendError::Unbound(format!("{id} '{}' ({})", t.name, t.op.name()));
-        let (memory, offset) = graph.resolve(id).ok_or_else(unbound)?;
-        let buffer = Buffer::from_memory(memory).ok_or_else(unbound)?;
-        if buffer.device() != device {
-            return Err(BackendError::ForeignBuffer {
-                buffer: buffer.name(),
-                buffer_type: buffer.buffer_type().name().to_owned(),
-                device: device_name.to_owned(),
-            });
-        }
-        let span = t.layout.span_bytes();
-        if offset.checked_add(span).is_none_or(|e| e > buffer.size()) {
-            return Err(BackendError::OutOfBounds {
-                buffer: buffer.name(),
-                offset,
-                len: span,
-                size: buffer.size(),
-            });
-        }
+        let BufferSlice { buffer, offset, .. } =
+            BufferSlice::of_tensor_on(&graph, id, device, device_name)?;
         let a = elem_align(t.layout.dtype);
         if buffer.base_alignment() < a
             || !offset.is_multiple_of(a)

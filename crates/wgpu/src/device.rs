@@ -175,19 +175,34 @@ impl QueuedCommand<GpuState> for GpuCommand {
                 dst,
                 fence,
                 done,
-            } => {
-                let fenced = fence.map_or(Ok(()), |(ev, v)| ev.wait_for(v));
-                let r = fenced.and_then(|()| dst.copy_from(&src));
-                if let Some((ev, v)) = done {
-                    ev.signal(v);
-                }
-                r
-            }
+            } => lamina_backend::run_copy(&src, &dst, fence, done),
             GpuCommand::Signal(ev, v) => {
                 ev.signal(v);
                 Ok(())
             }
             GpuCommand::Wait(ev, v) => ev.wait_for(v),
+        }
+    }
+}
+
+impl lamina_backend::ProtocolCommand<GpuState> for GpuCommand {
+    fn signal(event: Event, value: u64) -> GpuCommand {
+        GpuCommand::Signal(event, value)
+    }
+    fn wait(event: Event, value: u64) -> GpuCommand {
+        GpuCommand::Wait(event, value)
+    }
+    fn copy(
+        src: BufferSlice,
+        dst: BufferSlice,
+        fence: Option<(Event, u64)>,
+        done: Option<(Event, u64)>,
+    ) -> GpuCommand {
+        GpuCommand::Copy {
+            src,
+            dst,
+            fence,
+            done,
         }
     }
 }
@@ -218,9 +233,16 @@ impl WgpuStream {
         })
     }
 
-    /// A copy from another virtual device of an adapter, by the seed's protocol (as between
-    /// CPU devices): a fence behind the destination's work, one command on the source queue
-    /// that waits for it, copies on the GPU and signals, and a wait on the destination.
+    fn protocol(&self) -> lamina_backend::ProtocolQueue<'_, GpuState, GpuCommand> {
+        lamina_backend::ProtocolQueue {
+            queue: &self.queue,
+            sync: &self.ev_sync,
+            copied: &self.ev_cpy,
+        }
+    }
+
+    /// A copy from another virtual device of the same adapter, on the GPU, by the seed's
+    /// protocol ([`lamina_backend::protocol`]).
     fn copy(
         &self,
         src_stream: &Stream,
@@ -251,39 +273,7 @@ impl WgpuStream {
         if !same_gpu {
             return Ok(false);
         }
-        let (src, dst) = (src.clone(), dst.clone());
-        if std::ptr::eq(src_impl, self) {
-            self.queue.submit(GpuCommand::Copy {
-                src,
-                dst,
-                fence: None,
-                done: None,
-            })?;
-            return Ok(true);
-        }
-        let fence = if fenced {
-            let fence_ev = &self.ev_sync;
-            let v = fence_ev
-                .record_with(|v| self.queue.submit(GpuCommand::Signal(fence_ev.clone(), v)))?;
-            Some((fence_ev.clone(), v))
-        } else {
-            None
-        };
-        let done_ev = &src_impl.ev_cpy;
-        let mut parts = Some((src, dst, fence));
-        let done = done_ev.record_with(|v| {
-            // Called exactly once; the `None` arm only satisfies the type.
-            let Some((src, dst, fence)) = parts.take() else {
-                return Ok(());
-            };
-            src_impl.queue.submit(GpuCommand::Copy {
-                src,
-                dst,
-                fence,
-                done: Some((done_ev.clone(), v)),
-            })
-        })?;
-        self.queue.submit(GpuCommand::Wait(done_ev.clone(), done))?;
+        lamina_backend::queue_copy(&src_impl.protocol(), &self.protocol(), src, dst, fenced)?;
         Ok(true)
     }
 }
@@ -335,20 +325,10 @@ impl StreamImpl for WgpuStream {
         self.queue.synchronize()
     }
     fn record(&self, event: &Event) -> Result<(), BackendError> {
-        event
-            .record_with(|v| {
-                let r = self.queue.submit(GpuCommand::Signal(event.clone(), v));
-                if r.is_err() {
-                    // Never leave a reserved value unsignalled: waiters would hang.
-                    event.signal(v);
-                }
-                r
-            })
-            .map(drop)
+        lamina_backend::queue_record(&self.queue, event)
     }
     fn wait(&self, event: &Event) -> Result<(), BackendError> {
-        self.queue
-            .submit(GpuCommand::Wait(event.clone(), event.target()))
+        lamina_backend::queue_wait(&self.queue, event)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use lamina_backend::{BackendError, Buffer, DeviceKey};
+use lamina_backend::{BackendError, Buffer, BufferSlice, DeviceKey};
 use lamina_core::DType;
 use lamina_core::graph::{GluOp, Graph, Op, RopeMode, TensorId, UnaryOp};
 
@@ -147,26 +147,7 @@ pub(crate) fn check(
             if t.op == Op::Cpy && Some(s) == t.src[1] {
                 continue; // the destination operand: written through the node itself
             }
-            let st = graph.tensor(s);
-            let unbound = || BackendError::Unbound(format!("{s} '{}'", st.name));
-            let (memory, offset) = graph.resolve(s).ok_or_else(unbound)?;
-            let buffer = Buffer::from_memory(memory).ok_or_else(unbound)?;
-            if buffer.device() != device {
-                return Err(BackendError::ForeignBuffer {
-                    buffer: buffer.name(),
-                    buffer_type: buffer.buffer_type().name().to_owned(),
-                    device: device_name.to_owned(),
-                });
-            }
-            let span = st.layout.span_bytes();
-            if offset.checked_add(span).is_none_or(|e| e > buffer.size()) {
-                return Err(BackendError::OutOfBounds {
-                    buffer: buffer.name(),
-                    offset,
-                    len: span,
-                    size: buffer.size(),
-                });
-            }
+            BufferSlice::of_tensor_on(graph, s, device, device_name)?;
         }
     }
     Ok(())

@@ -1,9 +1,12 @@
 //! Every kernel against the scalar CPU reference (NMSE, ggml test-backend-ops limits).
 //! Tests pass with a printed note when no adapter exists.
 
-use lamina_wgpu::kernels::reference::{self as r, Rng};
+mod common;
+
+use common::context::GpuContext;
+use common::reference::{self as r, Rng};
 use lamina_wgpu::kernels::{
-    DType, GpuContext, Kernels, MatMulPath, MatVecConfig, RopeMode, TensorRef, UnaryOp,
+    DType, Kernels, MatMulPath, MatVecConfig, RopeMode, TensorRef, UnaryOp,
 };
 use std::sync::OnceLock;
 
@@ -175,7 +178,7 @@ fn check(name: &str, got: &[f32], want: &[f32], tol: f64) {
 
 #[test]
 fn adapters_listed() {
-    let list = lamina_wgpu::kernels::adapters();
+    let list = common::context::adapters();
     if list.is_empty() {
         eprintln!("note: no adapter on this machine; nothing to check");
         return;
@@ -209,7 +212,7 @@ fn bad_adapter_index_is_an_error() {
 #[test]
 fn add_mul_broadcast_strided() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(1);
     let ne = [33, 7, 5, 2];
     let la = Lay::strided(DType::F32, ne, [1, 0, 2, 3], 3); // transposed src0
@@ -245,7 +248,7 @@ fn add_mul_broadcast_strided() {
 fn same_buffer_and_in_place() {
     // Lamina keeps many tensors in one buffer and uses in-place ops.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(2);
     let n = 1000u64;
     let (a, b) = (rng.vec(n as usize), rng.vec(n as usize));
@@ -286,7 +289,7 @@ fn same_buffer_and_in_place() {
 #[test]
 fn unary_scale_glu() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(3);
     let ne = [70, 9, 3, 1];
     let ls = Lay::strided(DType::F32, ne, [0, 2, 1, 3], 2);
@@ -327,7 +330,7 @@ fn unary_scale_glu() {
 fn norms() {
     let c = gpu!();
     for subgroups in [true, false] {
-        let mut k = Kernels::from_context(c);
+        let mut k = Kernels::new(&c.device, &c.queue);
         k.set_subgroups(subgroups);
         let mut rng = Rng(4);
         for ne in [[1000, 3, 2, 1], [37, 5, 1, 2], [4096, 2, 1, 1]] {
@@ -361,7 +364,7 @@ fn norms() {
 fn soft_max_masks() {
     let c = gpu!();
     for subgroups in [true, false] {
-        let mut k = Kernels::from_context(c);
+        let mut k = Kernels::new(&c.device, &c.queue);
         k.set_subgroups(subgroups);
         let mut rng = Rng(5);
         let ne = [300, 6, 4, 1];
@@ -433,7 +436,7 @@ fn soft_max_masks() {
 #[test]
 fn rope_modes() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(6);
     let ne = [64, 4, 5, 1]; // head_dim, n_head, n_tokens
     let ls = Lay::strided(DType::F32, ne, [0, 2, 1, 3], 0); // q stored [D, T, H]
@@ -505,7 +508,7 @@ fn with_offset(bytes: &[u8], off: usize) -> Vec<u8> {
 #[test]
 fn get_rows_all_types() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(7);
     for dt in ALL_W {
         let (kk, m) = (512usize, 10usize);
@@ -537,7 +540,7 @@ fn get_rows_all_types() {
 #[test]
 fn cpy_cont_set_rows() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(8);
     // KV-cache style: f32 [D, T, Hkv] -> f16 view [D, T, Hkv] of cache [D, 64 slots, Hkv] at slot 5.
     let (d, t, h, slots) = (40u64, 3u64, 2u64, 64u64);
@@ -676,7 +679,7 @@ fn run_mul_mat(
 #[test]
 fn mul_mat_all_types_both_paths() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(9);
     for dt in ALL_W {
         let kk = if dt.block_elems() == 256 { 512 } else { 320 };
@@ -692,7 +695,7 @@ fn mul_mat_all_types_both_paths() {
 #[test]
 fn mul_mat_shared_memory_reduction() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     k.set_subgroups(false);
     let mut rng = Rng(10);
     for dt in [DType::Q4_0, DType::Q6_K, DType::F16] {
@@ -716,7 +719,7 @@ fn mul_mat_vec_configs() {
     let mut rng = Rng(15);
     for (wg, rows, cols) in [(8, 4, 1), (32, 3, 4), (256, 1, 3), (64, 2, 2)] {
         for sg in [true, false] {
-            let mut k = Kernels::from_context(c);
+            let mut k = Kernels::new(&c.device, &c.queue);
             k.set_subgroups(sg);
             k.set_matvec_config(MatVecConfig { wg, rows, cols })
                 .unwrap();
@@ -735,7 +738,7 @@ fn mul_mat_vec_configs() {
             }
         }
     }
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     assert!(
         k.set_matvec_config(MatVecConfig {
             wg: 48,
@@ -759,7 +762,7 @@ fn mul_mat_vec_configs() {
 fn big_weights_split_by_rows() {
     // Weights larger than one binding are split; emulate with a small cap.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     k.set_binding_limit(4096);
     let mut rng = Rng(16);
     for dt in [DType::Q4_0, DType::Q6_K] {
@@ -796,7 +799,7 @@ fn big_weights_split_by_rows() {
 fn mul_mat_multi_tile() {
     // M, N beyond one 128 tile; K = 72 leaves a partial 16-wide K step for F16.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(17);
     run_mul_mat(
         c,
@@ -824,7 +827,7 @@ fn mul_mat_multi_tile() {
 #[test]
 fn mul_mat_batched_broadcast() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(11);
     for dt in [DType::F32, DType::F16, DType::Q8_0] {
         for path in [MatMulPath::MatVec, MatMulPath::Tiled] {
@@ -838,7 +841,7 @@ fn mul_mat_batched_broadcast() {
 fn attention_products_through_mul_mat() {
     // KQ = mul_mat(K view of an f16 cache, permuted q); KQV = mul_mat(V^T view, kq).
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(12);
     let (d, n_kv, slots, hkv, h, t) = (64u64, 40u64, 64u64, 2u64, 4u64, 5u64);
     let lk = Lay::contig(DType::F16, [d, slots, hkv, 1]);
@@ -915,7 +918,7 @@ fn attention_products_through_mul_mat() {
 fn many_ops_one_encoder() {
     // Each op must see its own parameters even though all share one submission.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(13);
     let ne = [130u64, 3, 1, 1];
     let l = Lay::contig(DType::F32, ne);
@@ -949,7 +952,7 @@ fn many_ops_one_encoder() {
 fn params_arena_spans_chunks() {
     // 600 ops > one 64 KiB parameter chunk; every op has a distinct bias.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let l = Lay::contig(DType::F32, [8, 1, 1, 1]);
     let b = upload(c, &l, &[0.0; 8]);
     for round in 0..2 {
@@ -968,7 +971,7 @@ fn params_arena_spans_chunks() {
 #[test]
 fn bad_input_is_an_error() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let b = c.create_buffer(4096);
     let t = |ne: [u64; 4], dt: DType| TensorRef::contiguous(&b, 0, dt, ne);
     let mut e = enc(c);
@@ -1034,7 +1037,7 @@ fn bad_input_is_an_error() {
 #[test]
 fn pipelines_are_cached() {
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let l = Lay::contig(DType::F32, [16, 1, 1, 1]);
     let b = upload(c, &l, &[1.0; 16]);
     let mut e = enc(c);
@@ -1050,7 +1053,7 @@ fn pipelines_are_cached() {
 fn flash_attn_gqa_mask_softcap() {
     let c = gpu!();
     for subgroups in [true, false] {
-        let mut k = Kernels::from_context(c);
+        let mut k = Kernels::new(&c.device, &c.queue);
         k.set_subgroups(subgroups);
         let mut rng = Rng(14);
         for (d, kvdt, use_mask, softcap) in [
@@ -1142,7 +1145,7 @@ fn flash_attn_gqa_mask_softcap() {
 fn mat_vec_with_more_rows_than_one_dispatch_dimension() {
     // Gemma 3's output: 262144 rows, more workgroups than one dispatch dimension holds.
     let c = gpu!();
-    let mut k = Kernels::from_context(c);
+    let mut k = Kernels::new(&c.device, &c.queue);
     let mut rng = Rng(23);
     for path in [MatMulPath::MatVec, MatMulPath::Tiled] {
         run_mul_mat(

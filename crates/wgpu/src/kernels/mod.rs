@@ -1,19 +1,15 @@
-//! Prototype GPU compute kernels for Lamina on `wgpu` (WGSL), in ggml's tensor model.
+//! The WGSL compute kernels, in ggml's tensor model (`tests/kernels.rs` checks each against a
+//! scalar reference).
 //!
-//! * [`GpuContext`] opens a device (or use your own `Device`/`Queue`).
 //! * [`TensorRef`] describes a tensor living in a `wgpu::Buffer` (ggml `ne`/`nb`).
 //! * [`Kernels`] encodes ops into a `CommandEncoder`; call [`Kernels::submit`]
 //!   (or [`Kernels::flush`] before your own `queue.submit`) so the per-op
 //!   parameters reach the GPU.
-//! * [`reference`] holds scalar CPU implementations used by the tests.
 
-mod context;
 mod ops;
-pub mod reference;
 mod shaders;
 mod tensor;
 
-pub use context::{AdapterSummary, GpuContext, adapters};
 pub use ops::{Kernels, MatMulPath, MatVecConfig, RopeMode, UnaryOp};
 pub use shaders::FA_MAX_D;
 pub use tensor::{DType, TensorRef};

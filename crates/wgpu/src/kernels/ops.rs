@@ -1,6 +1,6 @@
 pub use crate::kernels::shaders::MatVecConfig;
 use crate::kernels::shaders::{self, PARAMS_WORDS};
-use crate::kernels::{DType, Error, GpuContext, Result, TensorRef};
+use crate::kernels::{DType, Error, Result, TensorRef};
 use std::collections::HashMap;
 
 /// Element-wise activations.
@@ -218,10 +218,6 @@ impl Kernels {
                 align: limits.min_uniform_buffer_offset_alignment.max(4) as u64,
             },
         }
-    }
-
-    pub fn from_context(ctx: &GpuContext) -> Self {
-        Self::new(&ctx.device, &ctx.queue)
     }
 
     /// Disables subgroup reductions (to test the shared-memory path).

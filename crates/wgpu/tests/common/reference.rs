@@ -1,8 +1,8 @@
 //! Scalar CPU references (ggml-cpu semantics) and reference quantizers.
 //! Inputs/outputs are logical, contiguous arrays in ggml order (ne[0] fastest).
 
-use crate::kernels::DType;
 use half::f16;
+use lamina_wgpu::kernels::DType;
 
 pub fn f16_bits(v: f32) -> u16 {
     f16::from_f32(v).to_bits()

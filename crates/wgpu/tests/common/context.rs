@@ -1,4 +1,4 @@
-use crate::kernels::{Error, Result};
+use lamina_wgpu::kernels::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 /// What `adapters()` reports about one adapter.
