@@ -341,7 +341,7 @@ fn encode(
                 graph.tensor(t.src[0].unwrap_or(id)).layout.dtype,
             ) {
                 Some(DType::F16) => Some(0),
-                Some(DType::Q8_0) => Some(1),
+                Some(DType::Q8_0 | DType::Q8_1) => Some(1),
                 Some(DType::Q8_K) => Some(2),
                 _ => None,
             };

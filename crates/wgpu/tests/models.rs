@@ -133,8 +133,10 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
 /// rounding of products) measures up to 2.4e-3 here. The issue asks for 1e-4: not yet met.
 const MAX_NMSE: f64 = 1e-2;
 
-/// A position's greedy choice must agree unless the CPU's top two are closer than this.
-const NEAR_TIE: f32 = 0.25;
+/// A position's greedy choice must agree unless the CPU's top two are closer than this many
+/// times the RMS of the position's logit differences (a near-tie, which the differences can
+/// flip).
+const NEAR_TIE: f64 = 4.0;
 
 fn compare(name: &str, what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
     let errors: Vec<f64> = got.iter().zip(want).map(|(g, w)| nmse(g, w)).collect();
@@ -145,7 +147,14 @@ fn compare(name: &str, what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
             e <= MAX_NMSE,
             "{name} {what}: position {i}: NMSE {e:e} against the CPU"
         );
-        if margin(w) >= NEAR_TIE {
+        let rms = (g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).powi(2) as f64)
+            .sum::<f64>()
+            / w.len() as f64)
+            .sqrt();
+        if margin(w) as f64 >= NEAR_TIE * rms {
             assert_eq!(
                 argmax(g),
                 argmax(w),
