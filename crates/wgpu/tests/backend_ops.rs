@@ -385,7 +385,9 @@ fn every_gpu_op_matches_the_cpu_backend() {
         let got = run_on(&gpu, &c);
         let e = nmse(&got, &want);
         eprintln!("{:<28} NMSE {e:.2e}", c.name);
-        if !(e <= c.max_nmse) || got.len() != want.len() {
+        // NaN fails too.
+        let within = e <= c.max_nmse;
+        if !within || got.len() != want.len() {
             failures.push(format!("{}: NMSE {e:e} > {:e}", c.name, c.max_nmse));
         }
     }
