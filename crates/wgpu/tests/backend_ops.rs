@@ -242,6 +242,40 @@ fn cases() -> Vec<Case> {
             },
         ));
     }
+    // Attention's products: K·Q with GQA and a permuted q, then V·KQ.
+    v.push(case("MUL_MAT K·Q (GQA, permuted q)", 5e-4, |g| {
+        let mut i = Vec::new();
+        let k = input(
+            g,
+            &mut i,
+            DType::F16,
+            &[64, 32, 2],
+            f16_bytes(&values(64 * 64, 19)),
+        );
+        let q = f32_input(g, &mut i, &[64, 4, 5], 20);
+        let q = g.permute(q, [0, 2, 1, 3]).unwrap();
+        Built {
+            out: g.mul_mat(k, q).unwrap(),
+            inputs: i,
+            bound: Vec::new(),
+        }
+    }));
+    v.push(case("MUL_MAT V·KQ (GQA)", 5e-4, |g| {
+        let mut i = Vec::new();
+        let v = input(
+            g,
+            &mut i,
+            DType::F16,
+            &[32, 64, 2],
+            f16_bytes(&values(64 * 64, 21)),
+        );
+        let kq = f32_input(g, &mut i, &[32, 5, 4], 22);
+        Built {
+            out: g.mul_mat(v, kq).unwrap(),
+            inputs: i,
+            bound: Vec::new(),
+        }
+    }));
     for dtype in [
         DType::F32,
         DType::F16,
