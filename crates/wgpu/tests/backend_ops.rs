@@ -242,6 +242,33 @@ fn cases() -> Vec<Case> {
             },
         ));
     }
+    // Model-sized products (other CPU kernel plans: tiles, tinyBLAS).
+    for (dtype, k, m) in [
+        (DType::Q8_0, 640, 1024),
+        (DType::Q5_0, 640, 1024),
+        (DType::Q4_K, 2048, 640),
+        (DType::Q6_K, 2048, 640),
+        (DType::Q4_0, 576, 1536),
+        (DType::Q4_1, 576, 1536),
+        (DType::F16, 256, 256),
+    ] {
+        for n in [1, 8, 13] {
+            v.push(case(
+                format!("MUL_MAT {dtype} {k}x{m} n={n}"),
+                5e-4,
+                move |g| {
+                    let mut i = Vec::new();
+                    let w = input(g, &mut i, dtype, &[k, m], quantized(dtype, k, m, 23));
+                    let x = f32_input(g, &mut i, &[k, n], 24);
+                    Built {
+                        out: g.mul_mat(w, x).unwrap(),
+                        inputs: i,
+                        bound: Vec::new(),
+                    }
+                },
+            ));
+        }
+    }
     // Attention's products: K·Q with GQA and a permuted q, then V·KQ.
     v.push(case("MUL_MAT K·Q (GQA, permuted q)", 5e-4, |g| {
         let mut i = Vec::new();
