@@ -616,7 +616,11 @@ impl Context {
                         let names = self
                             .weight_names
                             .get_or_insert_with(|| weight_names(model.file.gguf()));
-                        tap_graph(&mut built.graph, names, obs.as_mut())
+                        let weights = model.weights();
+                        let file_offset = |memory: u64, offset: usize| {
+                            weights.iter().find_map(|w| w.file_offset(memory, offset))
+                        };
+                        tap_graph(&mut built.graph, names, &file_offset, obs.as_mut())
                     }
                     None => Vec::new(),
                 };

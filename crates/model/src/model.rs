@@ -61,6 +61,22 @@ impl WeightStore {
         Some((self.memory.get(b)?.clone(), offset))
     }
 
+    /// The file offset of the weight bound at `offset` of memory `memory_id`, if that memory is
+    /// this store's (the inverse of [`WeightStore::locate`]).
+    pub fn file_offset(&self, memory_id: u64, offset: usize) -> Option<usize> {
+        let b = self
+            .memory
+            .iter()
+            .position(|m| m.memory_id() == memory_id)?;
+        match &self.offsets {
+            None => Some(offset),
+            Some(map) => map
+                .iter()
+                .find(|(_, at)| **at == (b, offset))
+                .map(|(file, _)| *file),
+        }
+    }
+
     /// The buffers the weights are in (one for a mapping).
     pub fn buffers(&self) -> &[Buffer] {
         &self.buffers

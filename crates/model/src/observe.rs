@@ -62,7 +62,7 @@ pub(crate) struct Tap {
 }
 
 /// The names of the model's tensors by their byte offset in the file (what weight tensors are
-/// bound at).
+/// bound at in a mapping; see `WeightStore::file_offset` for copies).
 pub(crate) fn weight_names(gguf: &lamina_gguf::Gguf) -> HashMap<usize, String> {
     gguf.tensors
         .iter()
@@ -78,6 +78,7 @@ pub(crate) fn weight_names(gguf: &lamina_gguf::Gguf) -> HashMap<usize, String> {
 pub(crate) fn tap_graph(
     graph: &mut Graph,
     names: &HashMap<usize, String>,
+    file_offset: &dyn Fn(u64, usize) -> Option<usize>,
     observer: &mut dyn MatmulObserver,
 ) -> Vec<Tap> {
     let mut taps = Vec::new();
@@ -101,7 +102,13 @@ pub(crate) fn tap_graph(
         if !wt.flags.contains(TensorFlags::WEIGHT) || wt.view_src.is_some() {
             continue;
         }
-        let Some(name) = wt.binding.as_ref().and_then(|b| names.get(&b.offset)) else {
+        // Weights copied to a device are bound at their place there, not at their file offset.
+        let Some(name) = wt
+            .binding
+            .as_ref()
+            .and_then(|b| file_offset(b.memory.memory_id(), b.offset))
+            .and_then(|at| names.get(&at))
+        else {
             continue;
         };
         let xt = graph.tensor(x);

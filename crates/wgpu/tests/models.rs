@@ -206,3 +206,65 @@ fn smollm2_on_the_gpu_matches_the_cpu() {
 fn gemma3_on_the_gpu_matches_the_cpu() {
     check("gemma3-270m");
 }
+
+/// Records every weight product's input (ggml's eval callback, as imatrix uses it).
+#[derive(Clone, Default)]
+struct Inputs(Arc<std::sync::Mutex<Vec<(String, Vec<f32>)>>>);
+
+impl lamina_model::observe::MatmulObserver for Inputs {
+    fn ask(&mut self, _: &lamina_model::observe::MatmulInfo) -> bool {
+        true
+    }
+    fn collect(
+        &mut self,
+        info: &lamina_model::observe::MatmulInfo,
+        input: &[f32],
+        _: Option<&[i32]>,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((info.weight.clone(), input.to_vec()));
+    }
+}
+
+fn observed(model: Arc<Model>) -> Vec<(String, Vec<f32>)> {
+    let mut ctx = Context::new(
+        model,
+        ContextParams {
+            n_ctx: 256,
+            flash_attn: FlashAttn::Off,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let seen = Inputs::default();
+    ctx.set_matmul_observer(Some(Box::new(seen.clone())));
+    let mut batch = Batch::default();
+    for (i, &t) in PROMPT.iter().enumerate() {
+        batch.push(t, i as i32, 0, true);
+    }
+    ctx.decode(&batch).unwrap();
+    drop(ctx.set_matmul_observer(None));
+    std::mem::take(&mut *seen.0.lock().unwrap())
+}
+
+/// The matmul observer works on weights copied to the GPU (they are bound at their place in
+/// device memory, not at their file offset), and shows where the GPU and the CPU part: the
+/// first layer's products take the same inputs to float rounding.
+#[test]
+fn the_observer_sees_every_product_on_the_gpu() {
+    let Some(path) = model_for_test("gemma3-270m") else {
+        return;
+    };
+    let Some(one) = gpus(1) else { return };
+    let want = observed(load(&path, cpu(), vec![cpu()], None));
+    let got = observed(load(&path, cpu(), one, None));
+    let names = |v: &[(String, Vec<f32>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got), names(&want));
+    assert!(want.len() > 100, "{} products", want.len());
+    for ((name, g), (_, w)) in got.iter().zip(&want).take(7) {
+        let e = nmse(g, w);
+        assert!(e <= 1e-9, "{name}: NMSE {e:e}");
+    }
+}
