@@ -209,7 +209,10 @@ fn gemma3_on_the_gpu_matches_the_cpu() {
 
 /// Records every weight product's input (ggml's eval callback, as imatrix uses it).
 #[derive(Clone, Default)]
-struct Inputs(Arc<std::sync::Mutex<Vec<(String, Vec<f32>)>>>);
+struct Inputs(Arc<std::sync::Mutex<Vec<Product>>>);
+
+/// A weight's name and the input of its product.
+type Product = (String, Vec<f32>);
 
 impl lamina_model::observe::MatmulObserver for Inputs {
     fn ask(&mut self, _: &lamina_model::observe::MatmulInfo) -> bool {
@@ -228,7 +231,7 @@ impl lamina_model::observe::MatmulObserver for Inputs {
     }
 }
 
-fn observed(model: Arc<Model>) -> Vec<(String, Vec<f32>)> {
+fn observed(model: Arc<Model>) -> Vec<Product> {
     let mut ctx = Context::new(
         model,
         ContextParams {
@@ -260,7 +263,7 @@ fn the_observer_sees_every_product_on_the_gpu() {
     let Some(one) = gpus(1) else { return };
     let want = observed(load(&path, cpu(), vec![cpu()], None));
     let got = observed(load(&path, cpu(), one, None));
-    let names = |v: &[(String, Vec<f32>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let names = |v: &[Product]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     assert_eq!(names(&got), names(&want));
     assert!(want.len() > 100, "{} products", want.len());
     for ((name, g), (_, w)) in got.iter().zip(&want).take(7) {
