@@ -446,6 +446,22 @@ fn every_gpu_op_matches_the_cpu_backend() {
         let got = run_on(&gpu, &c);
         let e = nmse(&got, &want);
         eprintln!("{:<28} NMSE {e:.2e}", c.name);
+        // SHOW_DIFFS=1 prints the first differing elements with their bits.
+        if std::env::var_os("SHOW_DIFFS").is_some() {
+            for (k, (a, b)) in got
+                .iter()
+                .zip(&want)
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .take(4)
+            {
+                eprintln!(
+                    "   [{k}] gpu {a:e} ({:#x}) cpu {b:e} ({:#x})",
+                    a.to_bits(),
+                    b.to_bits()
+                );
+            }
+        }
         // NaN fails too.
         let within = e <= c.max_nmse;
         if !within || got.len() != want.len() {

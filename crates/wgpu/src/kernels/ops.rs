@@ -847,6 +847,8 @@ impl Kernels {
                 (bm, None)
             }
         };
+        // Word 22: a zero the shader cannot see is zero (see `OPAQUE`).
+        p.push(0);
         let sg = self.subgroups;
         let key = format!("soft_max_{}_{sg}", mdt.map(|d| d.tag()).unwrap_or("none"));
         let g = grid(src.nrows(), 1)?;

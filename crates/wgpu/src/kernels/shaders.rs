@@ -735,12 +735,50 @@ pub fn norm(rms: bool, subgroups: bool) -> String {
 }
 
 /// soft_max(x * scale + mask) per row; mask row = (i1 % m1, i2 % m2, i3 % m3).
+/// ggml's AVX2 `ggml_v_expf` (the ARM optimized-routines polynomial), lane for lane as the CPU
+/// runs it, and an exact two-float sum.
+const V_EXPF: &str = r#"
+// A value the compiler cannot reason about: `x ^ 0`, the 0 from word 22 of the parameters, so
+// `(a + b) - a` is not folded to `b` (which would drop the error term).
+fn opaque(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ pu(22u)); }
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = opaque(a + b);
+    let bb = opaque(s - a);
+    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
+}
+fn v_expf(x: f32) -> f32 {
+    // The CPU's `z = fma(x, 1/ln2, 0x1.8p23); n = z - 0x1.8p23` rounds x/ln2 to an integer;
+    // written so, a shader compiler may fold `(a + r) - r` to `a`, so round directly (the same
+    // but for products within an ulp of a half) and build the exponent bits from n.
+    let n = round(x * bitcast<f32>(0x3fb8aa3bu));
+    let b = fma(-n, bitcast<f32>(0x35bfbe8eu), fma(-n, bitcast<f32>(0x3f317200u), x));
+    let e = bitcast<u32>(i32(clamp(n, -1.0e6, 1.0e6))) << 23u;
+    let k = bitcast<f32>(e + 0x3f800000u);
+    let u = b * b;
+    let j = fma(
+        fma(fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+            fma(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
+        u, bitcast<f32>(0x3f7ffff6u) * b);
+    if (!(abs(n) > 126.0)) { return fma(j, k, k); }
+    var g = 0u;
+    if (n <= 0.0) { g = 0x82000000u; }
+    let s1 = bitcast<f32>(g + 0x7f000000u);
+    let s2 = bitcast<f32>(e - g);
+    if (abs(n) > 192.0) { return s1 * s1; }
+    return fma(s2, j, s2) * s1;
+}
+"#;
+
 pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
     let mut s = params_decl(3) + COMMON;
     s += &input(0, "s", DType::F32);
     s += &input(1, "m", mask.unwrap_or(DType::F32));
     s += &output(2, "d", DType::F32);
     s += &reductions(ROW_WG, subgroups);
+    s += &format!(
+        "var<workgroup> dh: array<f32, {ROW_WG}>;\nvar<workgroup> dl: array<f32, {ROW_WG}>;\nvar<workgroup> inv_s: f32;\n"
+    );
+    s += V_EXPF;
     s += &entry(ROW_WG, subgroups);
     s += ROW_INDEX;
     let mask_term = if mask.is_some() {
@@ -750,20 +788,69 @@ pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
     };
     s += &r#"
     _ = &m; // keep the mask binding in the layout when unused
+    // ggml_compute_forward_soft_max_f32 as the CPU runs it: w = x*scale (+ mask), the max, then
+    // ggml_v_expf on groups of 8 (each group summed as _mm256's horizontal sum), the group
+    // sums added in double (here a two-float sum), y = e * (float)(1/sum); a tail of fewer
+    // than 8 values uses exp.
     let scale = pf(13u);
     let mb = pu(14u) + (i1 % pu(15u)) * pu(19u) + (i2 % pu(16u)) * pu(20u) + (i3 % pu(17u)) * pu(21u);
     var mx = neg_inf();
-    for (var i = lid; i < ne0; i += WGu) { mx = max(mx, ld_s(sb + i * snb0) * scale + MASK); }
+    for (var i = lid; i < ne0; i += WGu) {
+        let p = ld_s(sb + i * snb0) * scale;
+        mx = max(mx, p + MASK);
+    }
     let rmax = wg_max(mx, lid, SGS);
     // A fully masked row gives zeros instead of 0/0 = NaN.
     if (rmax <= -3.0e38) {
         for (var i = lid; i < ne0; i += WGu) { st_d(db + i, 0.0); }
         return;
     }
-    var acc = 0.0;
-    for (var i = lid; i < ne0; i += WGu) { acc += exp(ld_s(sb + i * snb0) * scale + MASK - rmax); }
-    let inv = 1.0 / wg_sum(acc, lid, SGS);
-    for (var i = lid; i < ne0; i += WGu) { st_d(db + i, exp(ld_s(sb + i * snb0) * scale + MASK - rmax) * inv); }
+    let ng = ne0 / 8u;
+    var hi = 0.0;
+    var lo = 0.0;
+    for (var g = lid; g < ng; g += WGu) {
+        var e: array<f32, 8>;
+        for (var j = 0u; j < 8u; j++) {
+            let i = g * 8u + j;
+            let p = ld_s(sb + i * snb0) * scale;
+            e[j] = v_expf((p + MASK) - rmax);
+            st_d(db + i, e[j]);
+        }
+        let hs = ((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7]));
+        let t = two_sum(hi, hs);
+        hi = t.x;
+        lo = lo + t.y;
+    }
+    for (var i = ng * 8u + lid; i < ne0; i += WGu) {
+        let p = ld_s(sb + i * snb0) * scale;
+        let e = exp((p + MASK) - rmax);
+        st_d(db + i, e);
+        let t = two_sum(hi, e);
+        hi = t.x;
+        lo = lo + t.y;
+    }
+    dh[lid] = hi;
+    dl[lid] = lo;
+    workgroupBarrier();
+    for (var off = WGu / 2u; off > 0u; off = off / 2u) {
+        if (lid < off) {
+            let t = two_sum(dh[lid], dh[lid + off]);
+            dh[lid] = t.x;
+            dl[lid] = dl[lid] + dl[lid + off] + t.y;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        // (float)(1.0 / sum) from the two-float sum S = h + l: q = 1/h refined once.
+        let h = opaque(dh[0] + dl[0]);
+        let l = dl[0] - (h - dh[0]);
+        let q = 1.0 / h;
+        let r = fma(-q, h, 1.0) - q * l;
+        inv_s = q + q * r;
+    }
+    workgroupBarrier();
+    let inv = inv_s;
+    for (var i = lid; i < ne0; i += WGu) { st_d(db + i, bitcast<f32>(d[db + i]) * inv); }
 }
 "#
     .replace("MASK", mask_term)
