@@ -195,6 +195,8 @@ pub struct RunInfo {
     pub cpu_info: String,
     /// The devices the model is on, `/`-separated (llama-bench's `devices`).
     pub devices: String,
+    /// The backends computing (llama-bench's `backends`: the GPU's when one is used).
+    pub backends: String,
     pub n_gpu_layers: i64,
     pub split_mode: String,
     pub main_gpu: usize,
@@ -215,7 +217,7 @@ impl BenchResult {
         BenchResult {
             build_commit: env!("CARGO_PKG_VERSION").to_string(),
             cpu_info: info.cpu_info.clone(),
-            backends: "CPU".to_string(),
+            backends: info.backends.clone(),
             model_filename: info.model_filename.clone(),
             model_type: info.model_type.clone(),
             model_size: info.model_size,
@@ -345,6 +347,26 @@ pub fn measure(args: &BenchArgs) -> anyhow::Result<Vec<BenchResult>> {
     Ok(results)
 }
 
+/// llama-bench's `backends`: the non-CPU backends in use (a device's name without its
+/// number: `WGPU`), else `CPU`.
+fn backends_of(devices: &[std::sync::Arc<dyn lamina_backend::Device>]) -> String {
+    let mut names: Vec<String> = Vec::new();
+    for d in devices {
+        if d.device_type() == lamina_backend::DeviceType::Cpu {
+            continue;
+        }
+        let name = d.name().trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        "CPU".to_string()
+    } else {
+        names.join(",")
+    }
+}
+
 fn run_info(ctx: &Context, args: &BenchArgs, n_threads: usize, cpu_info: &str) -> RunInfo {
     let model = ctx.model();
     let n_params = model.n_params();
@@ -375,6 +397,7 @@ fn run_info(ctx: &Context, args: &BenchArgs, n_threads: usize, cpu_info: &str) -
             .map(|d| d.name())
             .collect::<Vec<_>>()
             .join("/"),
+        backends: backends_of(&model.plan().devices),
         // llama-bench's default and "all layers" value.
         n_gpu_layers: match args.devices.n_gpu_layers.as_deref() {
             Some(n) => n.parse().unwrap_or(99),
@@ -806,6 +829,7 @@ mod tests {
             flash_attn: -1,
             cpu_info: "AMD EPYC 7B13".into(),
             devices: "CPU".into(),
+            backends: "CPU".into(),
             n_gpu_layers: 99,
             split_mode: "layer".into(),
             main_gpu: 0,
