@@ -355,7 +355,10 @@ fn backends_of(devices: &[std::sync::Arc<dyn lamina_backend::Device>]) -> String
         if d.device_type() == lamina_backend::DeviceType::Cpu {
             continue;
         }
-        let name = d.name().trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        let name = d
+            .name()
+            .trim_end_matches(|c: char| c.is_ascii_digit())
+            .to_string();
         if !names.contains(&name) {
             names.push(name);
         }
