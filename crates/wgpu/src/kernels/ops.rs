@@ -766,6 +766,8 @@ impl Kernels {
         let (bd, od) = self.bind_el(dst)?;
         let mut p = self.row_params(src, dst, os, od)?;
         p.push(eps.to_bits());
+        // Word 22: the zero of `opaque`.
+        p.resize(23, 0);
         let sg = self.subgroups;
         let key = format!("norm_{rms}_{sg}");
         let g = grid(src.nrows(), 1)?;

@@ -704,14 +704,44 @@ pub fn norm(rms: bool, subgroups: bool) -> String {
     s += &input(0, "s", DType::F32);
     s += &output(1, "d", DType::F32);
     s += &reductions(ROW_WG, subgroups);
+    s += &format!(
+        "var<workgroup> dh: array<f32, {ROW_WG}>;\nvar<workgroup> dl: array<f32, {ROW_WG}>;\nvar<workgroup> mean_s: f32;\n"
+    );
+    s += V_EXPF;
     s += &entry(ROW_WG, subgroups);
     s += ROW_INDEX;
     let body = if rms {
+        // As the CPU: the f32 squares summed in double (here an exact two-float sum), the mean
+        // rounded once to f32, then `1/sqrt(mean + eps)` in f32.
         r#"
-    var acc = 0.0;
-    for (var i = lid; i < ne0; i += WGu) { let v = ld_s(sb + i * snb0); acc += v * v; }
-    let sum = wg_sum(acc, lid, SGS);
-    let sc = 1.0 / sqrt(sum / f32(ne0) + pf(13u));
+    var hi = 0.0;
+    var lo = 0.0;
+    for (var i = lid; i < ne0; i += WGu) {
+        let v = ld_s(sb + i * snb0);
+        let t = two_sum(hi, v * v);
+        hi = t.x;
+        lo = lo + t.y;
+    }
+    dh[lid] = hi;
+    dl[lid] = lo;
+    workgroupBarrier();
+    for (var off = WGu / 2u; off > 0u; off = off / 2u) {
+        if (lid < off) {
+            let t = two_sum(dh[lid], dh[lid + off]);
+            dh[lid] = t.x;
+            dl[lid] = dl[lid] + dl[lid + off] + t.y;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        let h = opaque(dh[0] + dl[0]);
+        let l = dl[0] - (h - dh[0]);
+        let n = f32(ne0);
+        let q = h / n;
+        mean_s = q + (fma(-q, n, h) + l) / n;
+    }
+    workgroupBarrier();
+    let sc = 1.0 / sqrt(mean_s + pf(13u));
     for (var i = lid; i < ne0; i += WGu) { st_d(db + i, ld_s(sb + i * snb0) * sc); }
 }
 "#
