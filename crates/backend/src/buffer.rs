@@ -29,6 +29,11 @@ use crate::error::BackendError;
 /// Host memory that a buffer can wrap without copying (an mmapped file, a `Vec`).
 pub trait HostMemory: Send + Sync + fmt::Debug {
     fn bytes(&self) -> &[u8];
+    /// The file these bytes map, whole, if they do: a device in another process maps its own
+    /// copy of it instead of receiving the bytes.
+    fn file(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 impl HostMemory for Vec<u8> {

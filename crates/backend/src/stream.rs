@@ -67,6 +67,20 @@ pub trait StreamImpl: Send + Sync + Any {
     ) -> Result<bool, BackendError> {
         self.copy_async(src_stream, src, dst)
     }
+    /// Called on the *source* stream when the destination stream declined
+    /// [`StreamImpl::copy_async`] (a device that knows how to reach other streams, such as one
+    /// in another process, offers the copy from its side). Same contract; `fenced` as in
+    /// [`copy_async`] / [`copy_async_unfenced`]. Defaults to declining.
+    fn copy_async_to(
+        &self,
+        dst_stream: &Stream,
+        src: &BufferSlice,
+        dst: &BufferSlice,
+        fenced: bool,
+    ) -> Result<bool, BackendError> {
+        let _ = (dst_stream, src, dst, fenced);
+        Ok(false)
+    }
     fn synchronize(&self) -> Result<(), BackendError>;
     fn record(&self, event: &Event) -> Result<(), BackendError>;
     fn wait(&self, event: &Event) -> Result<(), BackendError>;
@@ -390,7 +404,7 @@ fn copy_async_impl(
     } else {
         dst_stream.0.copy_async_unfenced(src_stream, src, dst)?
     };
-    if queued {
+    if queued || src_stream.0.copy_async_to(dst_stream, src, dst, fenced)? {
         return Ok(());
     }
     src_stream.synchronize()?;

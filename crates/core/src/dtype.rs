@@ -3,6 +3,7 @@
 use std::fmt;
 
 /// An element or block type of a tensor. The discriminants are ggml's type ids as stored in GGUF.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
 #[allow(non_camel_case_types)]

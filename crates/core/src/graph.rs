@@ -16,6 +16,7 @@ use crate::dtype::DType;
 use crate::tensor::{Layout, MAX_DIMS, TensorError, TensorFlags};
 
 /// Index of a tensor in its [`Graph`].
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorId(u32);
 
@@ -49,6 +50,7 @@ pub struct Binding {
 }
 
 /// Unary element-wise functions (ggml's `GGML_UNARY_OP_*` of the same names).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnaryOp {
     Silu,
@@ -71,6 +73,7 @@ pub enum UnaryOp {
 }
 
 /// Gated linear units: `act(a) * b` (ggml's `GGML_GLU_OP_*`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GluOp {
     SwiGlu,
@@ -117,6 +120,7 @@ impl UnaryOp {
 }
 
 /// Sort order of [`Graph::argsort`] (ggml's `GGML_SORT_ORDER_*`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortOrder {
     Asc,
@@ -124,6 +128,7 @@ pub enum SortOrder {
 }
 
 /// Rotary embedding modes (ggml's `GGML_ROPE_TYPE_*`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeMode {
     /// Rotate adjacent pairs `(x[2i], x[2i+1])`.
@@ -133,6 +138,7 @@ pub enum RopeMode {
 }
 
 /// Parameters of `rope_ext`, as in ggml.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
     /// Number of leading dimensions rotated (partial rotary when less than `ne[0]`).
@@ -170,6 +176,7 @@ impl RopeParams {
 
 /// What computes a tensor. View-like ops (`View`, `Reshape`, `Permute`, `Transpose`) compute
 /// nothing: the tensor aliases its view source.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// A leaf: weights, inputs, caches.
@@ -473,6 +480,56 @@ impl Graph {
 
     pub fn tensors(&self) -> &[Tensor] {
         &self.tensors
+    }
+
+    /// A graph made of `tensors` as another process sent them (a device in another process
+    /// computing part of a graph). Checks what the builders and the scheduler's rewrites
+    /// guarantee: sources and view roots exist (a rewrite may point a node at a copy made
+    /// later), view roots are not views, views and bindings lie within their memory.
+    pub fn from_tensors(tensors: Vec<Tensor>) -> Result<Graph, GraphError> {
+        u32::try_from(tensors.len()).map_err(|_| GraphError::TooLarge)?;
+        for (i, t) in tensors.iter().enumerate() {
+            let id = TensorId(i as u32);
+            let bad = |detail: String| Err(shape_err("GRAPH", format!("tensor {id}: {detail}")));
+            if let Some(s) = t.sources().find(|s| s.index() >= tensors.len()) {
+                return bad(format!("source {s} does not exist"));
+            }
+            let Some(span) = t.layout.checked_span_bytes() else {
+                let l = &t.layout;
+                return bad(format!("bad shape {:?} / strides {:?}", l.ne, l.nb));
+            };
+            match t.view_src {
+                Some(root) => {
+                    let Some(r) = tensors.get(root.index()) else {
+                        return bad(format!("view root {root} does not exist"));
+                    };
+                    let root_span = r.layout.span_bytes();
+                    if r.view_src.is_some()
+                        || t.binding.is_some()
+                        || t.view_offset
+                            .checked_add(span)
+                            .is_none_or(|end| end > root_span)
+                    {
+                        return bad("view outside its root".into());
+                    }
+                }
+                None => {
+                    if let Some(b) = &t.binding
+                        && b.offset
+                            .checked_add(span)
+                            .is_none_or(|end| end > b.memory.size())
+                    {
+                        return Err(GraphError::BindOutOfBounds {
+                            id,
+                            offset: b.offset,
+                            need: span,
+                            size: b.memory.size(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Graph { tensors })
     }
 
     /// The tensor `id`. Panics on a foreign id; use [`Graph::get`] for a checked lookup.

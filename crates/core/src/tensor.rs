@@ -21,6 +21,7 @@ pub enum TensorError {
 }
 
 /// Flags that tell the allocator and scheduler how a tensor is used.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TensorFlags(u8);
 
@@ -50,6 +51,7 @@ impl std::ops::BitOr for TensorFlags {
 
 /// Element type, shape and byte strides of a tensor, with ggml's conventions:
 /// `nb[0]` is the size of one block's type (`type_size`), `nb[1]` the row stride, and so on.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     pub dtype: DType,
@@ -106,6 +108,23 @@ impl Layout {
 
     /// Bytes spanned from the first to one past the last byte (ggml's `ggml_nbytes`).
     #[inline]
+    /// [`Layout::span_bytes`] of a layout that did not come from the constructors: `None` if
+    /// a dimension is zero, a row is not whole blocks, or the span overflows.
+    pub fn checked_span_bytes(&self) -> Option<usize> {
+        let blck = self.dtype.block_size() as usize;
+        if self.ne.contains(&0) || !self.ne[0].is_multiple_of(blck) {
+            return None;
+        }
+        let (first, start) = if blck == 1 {
+            (self.dtype.type_size() as usize, 0)
+        } else {
+            ((self.ne[0] / blck).checked_mul(self.nb[0])?, 1)
+        };
+        (start..MAX_DIMS).try_fold(first, |n, i| {
+            n.checked_add((self.ne[i] - 1).checked_mul(self.nb[i])?)
+        })
+    }
+
     pub fn span_bytes(&self) -> usize {
         let blck = self.dtype.block_size() as usize;
         let mut n = if blck == 1 {

@@ -13,11 +13,14 @@ use crate::{HParams, LayerPlan, ModelError, Placement};
 
 /// The model file's mapping, handed to a device as host memory (no copy).
 #[derive(Debug)]
-struct MappedFile(Arc<memmap2::Mmap>);
+struct MappedFile(Arc<memmap2::Mmap>, std::path::PathBuf);
 
 impl HostMemory for MappedFile {
     fn bytes(&self) -> &[u8] {
         &self.0
+    }
+    fn file(&self) -> Option<&Path> {
+        Some(&self.1)
     }
 }
 
@@ -247,7 +250,7 @@ impl Model {
         let arch = crate::arch::load(&file)?;
         let hparams = arch.hparams().clone();
         let plan = placement.plan(hparams.n_layer as usize)?;
-        let mapping = Arc::new(MappedFile(file.mapping()));
+        let mapping = Arc::new(MappedFile(file.mapping(), file.path().to_path_buf()));
         let mut weights = Vec::with_capacity(plan.devices.len());
         for (d, device) in plan.devices.iter().enumerate() {
             if device.caps().buffer_from_host_ptr && !options.no_mmap {
