@@ -1,0 +1,130 @@
+//! The transport over MPI (feature `mpi`): MPI initialized with `MPI_THREAD_MULTIPLE`, sends
+//! from whichever thread has something to send, and one thread per rank that probes for
+//! arriving messages and delivers them. It probes without blocking and backs off when idle, so
+//! a waiting rank does not hold a core (OpenMPI's blocking calls spin).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mpi::Threading;
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use crate::transport::{Deliver, Transport};
+
+/// MPI's world communicator, shareable between threads.
+struct World(SimpleCommunicator);
+
+// SAFETY: MPI was initialized with MPI_THREAD_MULTIPLE (checked in `init`), under which every
+// MPI call may be made from any thread concurrently; the communicator handle is an immutable
+// id that MPI itself synchronizes.
+unsafe impl Send for World {}
+// SAFETY: as above.
+unsafe impl Sync for World {}
+
+pub struct MpiTransport {
+    world: Arc<World>,
+    rank: usize,
+    size: usize,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Finalizes MPI when dropped (after the receive thread has ended).
+    universe: Mutex<Option<UniverseBox>>,
+}
+
+struct UniverseBox(#[allow(dead_code)] Universe);
+// SAFETY: the universe is only dropped (MPI_Finalize), once, after the receive thread ended.
+unsafe impl Send for UniverseBox {}
+
+impl MpiTransport {
+    pub fn init() -> Result<MpiTransport, String> {
+        let (universe, level) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or("MPI is already initialized")?;
+        if level != Threading::Multiple {
+            return Err(format!(
+                "the MPI library offers {level:?} threading; lamina needs MPI_THREAD_MULTIPLE"
+            ));
+        }
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Ok(MpiTransport {
+            world: Arc::new(World(world)),
+            rank,
+            size,
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+            universe: Mutex::new(Some(UniverseBox(universe))),
+        })
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn send(&self, to: usize, bytes: Vec<u8>) -> Result<(), String> {
+        if to >= self.size {
+            return Err(format!("no rank {to}"));
+        }
+        // A blocking send: the peer's receive thread is always probing, so it completes.
+        self.world.0.process_at_rank(to as i32).send(&bytes[..]);
+        Ok(())
+    }
+    fn start(&self, deliver: Deliver) {
+        let (world, stop) = (self.world.clone(), self.stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("lamina-rank{}-recv", self.rank))
+            .spawn(move || {
+                let mut idle = 0u32;
+                while !stop.load(Ordering::Acquire) {
+                    match world.0.any_process().immediate_matched_probe() {
+                        Some((msg, status)) => {
+                            let n = status.count(u8::equivalent_datatype()).max(0) as usize;
+                            let mut bytes = vec![0u8; n];
+                            msg.matched_receive_into(&mut bytes[..]);
+                            deliver(status.source_rank() as usize, bytes);
+                            idle = 0;
+                        }
+                        None => {
+                            // Spin briefly (a reply is often a few microseconds away), then
+                            // sleep longer and longer, up to a millisecond.
+                            idle = idle.saturating_add(1);
+                            if idle < 64 {
+                                std::thread::yield_now();
+                            } else {
+                                let us = (idle - 63).min(1000) as u64;
+                                std::thread::sleep(Duration::from_micros(us));
+                            }
+                        }
+                    }
+                }
+            });
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = thread.ok();
+    }
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    fn finish(&self) {
+        self.stop();
+        // MPI_Finalize, now that no thread of ours calls MPI.
+        self.universe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,178 @@
+//! The messages ranks exchange: requests from the front (rank 0) to the rank that owns a
+//! device, their replies, and data moving between ranks for copies. Encoded with postcard;
+//! every rank runs the same binary, so the encoding needs no versioning.
+
+use lamina_core::graph::{MAX_SRC, Op, TensorId};
+use lamina_core::tensor::{Layout, TensorFlags};
+use serde::{Deserialize, Serialize};
+
+/// A range of a buffer that lives on the rank the message goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceRef {
+    pub buffer: u64,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// A tensor of a graph, its binding naming a buffer of the receiving rank.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WireTensor {
+    pub layout: Layout,
+    pub op: Op,
+    pub src: [Option<TensorId>; MAX_SRC],
+    pub view_src: Option<TensorId>,
+    pub view_offset: usize,
+    pub flags: TensorFlags,
+    pub name: String,
+    pub binding: Option<(u64, usize)>,
+}
+
+/// What a rank tells the front about one of its devices.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub description: String,
+    /// `DeviceType` as its `Display` spells it.
+    pub device_type: String,
+    pub device_id: String,
+    pub free: u64,
+    pub total: u64,
+    pub alignment: usize,
+    pub max_size: usize,
+    pub maps_host_memory: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// The rank's devices.
+    Hello,
+    /// Stop serving (the rank's process then exits).
+    Shutdown,
+    Alloc {
+        device: u32,
+        size: usize,
+    },
+    /// Map the rank's own copy of a model file, checked against the front's.
+    MapFile {
+        device: u32,
+        path: String,
+        size: u64,
+        header_sha256: [u8; 32],
+    },
+    Free {
+        buffer: u64,
+    },
+    Write {
+        slice: SliceRef,
+        data: Vec<u8>,
+    },
+    Read {
+        slice: SliceRef,
+    },
+    Fill {
+        slice: SliceRef,
+        value: u8,
+    },
+    /// A blocking copy between two buffers of the rank.
+    Copy {
+        src: SliceRef,
+        dst: SliceRef,
+    },
+    /// Queue the compute nodes `nodes` of the graph made of `tensors`.
+    Compute {
+        device: u32,
+        tensors: Vec<WireTensor>,
+        nodes: (usize, usize),
+    },
+    SetAsync {
+        device: u32,
+        slice: SliceRef,
+        data: Vec<u8>,
+    },
+    /// Reply with the slice's bytes once the device's queued work is done.
+    GetAsync {
+        device: u32,
+        slice: SliceRef,
+    },
+    Synchronize {
+        device: u32,
+    },
+    NewEvent {
+        device: u32,
+    },
+    FreeEvent {
+        event: u64,
+    },
+    Record {
+        device: u32,
+        event: u64,
+    },
+    Wait {
+        device: u32,
+        event: u64,
+    },
+    /// Reply once the event has reached `value`.
+    EventWait {
+        event: u64,
+        value: u64,
+    },
+    EventQuery {
+        event: u64,
+    },
+    /// Send the slice, after the device's queued work, to rank `to` as data `tag`.
+    SendTo {
+        device: u32,
+        slice: SliceRef,
+        to: u32,
+        tag: u64,
+    },
+    /// Data `tag` (from whichever rank) goes into the slice, in the device's queue order.
+    Expect {
+        device: u32,
+        slice: SliceRef,
+        tag: u64,
+    },
+    /// An ordered copy between two devices of the rank.
+    CopyAsync {
+        src_device: u32,
+        dst_device: u32,
+        src: SliceRef,
+        dst: SliceRef,
+        fenced: bool,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Unit,
+    Devices(Vec<DeviceInfo>),
+    Buffer(u64),
+    Event(u64),
+    Data(Vec<u8>),
+    Bool(bool),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Message {
+    /// `seq` 0: no reply wanted.
+    Request { seq: u64, request: Request },
+    Reply {
+        seq: u64,
+        reply: Result<Reply, String>,
+    },
+    Data {
+        tag: u64,
+        bytes: Result<Vec<u8>, String>,
+    },
+}
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain data into a Vec cannot fail.
+        postcard::to_stdvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Message, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+}
