@@ -83,7 +83,27 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let threads = cmd::cluster::threads_flag(&args);
     let cli = Cli::parse_from(args);
+    // Under `mpirun`: rank 0 goes on with the command, the other ranks serve their devices.
+    match cmd::cluster::start(threads) {
+        Ok(None) => {}
+        Ok(Some(code)) => return code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let code = run_command(cli);
+    if let Some(cluster) = lamina_mpi::cluster()
+        && let Err(e) = cluster.shutdown()
+    {
+        eprintln!("warning: the other ranks did not stop cleanly: {e}");
+    }
+    code
+}
+
+fn run_command(cli: Cli) -> ExitCode {
     let command = match (cli.command, cli.list_devices) {
         (Some(c), _) => c,
         (None, true) => Command::Devices(cmd::devices::DevicesArgs::default()),

@@ -32,6 +32,10 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
         None => registry().context("initializing devices")?,
     };
     let mut out = format_devices(reg);
+    // Under mpirun: every other rank's devices.
+    for d in lamina_mpi::remote_devices() {
+        out.push_str(&device_line(&*d));
+    }
     // GPU adapters through wgpu: each device with its adapter's driver and backend.
     match lamina_wgpu::WgpuBackendReg::from_env() {
         Ok(gpus) => {
@@ -64,15 +68,19 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
 pub fn format_devices(reg: &Registry) -> String {
     let mut out = String::from("Available devices:\n");
     for d in reg.devices() {
-        let m = d.memory();
-        out.push_str(&format!(
-            "  {}: {} ({}, {} MiB, {} MiB free)\n",
-            d.name(),
-            d.description(),
-            d.device_type(),
-            m.total / MIB,
-            m.free / MIB
-        ));
+        out.push_str(&device_line(&**d));
     }
     out
+}
+
+fn device_line(d: &dyn lamina_backend::Device) -> String {
+    let m = d.memory();
+    format!(
+        "  {}: {} ({}, {} MiB, {} MiB free)\n",
+        d.name(),
+        d.description(),
+        d.device_type(),
+        m.total / MIB,
+        m.free / MIB
+    )
 }

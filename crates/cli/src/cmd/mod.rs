@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod cluster;
 pub mod devices;
 pub mod imatrix;
 pub mod inspect;
@@ -468,6 +469,8 @@ pub fn load_model(
         .iter()
         .map(|d| d.clone() as Arc<dyn lamina_backend::Device>)
         .collect();
+    // Under mpirun: the other ranks' devices.
+    available.extend(lamina_mpi::remote_devices());
     if devices.wants_gpu() {
         let gpus = lamina_wgpu::WgpuBackendReg::from_env()?;
         for p in gpus.problems() {
