@@ -87,7 +87,9 @@ impl Cluster {
         self.node.bytes_sent()
     }
 
-    /// Tells every rank to stop serving and waits for each to acknowledge.
+    /// Tells every rank to stop serving and waits for each to acknowledge. An error (a rank
+    /// that stopped answering, now or before) leaves the transport up for [`Cluster::abort`]:
+    /// a clean MPI finish would wait for that rank forever.
     pub fn shutdown(&self) -> Result<(), BackendError> {
         let mut first = Ok(());
         for rank in 1..self.node.size() {
@@ -95,8 +97,20 @@ impl Cluster {
                 first = first.and(Err(e));
             }
         }
-        self.node.finish();
+        if first.is_ok() {
+            self.node.finish();
+        }
         first
+    }
+
+    /// The ranks that stopped answering (a wait for them timed out).
+    pub fn lost_ranks(&self) -> Vec<usize> {
+        self.node.lost_ranks()
+    }
+
+    /// Ends every rank's process with exit status `code` (MPI_Abort under `mpirun`).
+    pub fn abort(&self, code: i32) -> ! {
+        self.node.abort(code)
     }
 }
 

@@ -1,14 +1,16 @@
 //! The transport over MPI (feature `mpi`): MPI initialized with `MPI_THREAD_MULTIPLE`, sends
 //! from whichever thread has something to send, and one thread per rank that probes for
-//! arriving messages and delivers them. It probes without blocking and backs off when idle, so
-//! a waiting rank does not hold a core (OpenMPI's blocking calls spin).
+//! arriving messages and delivers them. It probes and sends without blocking and backs off
+//! when idle, so a waiting rank does not hold a core (OpenMPI's blocking calls spin) and a
+//! send to a hung rank ends after the wait bound.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::environment::Universe;
+use mpi::request::StaticScope;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -71,8 +73,38 @@ impl Transport for MpiTransport {
         if to >= self.size {
             return Err(format!("no rank {to}"));
         }
-        // A blocking send: the peer's receive thread is always probing, so it completes.
-        self.world.0.process_at_rank(to as i32).send(&bytes[..]);
+        // A non-blocking send, tested until done: the peer's receive thread is always
+        // probing, so it completes at once, unless the peer is hung, which must be an error
+        // after the wait bound, not a hang. MPI needs the buffer until the send completes, and
+        // a send that never does keeps it: the buffer is leaked to MPI and taken back after.
+        let data: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        let mut request = self
+            .world
+            .0
+            .process_at_rank(to as i32)
+            .immediate_send(StaticScope, data);
+        let start = Instant::now();
+        let bound = lamina_backend::wait_bound();
+        let mut idle = 0u32;
+        loop {
+            match request.test() {
+                Ok(_) => break,
+                Err(pending) => request = pending,
+            }
+            if bound.is_some_and(|b| start.elapsed() > b) {
+                // MPI may still read `data`: it stays leaked, and so does the request.
+                std::mem::forget(request);
+                return Err(format!(
+                    "rank {to} took no message for {} s (LAMINA_DEVICE_TIMEOUT)",
+                    start.elapsed().as_secs()
+                ));
+            }
+            idle = idle.saturating_add(1);
+            backoff(idle);
+        }
+        // SAFETY: `data` came from `Box::leak` above and the send that used it has completed,
+        // so MPI no longer reads it and no other reference to it remains.
+        drop(unsafe { Box::from_raw(data as *const [u8] as *mut [u8]) });
         Ok(())
     }
     fn start(&self, deliver: Deliver) {
@@ -91,15 +123,8 @@ impl Transport for MpiTransport {
                             idle = 0;
                         }
                         None => {
-                            // Spin briefly (a reply is often a few microseconds away), then
-                            // sleep longer and longer, up to a millisecond.
                             idle = idle.saturating_add(1);
-                            if idle < 64 {
-                                std::thread::yield_now();
-                            } else {
-                                let us = (idle - 63).min(1000) as u64;
-                                std::thread::sleep(Duration::from_micros(us));
-                            }
+                            backoff(idle);
                         }
                     }
                 }
@@ -113,6 +138,10 @@ impl Transport for MpiTransport {
         }
     }
 
+    fn abort(&self, code: i32) {
+        self.world.0.abort(code)
+    }
+
     fn finish(&self) {
         self.stop();
         // MPI_Finalize, now that no thread of ours calls MPI.
@@ -120,6 +149,17 @@ impl Transport for MpiTransport {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+    }
+}
+
+/// Waiting for MPI without holding a core: spin briefly (a reply is often a few microseconds
+/// away), then sleep longer and longer, up to a millisecond.
+fn backoff(idle: u32) {
+    if idle < 64 {
+        std::thread::yield_now();
+    } else {
+        let us = (idle - 63).min(1000) as u64;
+        std::thread::sleep(Duration::from_micros(us));
     }
 }
 

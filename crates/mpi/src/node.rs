@@ -3,7 +3,7 @@
 //! for copies, and one sender thread per local stream that ships a slice once the stream's
 //! queued work is done.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -56,6 +56,8 @@ pub struct Node {
     failure: Mutex<Option<String>>,
     /// Bytes sent, for the closing figures (`bytes_sent`).
     sent: AtomicU64,
+    /// Ranks that did not answer within the wait bound: later calls to them fail at once.
+    lost: Mutex<BTreeSet<usize>>,
 }
 
 impl Node {
@@ -73,6 +75,7 @@ impl Node {
             senders: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
             sent: AtomicU64::new(0),
+            lost: Mutex::new(BTreeSet::new()),
         });
         let weak = Arc::downgrade(&node);
         transport.start(Box::new(move |from, bytes| {
@@ -141,6 +144,17 @@ impl Node {
         }
     }
 
+    /// The ranks that stopped answering (a call to them timed out).
+    pub fn lost_ranks(&self) -> Vec<usize> {
+        lock(&self.lost).iter().copied().collect()
+    }
+
+    /// Ends the whole job at once (MPI_Abort), for when a rank cannot be stopped cleanly.
+    pub fn abort(&self, code: i32) -> ! {
+        self.transport.abort(code);
+        std::process::exit(code)
+    }
+
     /// A device error naming rank `rank`.
     pub fn error(&self, rank: usize, message: impl std::fmt::Display) -> BackendError {
         BackendError::Device {
@@ -173,6 +187,9 @@ impl Node {
 
     /// Sends a request and waits for its reply, at most the device layer's wait bound.
     pub fn call(&self, to: usize, request: Request) -> Result<Reply, BackendError> {
+        if lock(&self.lost).contains(&to) {
+            return Err(self.error(to, "stopped answering earlier"));
+        }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
         lock(&self.replies).insert(seq, ReplySlot::Caller(tx));
@@ -191,6 +208,7 @@ impl Node {
             Ok(Err(e)) => Err(self.error(to, e)),
             Err(()) => {
                 lock(&self.replies).remove(&seq);
+                lock(&self.lost).insert(to);
                 let mut what = what;
                 what.truncate(80);
                 Err(BackendError::Timeout {
@@ -310,6 +328,56 @@ impl Node {
             }
             arrived.signal(value);
         };
+        self.on_data(tag, Box::new(put));
+        Ok(())
+    }
+
+    /// Makes `stream`'s later work wait for the signal `tag` (empty data from whichever rank),
+    /// in the stream's order; the host does not wait.
+    pub fn expect_signal(self: &Arc<Self>, stream: &Stream, tag: u64) -> Result<(), BackendError> {
+        let arrived = Event::new(stream.device(), stream.device_name());
+        let value = arrived.record_with(|_| Ok(()))?;
+        stream.wait(&arrived)?;
+        let node = self.clone();
+        self.on_data(
+            tag,
+            Box::new(move |bytes| {
+                if let Err(e) = bytes {
+                    node.fail(e);
+                }
+                arrived.signal(value);
+            }),
+        );
+        Ok(())
+    }
+
+    /// Sends rank `to` the signal `tag` once `event` has reached `value`, from a thread of its
+    /// own (a failed or timed-out wait goes as the signal's error).
+    pub fn signal_when(
+        self: &Arc<Self>,
+        event: Event,
+        value: u64,
+        to: usize,
+        tag: u64,
+    ) -> Result<(), BackendError> {
+        let node = self.clone();
+        std::thread::Builder::new()
+            .name("lamina-signal".into())
+            .spawn(move || {
+                let bytes = event
+                    .wait_for(value)
+                    .map(|()| Vec::new())
+                    .map_err(|e| e.to_string());
+                if let Err(e) = node.send(to, &Message::Data { tag, bytes }) {
+                    node.fail(e.to_string());
+                }
+            })
+            .map(drop)
+            .map_err(|e| self.error(self.rank(), format!("cannot start a thread: {e}")))
+    }
+
+    /// Runs `put` with data `tag`, now if it has arrived, else when it does.
+    fn on_data(&self, tag: u64, put: Box<dyn FnOnce(Result<Vec<u8>, String>) + Send>) {
         let mut mailbox = lock(&self.mailbox);
         match mailbox.remove(&tag) {
             Some(Mail::Arrived(bytes)) => {
@@ -317,9 +385,8 @@ impl Node {
                 put(bytes);
             }
             _ => {
-                mailbox.insert(tag, Mail::Expected(Box::new(put)));
+                mailbox.insert(tag, Mail::Expected(put));
             }
         }
-        Ok(())
     }
 }

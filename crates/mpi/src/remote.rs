@@ -395,27 +395,9 @@ impl RemoteStream {
                 _ => None,
             };
             out.push(if needed[i] {
-                WireTensor {
-                    layout: t.layout,
-                    op: t.op,
-                    src: t.src,
-                    view_src: t.view_src,
-                    view_offset: t.view_offset,
-                    flags: t.flags,
-                    name: t.name.clone(),
-                    binding,
-                }
+                WireTensor::from_tensor(t, binding)
             } else {
-                WireTensor {
-                    layout: t.layout,
-                    op: lamina_core::graph::Op::Leaf,
-                    src: Default::default(),
-                    view_src: None,
-                    view_offset: 0,
-                    flags: t.flags,
-                    name: String::new(),
-                    binding: None,
-                }
+                WireTensor::placeholder(t)
             });
         }
         Ok(out)
@@ -481,44 +463,37 @@ impl StreamImpl for RemoteStream {
         dst: &BufferSlice,
     ) -> Result<bool, BackendError> {
         let dst_ref = self.own_slice(dst)?;
-        match remote_stream(src_stream) {
-            // Two devices of one rank: that rank's own copy.
-            Some(from) if from.at.rank == self.at.rank => {
-                self.at.post(Request::CopyAsync {
-                    src_device: from.at.device,
-                    dst_device: self.at.device,
-                    src: from.own_slice(src)?,
-                    dst: dst_ref,
-                    fenced: true,
-                })?;
-            }
+        let from = remote_stream(src_stream);
+        // Two devices of one rank: that rank's own copy.
+        if let Some(from) = from.filter(|f| f.at.rank == self.at.rank) {
+            self.at.post(Request::CopyAsync {
+                src_device: from.at.device,
+                dst_device: self.at.device,
+                src: from.own_slice(src)?,
+                dst: dst_ref,
+                fenced: true,
+            })?;
+            return Ok(true);
+        }
+        let tag = self.at.node.new_tag();
+        self.at.post(Request::Expect {
+            device: self.at.device,
+            slice: dst_ref,
+            tag,
+        })?;
+        match from {
             // Another rank: straight from there to here.
-            Some(from) => {
-                let tag = self.at.node.new_tag();
-                self.at.post(Request::Expect {
-                    device: self.at.device,
-                    slice: dst_ref,
-                    tag,
-                })?;
-                from.at.post(Request::SendTo {
-                    device: from.at.device,
-                    slice: from.own_slice(src)?,
-                    to: self.at.rank as u32,
-                    tag,
-                })?;
-            }
+            Some(from) => from.at.post(Request::SendTo {
+                device: from.at.device,
+                slice: from.own_slice(src)?,
+                to: self.at.rank as u32,
+                tag,
+            })?,
             // A device of this process.
-            None => {
-                let tag = self.at.node.new_tag();
-                self.at.post(Request::Expect {
-                    device: self.at.device,
-                    slice: dst_ref,
-                    tag,
-                })?;
-                self.at
-                    .node
-                    .send_after(src_stream, src, self.at.rank, tag)?;
-            }
+            None => self
+                .at
+                .node
+                .send_after(src_stream, src, self.at.rank, tag)?,
         }
         Ok(true)
     }
@@ -572,9 +547,30 @@ impl StreamImpl for RemoteStream {
                 device: self.at.device,
                 event: ev.id,
             }),
-            // An event of another process: waited for here. TODO: forward the signal
-            // between ranks so that the front does not block.
-            _ => event.synchronize(),
+            // An event of another process: the process that owns it signals this rank when
+            // it is reached, and this rank's queue waits for the signal. No host waits.
+            other => {
+                let value = event.target();
+                if value == 0 || other.is_some_and(|ev| ev.reached.load(Ordering::Acquire) >= value)
+                {
+                    return Ok(());
+                }
+                let tag = self.at.node.new_tag();
+                self.at.post(Request::WaitSignal {
+                    device: self.at.device,
+                    tag,
+                })?;
+                let to = self.at.rank;
+                match other {
+                    Some(ev) => ev.at.post(Request::SignalWhen {
+                        event: ev.id,
+                        value,
+                        to: to as u32,
+                        tag,
+                    }),
+                    None => self.at.node.signal_when(event.clone(), value, to, tag),
+                }
+            }
         }
     }
     fn as_any(&self) -> &dyn Any {

@@ -11,7 +11,7 @@ use lamina_backend::{
     BackendError, Buffer, BufferSlice, Device, Event, HostMemory, Stream, copy_async,
     copy_async_unfenced,
 };
-use lamina_core::graph::{Binding, Graph, Tensor};
+use lamina_core::graph::{Binding, Graph};
 use sha2::{Digest, Sha256};
 
 use crate::node::{Incoming, Node};
@@ -299,6 +299,23 @@ impl Server {
                 self.node.expect_into(&stream, &s, tag).map_err(e)?;
                 Reply::Unit
             }
+            Request::WaitSignal { device, tag } => {
+                let stream = self.device(device)?.1.clone();
+                self.node.expect_signal(&stream, tag).map_err(e)?;
+                Reply::Unit
+            }
+            Request::SignalWhen {
+                event,
+                value,
+                to,
+                tag,
+            } => {
+                let ev = self.event(event)?;
+                self.node
+                    .signal_when(ev, value, to as usize, tag)
+                    .map_err(e)?;
+                Reply::Unit
+            }
             Request::CopyAsync {
                 src_device,
                 dst_device,
@@ -334,16 +351,7 @@ impl Server {
                 }),
                 None => None,
             };
-            out.push(Tensor {
-                layout: t.layout,
-                op: t.op,
-                src: t.src,
-                view_src: t.view_src,
-                view_offset: t.view_offset,
-                flags: t.flags,
-                name: t.name,
-                binding,
-            });
+            out.push(t.into_tensor(binding));
         }
         Graph::from_tensors(out).map_err(|e| e.to_string())
     }
@@ -356,7 +364,8 @@ fn request_device(r: &Request) -> Option<u32> {
         | Request::Record { device, .. }
         | Request::Wait { device, .. }
         | Request::SendTo { device, .. }
-        | Request::Expect { device, .. } => Some(*device),
+        | Request::Expect { device, .. }
+        | Request::WaitSignal { device, .. } => Some(*device),
         Request::CopyAsync { dst_device, .. } => Some(*dst_device),
         _ => None,
     }

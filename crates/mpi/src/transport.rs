@@ -20,6 +20,9 @@ pub trait Transport: Send + Sync {
     fn stop(&self);
     /// Ends the transport for the process (MPI_Finalize), after [`Transport::stop`].
     fn finish(&self) {}
+    /// Ends every rank's process with exit status `code` (MPI_Abort); for a job whose ranks
+    /// cannot all be stopped cleanly. The in-process transport has nothing to end.
+    fn abort(&self, _code: i32) {}
 }
 
 enum Envelope {

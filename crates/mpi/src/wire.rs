@@ -2,7 +2,7 @@
 //! device, their replies, and data moving between ranks for copies. Encoded with postcard;
 //! every rank runs the same binary, so the encoding needs no versioning.
 
-use lamina_core::graph::{MAX_SRC, Op, TensorId};
+use lamina_core::graph::{Binding, MAX_SRC, Op, Tensor, TensorId};
 use lamina_core::tensor::{Layout, TensorFlags};
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +25,50 @@ pub struct WireTensor {
     pub flags: TensorFlags,
     pub name: String,
     pub binding: Option<(u64, usize)>,
+}
+
+impl WireTensor {
+    /// `t` as sent, bound (if at all) to buffer `binding.0` of the receiving rank.
+    pub fn from_tensor(t: &Tensor, binding: Option<(u64, usize)>) -> WireTensor {
+        WireTensor {
+            layout: t.layout,
+            op: t.op,
+            src: t.src,
+            view_src: t.view_src,
+            view_offset: t.view_offset,
+            flags: t.flags,
+            name: t.name.clone(),
+            binding,
+        }
+    }
+
+    /// A tensor the receiving rank does not need: only its shape, so ids stay the same.
+    pub fn placeholder(t: &Tensor) -> WireTensor {
+        WireTensor {
+            layout: t.layout,
+            op: Op::Leaf,
+            src: Default::default(),
+            view_src: None,
+            view_offset: 0,
+            flags: t.flags,
+            name: String::new(),
+            binding: None,
+        }
+    }
+
+    /// The tensor, bound to the receiving rank's memory.
+    pub fn into_tensor(self, binding: Option<Binding>) -> Tensor {
+        Tensor {
+            layout: self.layout,
+            op: self.op,
+            src: self.src,
+            view_src: self.view_src,
+            view_offset: self.view_offset,
+            flags: self.flags,
+            name: self.name,
+            binding,
+        }
+    }
 }
 
 /// What a rank tells the front about one of its devices.
@@ -130,6 +174,18 @@ pub enum Request {
     Expect {
         device: u32,
         slice: SliceRef,
+        tag: u64,
+    },
+    /// The device's queue waits until data `tag` (empty: a signal) arrives from whichever rank.
+    WaitSignal {
+        device: u32,
+        tag: u64,
+    },
+    /// Once the event has reached `value`, send rank `to` the signal `tag`.
+    SignalWhen {
+        event: u64,
+        value: u64,
+        to: u32,
         tag: u64,
     },
     /// An ordered copy between two devices of the rank.

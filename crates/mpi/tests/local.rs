@@ -6,27 +6,11 @@
 use std::sync::Arc;
 
 use lamina_backend::{BufferSlice, Device, copy_async};
-use lamina_cpu::{CpuBackendReg, CpuConfig};
 use lamina_gguf::pull::model_for_test;
 use lamina_model::{Batch, Context, ContextParams, Model, Placement, SplitMode};
-use lamina_mpi::{Cluster, LocalTransport};
 
-fn cpu(threads: usize) -> Arc<dyn Device> {
-    let reg = CpuBackendReg::new(CpuConfig::default().with_threads(threads)).unwrap();
-    reg.cpu_devices()[0].clone()
-}
-
-/// A front and `ranks - 1` serving ranks, each with one CPU device of its own.
-fn cluster(ranks: usize) -> (Arc<dyn Device>, Cluster) {
-    let mut transports = LocalTransport::network(ranks).into_iter();
-    let front = transports.next().unwrap();
-    for t in transports {
-        std::thread::spawn(move || lamina_mpi::serve(t, vec![cpu(1)]));
-    }
-    let host = cpu(1);
-    let cluster = Cluster::connect(front, host.clone()).unwrap();
-    (host, cluster)
-}
+mod common;
+use common::{cluster, cpu};
 
 fn logits(model: Arc<Model>, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut ctx = Context::new(
