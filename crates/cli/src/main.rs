@@ -98,7 +98,9 @@ fn main() -> ExitCode {
     if let Some(cluster) = lamina_mpi::cluster()
         && let Err(e) = cluster.shutdown()
     {
-        eprintln!("warning: the other ranks did not stop cleanly: {e}");
+        // A rank that does not answer would hold up a clean MPI finish forever.
+        eprintln!("error: the other ranks did not stop cleanly: {e}; ending the MPI job");
+        cluster.abort(1);
     }
     code
 }
