@@ -323,5 +323,5 @@ fn serve(
     let engine =
         cmd::model_engine::ModelEngine::with_template(loaded.context, loaded.tokenizer, &choice)?
             .with_reload(reload);
-    cmd::serve::run(args, config, Box::new(engine))
+    cmd::serve::run(args, config, Box::new(engine), cmd::cluster::lost_rank())
 }

@@ -178,12 +178,71 @@ fn rank_pid(mpirun: u32, rank: usize) -> Option<u32> {
     })
 }
 
+/// A job under `mpirun` whose stderr is collected as it comes (`lines` sees each line too).
+struct Job {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+fn start(mut c: Command, timeout_s: &str) -> Job {
+    c.env("LAMINA_DEVICE_TIMEOUT", timeout_s)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start mpirun");
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stderr = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    Job {
+        child,
+        lines,
+        stderr,
+    }
+}
+
+impl Job {
+    /// Sends rank `rank` the signal `signal` (`-KILL`, `-STOP`).
+    fn signal_rank(&self, rank: usize, signal: &str) {
+        let pid = rank_pid(self.child.id(), rank).expect("the rank's process");
+        let sent = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits for the job to end, at most `bound`: its stderr and whether it succeeded.
+    fn end_within(mut self, bound: Duration) -> (String, bool) {
+        if let Some(mut out) = self.child.stdout.take() {
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        }
+        let (tx, rx) = mpsc::channel();
+        let mut child = self.child;
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = rx
+            .recv_timeout(bound)
+            .unwrap_or_else(|_| panic!("the job still runs {bound:?} after the fault"))
+            .unwrap();
+        (self.stderr.join().unwrap(), status.success())
+    }
+}
+
 /// Starts a long generation over 2 ranks, waits until text comes out (the ranks are at work),
 /// sends rank 1 `signal`, and returns the job's stderr and whether it succeeded; the job must
 /// end within `bound`.
 fn fault(signal: &str, timeout_s: &str, bound: Duration) -> (String, bool) {
     let path = model_for_test("smollm2-135m").unwrap();
-    let mut c = mpirun(
+    let c = mpirun(
         2,
         &[
             "run",
@@ -202,41 +261,18 @@ fn fault(signal: &str, timeout_s: &str, bound: Duration) -> (String, bool) {
             "1",
         ],
     );
-    c.env("LAMINA_DEVICE_TIMEOUT", timeout_s)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut job = c.spawn().expect("start mpirun");
-    let mut out = job.stdout.take().unwrap();
-    let mut err = job.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let mut job = start(c, timeout_s);
+    let out = job.child.stdout.as_mut().unwrap();
     // The prompt is echoed first; more than it means tokens are being generated.
-    let mut seen = Vec::new();
+    let mut seen = 0;
     let mut buf = [0u8; 256];
-    while seen.len() < "Once upon a time".len() + 8 {
+    while seen < "Once upon a time".len() + 8 {
         let n = out.read(&mut buf).unwrap();
         assert!(n > 0, "the job ended before generating");
-        seen.extend_from_slice(&buf[..n]);
+        seen += n;
     }
-    let pid = rank_pid(job.id(), 1).expect("rank 1's process");
-    let killed = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(job.wait());
-    });
-    let status = rx
-        .recv_timeout(bound)
-        .unwrap_or_else(|_| panic!("the job still runs {bound:?} after rank 1 got {signal}"))
-        .unwrap();
-    (stderr.join().unwrap(), status.success())
+    job.signal_rank(1, signal);
+    job.end_within(bound)
 }
 
 #[test]
@@ -264,4 +300,61 @@ fn a_hung_rank_is_a_timeout_naming_it_then_the_job_ends() {
         err.contains("timed out") || err.contains("took no message"),
         "{err}"
     );
+}
+
+/// One HTTP/1.1 POST with a JSON body; the whole response.
+fn post(addr: &str, path: &str, body: &str) -> String {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn serve_fails_the_requests_of_a_hung_rank_with_a_5xx_naming_it_then_stops() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let c = mpirun(
+        2,
+        &[
+            "serve",
+            "-m",
+            path.to_str().unwrap(),
+            "--port",
+            "0",
+            "-c",
+            "1024",
+            "-np",
+            "2",
+            "-t",
+            "1",
+        ],
+    );
+    let job = start(c, "5");
+    let addr = loop {
+        let line = job.lines.recv().expect("the server ended before listening");
+        if let Some(url) = line.split("listening on http://").nth(1) {
+            break url.trim().to_string();
+        }
+    };
+    let body = r#"{"prompt": "The capital of France is", "n_predict": 8, "temperature": 0}"#;
+    let ok = post(&addr, "/completion", body);
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    job.signal_rank(1, "-STOP");
+    let failed = post(&addr, "/completion", body);
+    assert!(failed.starts_with("HTTP/1.1 500"), "{failed}");
+    assert!(failed.contains("rank 1"), "{failed}");
+    // Then the server stops by itself, and the job ends (MPI_Abort ends the stopped rank).
+    let (err, ok) = job.end_within(Duration::from_secs(120));
+    assert!(!ok, "{err}");
+    assert!(err.contains("rank 1 stopped answering"), "{err}");
 }

@@ -108,6 +108,12 @@ impl Cluster {
         self.node.lost_ranks()
     }
 
+    /// Blocks until a rank is lost, and returns the lost ranks: a server waits for this on a
+    /// thread of its own and stops, failing the requests that needed them.
+    pub fn wait_lost(&self) -> Vec<usize> {
+        self.node.wait_lost()
+    }
+
     /// Ends every rank's process with exit status `code` (MPI_Abort under `mpirun`).
     pub fn abort(&self, code: i32) -> ! {
         self.node.abort(code)

@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use lamina_backend::{
@@ -56,8 +56,10 @@ pub struct Node {
     failure: Mutex<Option<String>>,
     /// Bytes sent, for the closing figures (`bytes_sent`).
     sent: AtomicU64,
-    /// Ranks that did not answer within the wait bound: later calls to them fail at once.
+    /// Ranks that did not answer or take a message within the wait bound: later messages to
+    /// them fail at once. `lost_changed` wakes [`Node::wait_lost`].
     lost: Mutex<BTreeSet<usize>>,
+    lost_changed: Condvar,
 }
 
 impl Node {
@@ -76,6 +78,7 @@ impl Node {
             failure: Mutex::new(None),
             sent: AtomicU64::new(0),
             lost: Mutex::new(BTreeSet::new()),
+            lost_changed: Condvar::new(),
         });
         let weak = Arc::downgrade(&node);
         transport.start(Box::new(move |from, bytes| {
@@ -144,7 +147,7 @@ impl Node {
         }
     }
 
-    /// The ranks that stopped answering (a call to them timed out).
+    /// The ranks that stopped answering (a call or a send to them timed out or failed).
     pub fn lost_ranks(&self) -> Vec<usize> {
         lock(&self.lost).iter().copied().collect()
     }
@@ -173,11 +176,32 @@ impl Node {
     }
 
     fn send(&self, to: usize, message: &Message) -> Result<(), BackendError> {
+        if lock(&self.lost).contains(&to) {
+            return Err(self.error(to, "stopped answering earlier"));
+        }
         let bytes = message.encode();
         self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        self.transport
-            .send(to, bytes)
-            .map_err(|e| self.error(to, format!("cannot send: {e}")))
+        self.transport.send(to, bytes).map_err(|e| {
+            self.mark_lost(to);
+            self.error(to, format!("cannot send: {e}"))
+        })
+    }
+
+    fn mark_lost(&self, rank: usize) {
+        lock(&self.lost).insert(rank);
+        self.lost_changed.notify_all();
+    }
+
+    /// Blocks until some rank is lost (for a server that must stop then); returns them.
+    pub fn wait_lost(&self) -> Vec<usize> {
+        let mut lost = lock(&self.lost);
+        while lost.is_empty() {
+            lost = self
+                .lost_changed
+                .wait(lost)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        lost.iter().copied().collect()
     }
 
     /// Sends a request that wants no reply.
@@ -187,9 +211,6 @@ impl Node {
 
     /// Sends a request and waits for its reply, at most the device layer's wait bound.
     pub fn call(&self, to: usize, request: Request) -> Result<Reply, BackendError> {
-        if lock(&self.lost).contains(&to) {
-            return Err(self.error(to, "stopped answering earlier"));
-        }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
         lock(&self.replies).insert(seq, ReplySlot::Caller(tx));
@@ -208,7 +229,7 @@ impl Node {
             Ok(Err(e)) => Err(self.error(to, e)),
             Err(()) => {
                 lock(&self.replies).remove(&seq);
-                lock(&self.lost).insert(to);
+                self.mark_lost(to);
                 let mut what = what;
                 what.truncate(80);
                 Err(BackendError::Timeout {

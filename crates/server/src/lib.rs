@@ -257,9 +257,26 @@ pub async fn router_with_tools(
 /// Binds every address of `config.host` (comma-separated) at `config.port` and serves
 /// until Ctrl-C.
 pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
+    serve_until(engine, config, std::future::pending()).await
+}
+
+/// [`serve`], stopping as on SIGTERM when `fatal` completes with its reason (the devices the
+/// engine needs are lost for good: the requests that needed them have failed with a 5xx that
+/// says so, and later ones would fail the same way).
+pub async fn serve_until(
+    engine: Box<dyn Engine>,
+    config: ServerConfig,
+    fatal: impl Future<Output = String>,
+) -> std::io::Result<()> {
     let (app, tools) = router_with_tools(engine, &config).await?;
     let stopping = tools.clone();
-    let r = serve_app_until(app, &config, async move { stopping.shutdown().await }).await;
+    let r = serve_app_until(
+        app,
+        &config,
+        async move { stopping.shutdown().await },
+        fatal,
+    )
+    .await;
     tools.shutdown().await;
     r
 }
@@ -267,7 +284,7 @@ pub async fn serve(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Re
 /// Serves `app` (one model's server, or the router of several) on every address of
 /// `config.host` at `config.port` until Ctrl-C or SIGTERM.
 pub async fn serve_app(app: axum::Router, config: &ServerConfig) -> std::io::Result<()> {
-    serve_app_until(app, config, async {}).await
+    serve_app_until(app, config, async {}, std::future::pending()).await
 }
 
 /// [`serve_app`], running `on_stop` as soon as a stop is asked for, before the requests in
@@ -277,6 +294,7 @@ async fn serve_app_until(
     app: axum::Router,
     config: &ServerConfig,
     on_stop: impl Future<Output = ()>,
+    fatal: impl Future<Output = String>,
 ) -> std::io::Result<()> {
     let hosts: Vec<&str> = config
         .host
@@ -316,6 +334,9 @@ async fn serve_app_until(
         _ = tokio::signal::ctrl_c() => {}
         _ = terminated() => {
             eprintln!("lamina serve: SIGTERM, finishing the requests in flight");
+        }
+        reason = fatal => {
+            eprintln!("lamina serve: {reason}; finishing the requests in flight and stopping");
         }
         Some(r) = servers.join_next() => {
             let _ = stop_tx.send(true);
@@ -457,10 +478,35 @@ pub async fn spawn_app(app: axum::Router) -> std::io::Result<SocketAddr> {
 
 /// [`serve`] on a new multi-threaded tokio runtime, for callers without one (the CLI).
 pub fn serve_blocking(engine: Box<dyn Engine>, config: ServerConfig) -> std::io::Result<()> {
+    serve_blocking_until(engine, config, None)
+}
+
+/// [`serve_until`] on a new multi-threaded tokio runtime; `fatal` is a blocking wait for the
+/// reason to stop (run on a thread of its own), if there is one to wait for.
+pub fn serve_blocking_until(
+    engine: Box<dyn Engine>,
+    config: ServerConfig,
+    fatal: Option<Box<dyn FnOnce() -> String + Send>>,
+) -> std::io::Result<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if let Some(wait) = fatal {
+        std::thread::Builder::new()
+            .name("lamina-serve-fatal".into())
+            .spawn(move || {
+                let _ = tx.send(wait());
+            })?;
+    }
+    let fatal = async move {
+        match rx.await {
+            Ok(reason) => reason,
+            // Nothing to wait for: never.
+            Err(_) => std::future::pending().await,
+        }
+    };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(serve(engine, config))
+        .block_on(serve_until(engine, config, fatal))
 }
 
 /// [`serve_app`] on a new multi-threaded tokio runtime.
@@ -487,7 +533,13 @@ pub fn serve_router_blocking(
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             let app = model_router::build(router, loader, config.clone(), tools.clone());
             let stopping = tools.clone();
-            let r = serve_app_until(app, &config, async move { stopping.shutdown().await }).await;
+            let r = serve_app_until(
+                app,
+                &config,
+                async move { stopping.shutdown().await },
+                std::future::pending(),
+            )
+            .await;
             tools.shutdown().await;
             r
         })

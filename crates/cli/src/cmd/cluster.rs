@@ -49,3 +49,15 @@ pub fn start(threads: Option<usize>) -> anyhow::Result<Option<ExitCode>> {
         }
     }
 }
+
+/// Under `mpirun`, a blocking wait for a rank lost for good, returning the reason: the
+/// server stops then (the requests that needed the rank have failed naming it, and every
+/// later one would).
+pub fn lost_rank() -> Option<Box<dyn FnOnce() -> String + Send>> {
+    let cluster = lamina_mpi::cluster()?;
+    Some(Box::new(move || {
+        let lost: Vec<String> = cluster.wait_lost().iter().map(|r| r.to_string()).collect();
+        let s = if lost.len() == 1 { "" } else { "s" };
+        format!("rank{s} {} stopped answering", lost.join(", "))
+    }))
+}

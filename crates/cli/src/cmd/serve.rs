@@ -578,9 +578,15 @@ pub fn unsupported_llama_flag(args: &[OsString]) -> Option<String> {
     })
 }
 
-/// Serves `engine` until Ctrl-C. The engine decides the slot count and context; the
-/// flags only say what was asked for, so a mismatch is reported, not fatal.
-pub fn run(args: &ServeArgs, config: ServerConfig, engine: Box<dyn Engine>) -> anyhow::Result<()> {
+/// Serves `engine` until Ctrl-C, or until `fatal` (a blocking wait, if any) returns why the
+/// server cannot go on. The engine decides the slot count and context; the flags only say
+/// what was asked for, so a mismatch is reported, not fatal.
+pub fn run(
+    args: &ServeArgs,
+    config: ServerConfig,
+    engine: Box<dyn Engine>,
+    fatal: Option<Box<dyn FnOnce() -> String + Send>>,
+) -> anyhow::Result<()> {
     if engine.n_seq_max() != args.parallel {
         eprintln!(
             "lamina serve: the engine has {} sequences, --parallel asked for {}",
@@ -594,7 +600,7 @@ pub fn run(args: &ServeArgs, config: ServerConfig, engine: Box<dyn Engine>) -> a
         engine.n_seq_max(),
         engine.n_ctx_seq()
     );
-    lamina_server::serve_blocking(engine, config)?;
+    lamina_server::serve_blocking_until(engine, config, fatal)?;
     Ok(())
 }
 
