@@ -94,6 +94,18 @@ pub trait BufferImpl: Send + Sync + Any {
     fn host_ptr(&self) -> Option<NonNull<u8>>;
     /// Blocking write (device memory only: called when `host_ptr` is `None`).
     fn write(&self, offset: usize, data: &[u8]) -> Result<(), BackendError>;
+    /// Blocking write of `memory`'s bytes `src..src + len` (device memory only; the range was
+    /// checked). The default writes those bytes; a device of another process that can read
+    /// the same file itself ([`HostMemory::file`]) does that instead, so weights stay local.
+    fn write_from_host_memory(
+        &self,
+        offset: usize,
+        memory: &Arc<dyn HostMemory>,
+        src: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        self.write(offset, &memory.bytes()[src..src + len])
+    }
     /// Blocking read (device memory only).
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
     /// Blocking fill with `value` (device memory only).
@@ -531,6 +543,37 @@ impl Buffer {
             return Ok(());
         }
         self.0.imp.write(offset, data)
+    }
+
+    /// Blocking write of `memory`'s bytes `src..src + len` at `offset` (a weight from the
+    /// model's mapping: a device of another process reads its own copy of the file).
+    pub fn write_from_host_memory(
+        &self,
+        offset: usize,
+        memory: &Arc<dyn HostMemory>,
+        src: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        self.check(offset, len)?;
+        self.check_writable()?;
+        if src
+            .checked_add(len)
+            .is_none_or(|end| end > memory.bytes().len())
+        {
+            return Err(BackendError::OutOfBounds {
+                buffer: "host memory".into(),
+                offset: src,
+                len,
+                size: memory.bytes().len(),
+            });
+        }
+        let g = self.lock();
+        if g.is_host() {
+            g.bytes_mut(offset, len)?
+                .copy_from_slice(&memory.bytes()[src..src + len]);
+            return Ok(());
+        }
+        self.0.imp.write_from_host_memory(offset, memory, src, len)
     }
 
     /// Blocking read into `out` from `offset`.

@@ -84,9 +84,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let threads = cmd::cluster::threads_flag(&args);
+    let gpu = cmd::cluster::wants_gpu(&args);
     let cli = Cli::parse_from(args);
     // Under `mpirun`: rank 0 goes on with the command, the other ranks serve their devices.
-    match cmd::cluster::start(threads) {
+    match cmd::cluster::start(threads, gpu) {
         Ok(None) => {}
         Ok(Some(code)) => return code,
         Err(e) => {

@@ -358,3 +358,80 @@ fn serve_fails_the_requests_of_a_hung_rank_with_a_5xx_naming_it_then_stops() {
     assert!(!ok, "{err}");
     assert!(err.contains("rank 1 stopped answering"), "{err}");
 }
+
+/// A GPU of another rank (`WGPU0@1`, over lavapipe in CI) is one more device: a layer split
+/// between rank 0's CPU and it prints what the same split over a local GPU prints, with its
+/// weights read from rank 1's own copy of the file.
+#[test]
+fn a_gpu_of_another_rank_computes_what_a_local_one_computes() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let listed = Command::new(LAMINA)
+        .arg("devices")
+        .env("LAMINA_WGPU_DEVICES", "1")
+        .output()
+        .unwrap();
+    if !String::from_utf8_lossy(&listed.stdout).contains("WGPU0: ") {
+        assert!(
+            std::env::var_os("LAMINA_REQUIRE_WGPU").is_none(),
+            "no GPU adapter (is Mesa's lavapipe installed?)"
+        );
+        eprintln!("skipping: no GPU adapter");
+        return;
+    }
+    let m = path.to_str().unwrap();
+    let args = |gpu: &str| -> Vec<String> {
+        [
+            "run",
+            "-m",
+            m,
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+            "--split-mode",
+            "layer",
+            "--device",
+            &format!("CPU,{gpu}"),
+            "--tensor-split",
+            "1,1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let local = args("WGPU0");
+    let mut one = Command::new(LAMINA);
+    one.args(&local).env("LAMINA_WGPU_DEVICES", "1");
+    let one = String::from_utf8_lossy(&output(one).stdout).into_owned();
+    let remote = args("WGPU0@1");
+    let remote: Vec<&str> = remote.iter().map(String::as_str).collect();
+    let mut two = mpirun(2, &remote);
+    two.env("LAMINA_WGPU_DEVICES", "1")
+        .env("LAMINA_MPI_STATS", "1");
+    let o = output(two);
+    let two = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(one.len() > "The capital of France is".len(), "{one}");
+    assert_eq!(two, one);
+    // Rank 0 sent requests, graphs and activations, not the ~45 MB of weights of rank 1's
+    // layers.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let sent: u64 = err
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 sent ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no figures from rank 0: {err}"));
+    let weights = std::fs::metadata(&path).unwrap().len() / 4;
+    assert!(sent < weights, "rank 0 sent {sent} bytes");
+}

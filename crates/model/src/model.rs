@@ -104,10 +104,11 @@ impl WeightStore {
         }
     }
 
-    /// Copies `tensors` (file offset, size) of `bytes` into new buffers of `device`.
+    /// Copies `tensors` (file offset, size) of the file's `mapping` into new buffers of
+    /// `device`.
     fn upload(
         device: &Arc<dyn Device>,
-        bytes: &[u8],
+        mapping: &Arc<dyn HostMemory>,
         tensors: &[(usize, usize)],
         progress: Option<&(dyn Fn(u64, u64) + Send + Sync)>,
     ) -> Result<WeightStore, ModelError> {
@@ -164,14 +165,16 @@ impl WeightStore {
         let mut done = 0u64;
         for &(at, len) in &unique {
             // Offsets and sizes were checked against the file when it was opened.
-            let src = at
+            if at
                 .checked_add(len)
-                .and_then(|end| bytes.get(at..end))
-                .ok_or_else(|| {
-                    ModelError::Placement(format!("weight at {at} is outside the file"))
-                })?;
+                .is_none_or(|end| end > mapping.bytes().len())
+            {
+                return Err(ModelError::Placement(format!(
+                    "weight at {at} is outside the file"
+                )));
+            }
             let (b, offset) = offsets[&at];
-            buffers[b].write(offset, src)?;
+            buffers[b].write_from_host_memory(offset, mapping, at, len)?;
             done += len as u64;
             if let Some(p) = progress {
                 p(done, total);
@@ -250,7 +253,8 @@ impl Model {
         let arch = crate::arch::load(&file)?;
         let hparams = arch.hparams().clone();
         let plan = placement.plan(hparams.n_layer as usize)?;
-        let mapping = Arc::new(MappedFile(file.mapping(), file.path().to_path_buf()));
+        let mapping: Arc<dyn HostMemory> =
+            Arc::new(MappedFile(file.mapping(), file.path().to_path_buf()));
         let mut weights = Vec::with_capacity(plan.devices.len());
         for (d, device) in plan.devices.iter().enumerate() {
             if device.caps().buffer_from_host_ptr && !options.no_mmap {
@@ -262,7 +266,7 @@ impl Model {
             let tensors = device_tensors(&file, &plan, d)?;
             weights.push(WeightStore::upload(
                 device,
-                &mapping.0,
+                &mapping,
                 &tensors,
                 options.progress.as_deref(),
             )?);

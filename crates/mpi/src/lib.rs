@@ -22,10 +22,11 @@ use std::sync::{Arc, OnceLock};
 use lamina_backend::{BackendError, Device};
 
 pub use node::Node;
-pub use remote::RemoteDevice;
+pub use remote::{OpSupport, RemoteDevice, supports_like};
 pub use server::Server;
 pub use transport::{LocalTransport, Transport};
 
+pub use wire::DeviceInfo;
 use wire::{Reply, Request};
 
 /// The front's connection to the other ranks and their devices.
@@ -49,18 +50,29 @@ impl Cluster {
         transport: Arc<dyn Transport>,
         oracle: Arc<dyn Device>,
     ) -> Result<Cluster, BackendError> {
+        let supports = remote::supports_like(oracle);
+        Cluster::connect_with(transport, &|_| supports.clone())
+    }
+
+    /// [`Cluster::connect`] for ranks with devices of several backends: `supports` tells, from
+    /// what a rank says of a device, which ops it runs.
+    pub fn connect_with(
+        transport: Arc<dyn Transport>,
+        supports: &dyn Fn(&DeviceInfo) -> OpSupport,
+    ) -> Result<Cluster, BackendError> {
         let (node, _requests) = Node::start(transport);
         let mut devices = Vec::new();
         for rank in 1..node.size() {
             match node.call(rank, Request::Hello)? {
                 Reply::Devices(list) => {
                     for (i, info) in list.into_iter().enumerate() {
+                        let supports = supports(&info);
                         devices.push(Arc::new(RemoteDevice::new(
                             node.clone(),
                             rank,
                             i as u32,
                             info,
-                            oracle.clone(),
+                            supports,
                         )));
                     }
                 }

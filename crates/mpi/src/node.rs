@@ -54,8 +54,9 @@ pub struct Node {
     /// The first failure of work nobody waits on (data that came wrong); reported by the next
     /// synchronization.
     failure: Mutex<Option<String>>,
-    /// Bytes sent, for the closing figures (`bytes_sent`).
+    /// Bytes and messages sent, for the figures (`bytes_sent`, `LAMINA_MPI_STATS`).
     sent: AtomicU64,
+    messages: AtomicU64,
     /// Ranks that did not answer or take a message within the wait bound: later messages to
     /// them fail at once. `lost_changed` wakes [`Node::wait_lost`].
     lost: Mutex<BTreeSet<usize>>,
@@ -77,6 +78,7 @@ impl Node {
             senders: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
             sent: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
             lost: Mutex::new(BTreeSet::new()),
             lost_changed: Condvar::new(),
         });
@@ -107,8 +109,17 @@ impl Node {
         self.transport.stop();
     }
 
-    /// [`Node::stop`], then the transport's end for the process (MPI_Finalize).
+    /// [`Node::stop`], then the transport's end for the process (MPI_Finalize). With
+    /// `LAMINA_MPI_STATS` set, each rank first prints what it sent.
     pub fn finish(&self) {
+        if std::env::var_os("LAMINA_MPI_STATS").is_some() {
+            eprintln!(
+                "lamina-mpi: rank {} sent {} bytes in {} messages",
+                self.rank(),
+                self.sent.load(Ordering::Relaxed),
+                self.messages.load(Ordering::Relaxed)
+            );
+        }
         self.stop();
         self.transport.finish();
     }
@@ -181,6 +192,7 @@ impl Node {
         }
         let bytes = message.encode();
         self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.messages.fetch_add(1, Ordering::Relaxed);
         self.transport.send(to, bytes).map_err(|e| {
             self.mark_lost(to);
             self.error(to, format!("cannot send: {e}"))

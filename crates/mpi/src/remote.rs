@@ -4,7 +4,9 @@
 //! destination rank directly, ordered on both streams, without a host wait on the front.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,9 +30,50 @@ struct At {
     device: u32,
     key: DeviceKey,
     name: String,
+    /// Model files the rank has opened for weights (`OpenFile`), by path.
+    files: Arc<Mutex<HashMap<PathBuf, u64>>>,
+}
+
+/// How the front names a model file to another rank: its path, size and header hash.
+fn file_claim(memory: &Arc<dyn HostMemory>) -> Result<Option<(PathBuf, u64, [u8; 32])>, String> {
+    let Some(path) = memory.file() else {
+        return Ok(None);
+    };
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let bytes = memory.bytes();
+    Ok(Some((path, bytes.len() as u64, header_sha256(bytes)?)))
 }
 
 impl At {
+    /// The rank's id of its own copy of `memory`'s file (opened and checked once).
+    fn open_file(&self, memory: &Arc<dyn HostMemory>) -> Result<Option<u64>, BackendError> {
+        let Some(path) = memory.file() else {
+            return Ok(None);
+        };
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = files.get(path) {
+            return Ok(Some(id));
+        }
+        let unsupported = |what: String| BackendError::Unsupported {
+            device: self.name.clone(),
+            what,
+        };
+        let Some((canonical, size, header)) = file_claim(memory).map_err(unsupported)? else {
+            return Ok(None);
+        };
+        match self.call(Request::OpenFile {
+            path: canonical.to_string_lossy().into_owned(),
+            size,
+            header_sha256: header,
+        })? {
+            Reply::File(id) => {
+                files.insert(path.to_path_buf(), id);
+                Ok(Some(id))
+            }
+            other => Err(self.unexpected(other)),
+        }
+    }
+
     fn call(&self, request: Request) -> Result<Reply, BackendError> {
         self.node.call(self.rank, request)
     }
@@ -54,8 +97,16 @@ pub struct RemoteDevice {
     maps_host_memory: bool,
     buffer_type: BufferType,
     stream: Stream,
-    /// Answers `supports_op` without asking the rank: a local device of the same kind.
-    oracle: Arc<dyn Device>,
+    /// Answers `supports_op` without asking the rank (the backend's rule for its devices).
+    supports: OpSupport,
+}
+
+/// Which graph nodes a remote device can run, answered on the front.
+pub type OpSupport = Arc<dyn Fn(&Graph, TensorId) -> bool + Send + Sync>;
+
+/// The [`OpSupport`] of devices like `device` (a local device of the same backend).
+pub fn supports_like(device: Arc<dyn Device>) -> OpSupport {
+    Arc::new(move |graph, id| device.supports_op(graph, id))
 }
 
 impl std::fmt::Debug for RemoteDevice {
@@ -70,7 +121,7 @@ impl RemoteDevice {
         rank: usize,
         device: u32,
         info: DeviceInfo,
-        oracle: Arc<dyn Device>,
+        supports: OpSupport,
     ) -> RemoteDevice {
         let at = At {
             node,
@@ -78,6 +129,7 @@ impl RemoteDevice {
             device,
             key: DeviceKey::fresh(),
             name: format!("{}@{rank}", info.name),
+            files: Arc::default(),
         };
         let buffer_type = BufferType::new(Arc::new(RemoteBufferType {
             at: at.clone(),
@@ -103,7 +155,7 @@ impl RemoteDevice {
             device_type,
             buffer_type,
             stream,
-            oracle,
+            supports,
             at,
         }
     }
@@ -144,7 +196,7 @@ impl Device for RemoteDevice {
         self.buffer_type.clone()
     }
     fn supports_op(&self, graph: &Graph, id: TensorId) -> bool {
-        self.oracle.supports_op(graph, id)
+        (self.supports)(graph, id)
     }
     fn stream(&self) -> Stream {
         self.stream.clone()
@@ -223,22 +275,19 @@ impl BufferTypeImpl for RemoteBufferType {
             device: self.at.name.clone(),
             what: what.into(),
         };
-        let path = memory
-            .file()
+        let (path, size, header) = file_claim(&memory)
+            .map_err(|e| unsupported(&e))?
             .ok_or_else(|| unsupported("host memory that is not a model file"))?;
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let bytes = memory.bytes();
-        let header = header_sha256(bytes).map_err(|e| unsupported(&e))?;
         match self.at.call(Request::MapFile {
             device: self.at.device,
             path: path.to_string_lossy().into_owned(),
-            size: bytes.len() as u64,
+            size,
             header_sha256: header,
         })? {
             Reply::Buffer(id) => Ok(Box::new(RemoteBuffer {
                 at: self.at.clone(),
                 id,
-                size: bytes.len(),
+                size: memory.bytes().len(),
                 read_only: true,
             })),
             other => Err(self.at.unexpected(other)),
@@ -290,6 +339,26 @@ impl BufferImpl for RemoteBuffer {
                 data: data.to_vec(),
             })
             .map(drop)
+    }
+    /// A weight of a model file: the rank reads its own copy, so weights stay local.
+    fn write_from_host_memory(
+        &self,
+        offset: usize,
+        memory: &Arc<dyn HostMemory>,
+        src: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        match self.at.open_file(memory)? {
+            Some(file) => self
+                .at
+                .call(Request::WriteFromFile {
+                    slice: self.slice(offset, len),
+                    file,
+                    offset: src,
+                })
+                .map(drop),
+            None => self.write(offset, &memory.bytes()[src..src + len]),
+        }
     }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         match self.at.call(Request::Read {

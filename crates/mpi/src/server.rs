@@ -46,12 +46,31 @@ pub fn header_sha256(bytes: &[u8]) -> Result<[u8; 32], String> {
     Ok(Sha256::digest(&bytes[..end]).into())
 }
 
+/// This rank's copy of the model file at `path`, checked against the front's size and header
+/// hash.
+fn open_model(rank: usize, path: &str, size: u64, want: [u8; 32]) -> Result<MappedModel, String> {
+    let file = lamina_gguf::GgufFile::open(path)
+        .map_err(|err| format!("rank {rank} cannot open its copy of {path}: {err}"))?;
+    let got = header_sha256(file.bytes())?;
+    if file.bytes().len() as u64 != size || got != want {
+        return Err(format!(
+            "rank {rank}'s copy of {path} differs from rank 0's ({} bytes against {size}, or \
+             another header): every rank needs the same model file",
+            file.bytes().len()
+        ));
+    }
+    Ok(MappedModel(file))
+}
+
 pub struct Server {
     node: Arc<Node>,
     devices: Vec<Arc<dyn Device>>,
     streams: Vec<Stream>,
     buffers: HashMap<u64, Buffer>,
     events: HashMap<u64, Event>,
+    /// Model files opened for `WriteFromFile`, and the (path, size, hash) each was opened as.
+    files: HashMap<u64, Arc<MappedModel>>,
+    file_ids: HashMap<(String, u64, [u8; 32]), u64>,
     next_id: u64,
     /// Per device, the first failure of a request nobody waits on; the next synchronize of
     /// that device reports it.
@@ -70,6 +89,8 @@ impl Server {
             streams,
             buffers: HashMap::new(),
             events: HashMap::new(),
+            files: HashMap::new(),
+            file_ids: HashMap::new(),
             next_id: 1,
             failures,
         }
@@ -165,22 +186,39 @@ impl Server {
                 size,
                 header_sha256: want,
             } => {
-                let rank = self.node.rank();
-                let file = lamina_gguf::GgufFile::open(&path)
-                    .map_err(|err| format!("rank {rank} cannot open its copy of {path}: {err}"))?;
-                let got = header_sha256(file.bytes())?;
-                if file.bytes().len() as u64 != size || got != want {
-                    return Err(format!(
-                        "rank {rank}'s copy of {path} differs from rank 0's ({} bytes against \
-                         {size}, or another header): every rank needs the same model file",
-                        file.bytes().len()
-                    ));
-                }
+                let file = open_model(self.node.rank(), &path, size, want)?;
                 let (dev, _) = self.device(device)?;
-                let b = dev
-                    .buffer_from_host_memory(Arc::new(MappedModel(file)))
-                    .map_err(e)?;
+                let b = dev.buffer_from_host_memory(Arc::new(file)).map_err(e)?;
                 self.keep_buffer(b)
+            }
+            Request::OpenFile {
+                path,
+                size,
+                header_sha256: want,
+            } => {
+                let key = (path, size, want);
+                if let Some(&id) = self.file_ids.get(&key) {
+                    return Ok(Some(Reply::File(id)));
+                }
+                let file = open_model(self.node.rank(), &key.0, size, want)?;
+                let id = self.next_id;
+                self.next_id += 1;
+                self.files.insert(id, Arc::new(file));
+                self.file_ids.insert(key, id);
+                Reply::File(id)
+            }
+            Request::WriteFromFile {
+                slice,
+                file,
+                offset,
+            } => {
+                let s = self.slice(slice)?;
+                let f = self.files.get(&file).ok_or(format!("no file {file}"))?;
+                let memory: Arc<dyn HostMemory> = f.clone();
+                s.buffer
+                    .write_from_host_memory(s.offset, &memory, offset, s.len)
+                    .map_err(e)?;
+                Reply::Unit
             }
             Request::Free { buffer } => {
                 self.buffers.remove(&buffer);

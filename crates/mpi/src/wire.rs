@@ -103,6 +103,19 @@ pub enum Request {
         size: u64,
         header_sha256: [u8; 32],
     },
+    /// Map the rank's own copy of a model file, checked as for `MapFile`, to read weights
+    /// from (`WriteFromFile`) into memory that cannot map it.
+    OpenFile {
+        path: String,
+        size: u64,
+        header_sha256: [u8; 32],
+    },
+    /// Write the bytes at `offset` of an opened file into the slice.
+    WriteFromFile {
+        slice: SliceRef,
+        file: u64,
+        offset: usize,
+    },
     Free {
         buffer: u64,
     },
@@ -204,6 +217,7 @@ pub enum Reply {
     Devices(Vec<DeviceInfo>),
     Buffer(u64),
     Event(u64),
+    File(u64),
     Data(Vec<u8>),
     Bool(bool),
 }

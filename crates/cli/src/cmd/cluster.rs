@@ -19,9 +19,19 @@ pub fn threads_flag(args: &[OsString]) -> Option<usize> {
     })
 }
 
+/// Whether the ranks open their GPUs too: `--device` names a WGPU device (`WGPU0@1`),
+/// `LAMINA_WGPU_DEVICES` is set, or the command lists devices.
+pub fn wants_gpu(args: &[OsString]) -> bool {
+    std::env::var_os(lamina_wgpu::DEVICES_ENV).is_some()
+        || args.get(1).is_some_and(|a| a == "devices")
+        || args
+            .iter()
+            .any(|a| a.to_string_lossy().to_ascii_lowercase().contains("wgpu"))
+}
+
 /// `Ok(None)`: go on with the command (a single process, or rank 0 now connected);
 /// `Ok(Some(code))`: a serving rank that is done.
-pub fn start(threads: Option<usize>) -> anyhow::Result<Option<ExitCode>> {
+pub fn start(threads: Option<usize>, gpu: bool) -> anyhow::Result<Option<ExitCode>> {
     let mut config = lamina_cpu::CpuConfig::from_env()?;
     if let Some(t) = threads.filter(|&t| t > 0) {
         config = config.with_threads(t);
@@ -29,21 +39,49 @@ pub fn start(threads: Option<usize>) -> anyhow::Result<Option<ExitCode>> {
     match lamina_mpi::launch().map_err(anyhow::Error::msg)? {
         lamina_mpi::Launch::Single => Ok(None),
         lamina_mpi::Launch::Front(transport) => {
-            // Answers which ops the other ranks' CPUs support, without asking them.
-            let oracle: Arc<dyn Device> =
+            // Which ops the other ranks' devices support, answered here by their backend's
+            // rule, without asking them.
+            let cpu: Arc<dyn Device> =
                 lamina_cpu::CpuBackendReg::new(config.with_threads(1))?.cpu_devices()[0].clone();
-            let cluster = lamina_mpi::Cluster::connect(transport, oracle)
+            let cpu = lamina_mpi::supports_like(cpu);
+            let gpu: lamina_mpi::OpSupport = Arc::new(lamina_wgpu::supports_op);
+            let supports = |info: &lamina_mpi::DeviceInfo| {
+                if info.name.starts_with("WGPU") {
+                    gpu.clone()
+                } else {
+                    cpu.clone()
+                }
+            };
+            let cluster = lamina_mpi::Cluster::connect_with(transport, &supports)
                 .context("connecting to the other MPI ranks")?;
             let _ = lamina_mpi::set_cluster(cluster);
             Ok(None)
         }
         lamina_mpi::Launch::Worker(transport) => {
             let reg = lamina_cpu::CpuBackendReg::new(config)?;
-            let devices = reg
+            let mut devices: Vec<Arc<dyn Device>> = reg
                 .cpu_devices()
                 .iter()
                 .map(|d| d.clone() as Arc<dyn Device>)
                 .collect();
+            let gpus = if gpu {
+                Some(lamina_wgpu::WgpuBackendReg::from_env()?)
+            } else {
+                None
+            };
+            if let Some(gpus) = &gpus {
+                for p in gpus.problems() {
+                    eprintln!(
+                        "warning: this rank's GPU adapter {} could not be opened: {}",
+                        p.name, p.message
+                    );
+                }
+                devices.extend(
+                    gpus.wgpu_devices()
+                        .iter()
+                        .map(|d| d.clone() as Arc<dyn Device>),
+                );
+            }
             lamina_mpi::serve(transport, devices);
             Ok(Some(ExitCode::SUCCESS))
         }
