@@ -121,6 +121,7 @@ pub enum Request {
     },
     Write {
         slice: SliceRef,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Read {
@@ -144,6 +145,7 @@ pub enum Request {
     SetAsync {
         device: u32,
         slice: SliceRef,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     /// Reply with the slice's bytes once the device's queued work is done.
@@ -218,7 +220,7 @@ pub enum Reply {
     Buffer(u64),
     Event(u64),
     File(u64),
-    Data(Vec<u8>),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Bool(bool),
 }
 
@@ -232,8 +234,26 @@ pub enum Message {
     },
     Data {
         tag: u64,
+        #[serde(with = "result_bytes")]
         bytes: Result<Vec<u8>, String>,
     },
+}
+
+/// Byte payloads (activations, logits, weights) as one block, not byte by byte as serde
+/// writes a `Vec<u8>` by default (which cost milliseconds per megabyte of logits).
+mod result_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    pub fn serialize<S: Serializer>(v: &Result<Vec<u8>, String>, s: S) -> Result<S::Ok, S::Error> {
+        v.as_ref().map(|b| Bytes::new(b)).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Result<Vec<u8>, String>, D::Error> {
+        Ok(Result::<ByteBuf, String>::deserialize(d)?.map(ByteBuf::into_vec))
+    }
 }
 
 impl Message {
