@@ -11,6 +11,8 @@
 pub mod node;
 pub mod remote;
 pub mod server;
+#[doc(hidden)]
+pub mod testing;
 pub mod transport;
 pub mod wire;
 

@@ -1,4 +1,5 @@
 //! What the in-process cluster tests share.
+#![allow(dead_code)] // each test binary uses some of these
 
 use std::sync::Arc;
 
