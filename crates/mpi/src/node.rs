@@ -61,6 +61,9 @@ pub struct Node {
     /// them fail at once. `lost_changed` wakes [`Node::wait_lost`].
     lost: Mutex<BTreeSet<usize>>,
     lost_changed: Condvar,
+    /// The threads this node started (senders, signals, late answers), joined by
+    /// [`Node::finish`] so that nothing of the node outlives it. Each one's wait is bounded.
+    helpers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Node {
@@ -81,6 +84,7 @@ impl Node {
             messages: AtomicU64::new(0),
             lost: Mutex::new(BTreeSet::new()),
             lost_changed: Condvar::new(),
+            helpers: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&node);
         transport.start(Box::new(move |from, bytes| {
@@ -109,9 +113,28 @@ impl Node {
         self.transport.stop();
     }
 
-    /// [`Node::stop`], then the transport's end for the process (MPI_Finalize). With
-    /// `LAMINA_MPI_STATS` set, each rank first prints what it sent.
+    /// Runs `f` on a thread of the node's (joined by [`Node::finish`]).
+    pub fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), BackendError> {
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map_err(|e| self.error(self.rank(), format!("cannot start a thread: {e}")))?;
+        let mut helpers = lock(&self.helpers);
+        helpers.retain(|h| !h.is_finished());
+        helpers.push(handle);
+        Ok(())
+    }
+
+    /// [`Node::stop`], then the transport's end for the process (MPI_Finalize), once the
+    /// node's threads are done. With `LAMINA_MPI_STATS` set, each rank first prints what it
+    /// sent.
     pub fn finish(&self) {
+        // The stream senders end once their queues are empty; every helper's wait is bounded.
+        lock(&self.senders).clear();
+        let helpers = std::mem::take(&mut *lock(&self.helpers));
+        for h in helpers {
+            let _ = h.join();
+        }
         if std::env::var_os("LAMINA_MPI_STATS").is_some() {
             eprintln!(
                 "lamina-mpi: rank {} sent {} bytes in {} messages",
@@ -298,13 +321,14 @@ impl Node {
         let mut senders = lock(&self.senders);
         let tx = senders.entry(stream.device()).or_insert_with(|| {
             let (tx, rx) = channel::<SendJob>();
-            let _ = std::thread::Builder::new()
-                .name(format!("lamina-send-{}", stream.device_name()))
-                .spawn(move || {
+            let _ = self.spawn(
+                &format!("lamina-send-{}", stream.device_name()),
+                move || {
                     for (pending, then) in rx {
                         then(pending.wait());
                     }
-                });
+                },
+            );
             tx
         });
         tx.send((pending, then))
@@ -347,7 +371,9 @@ impl Node {
         let value = arrived.record_with(|_| Ok(()))?;
         stream.wait(&arrived)?;
         copy_async(stream, stream, &staging, dst)?;
-        let node = self.clone();
+        // Weak: data that never comes leaves this in the mailbox, which must not keep the
+        // node alive.
+        let node = Arc::downgrade(self);
         let len = dst.len;
         let put = move |bytes: Result<Vec<u8>, String>| {
             let r = bytes.and_then(|b| {
@@ -356,7 +382,7 @@ impl Node {
                 }
                 staging.write(&b).map_err(|e| e.to_string())
             });
-            if let Err(e) = r {
+            if let (Err(e), Some(node)) = (r, node.upgrade()) {
                 node.fail(e);
             }
             arrived.signal(value);
@@ -371,11 +397,11 @@ impl Node {
         let arrived = Event::new(stream.device(), stream.device_name());
         let value = arrived.record_with(|_| Ok(()))?;
         stream.wait(&arrived)?;
-        let node = self.clone();
+        let node = Arc::downgrade(self);
         self.on_data(
             tag,
             Box::new(move |bytes| {
-                if let Err(e) = bytes {
+                if let (Err(e), Some(node)) = (bytes, node.upgrade()) {
                     node.fail(e);
                 }
                 arrived.signal(value);
@@ -393,20 +419,18 @@ impl Node {
         to: usize,
         tag: u64,
     ) -> Result<(), BackendError> {
-        let node = self.clone();
-        std::thread::Builder::new()
-            .name("lamina-signal".into())
-            .spawn(move || {
-                let bytes = event
-                    .wait_for(value)
-                    .map(|()| Vec::new())
-                    .map_err(|e| e.to_string());
-                if let Err(e) = node.send(to, &Message::Data { tag, bytes }) {
-                    node.fail(e.to_string());
-                }
-            })
-            .map(drop)
-            .map_err(|e| self.error(self.rank(), format!("cannot start a thread: {e}")))
+        let node = Arc::downgrade(self);
+        self.spawn("lamina-signal", move || {
+            let bytes = event
+                .wait_for(value)
+                .map(|()| Vec::new())
+                .map_err(|e| e.to_string());
+            if let Some(node) = node.upgrade()
+                && let Err(e) = node.send(to, &Message::Data { tag, bytes })
+            {
+                node.fail(e.to_string());
+            }
+        })
     }
 
     /// Runs `put` with data `tag`, now if it has arrived, else when it does.

@@ -162,10 +162,14 @@ impl Server {
         seq: u64,
         wait: impl FnOnce() -> Result<Reply, String> + Send + 'static,
     ) -> Answer {
-        let node = self.node.clone();
-        std::thread::Builder::new()
-            .name("lamina-rank-wait".into())
-            .spawn(move || node.reply(from, seq, wait()))
+        let node = Arc::downgrade(&self.node);
+        self.node
+            .spawn("lamina-rank-wait", move || {
+                let reply = wait();
+                if let Some(node) = node.upgrade() {
+                    node.reply(from, seq, reply);
+                }
+            })
             .map_err(|e| e.to_string())?;
         Ok(None)
     }
