@@ -14,7 +14,8 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 fn best_index_int8(values: &[i8; 16], x: f32) -> usize {
     // llama.cpp binary-searches the midpoints; the levels increase, so its answer is the number
     // of midpoints at or below `x` (ties up, NaN to 0). Counting them has no data-dependent
-    // branch: the search mispredicted about half of its, and IQ4_XS of SmolLM2 took 25 s.
+    // branch, where the search's four go either way on real weights: IQ4_XS of SmolLM2 went
+    // from 25.5 to 15.6 s.
     let x2 = x + x;
     (1..16)
         .filter(|&j| x2 >= (values[j - 1] as i32 + values[j] as i32) as f32)
