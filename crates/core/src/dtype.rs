@@ -162,7 +162,7 @@ impl DType {
 
     /// Elements per block (1 for plain types).
     #[inline]
-    pub fn block_size(self) -> u64 {
+    pub const fn block_size(self) -> u64 {
         use DType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
@@ -176,7 +176,7 @@ impl DType {
 
     /// Bytes per block.
     #[inline]
-    pub fn type_size(self) -> u64 {
+    pub const fn type_size(self) -> u64 {
         use DType::*;
         match self {
             F32 => 4,

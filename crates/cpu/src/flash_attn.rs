@@ -77,7 +77,11 @@ pub(crate) struct FlashPlan {
 }
 
 impl FlashPlan {
-    pub(crate) fn new(node: &NodePlan, kv_chunks: u32) -> Result<FlashPlan, String> {
+    pub(crate) fn new(
+        kernels: &kernels::KernelTable,
+        node: &NodePlan,
+        kv_chunks: u32,
+    ) -> Result<FlashPlan, String> {
         let [Some(q), Some(k), Some(v), Some(mask), sinks] = node.src else {
             return Err("missing operands".into());
         };
@@ -93,7 +97,11 @@ impl FlashPlan {
             DType::F16 => (QConv::F16, KDot::F16),
             DType::BF16 => (QConv::Bf16, KDot::Bf16),
             _ => {
-                let f = kernels::dot::dot_fn(kt).ok_or_else(|| format!("no dot for K {kt}"))?;
+                let f = kernels
+                    .of(kt)
+                    .vec_dot
+                    .map(|k| k.dot)
+                    .ok_or_else(|| format!("no dot for K {kt}"))?;
                 match quant::vec_dot_type(kt) {
                     Some(DType::Q8_0) => (QConv::Q8_0, KDot::Quant(f)),
                     Some(DType::Q8_1) => (QConv::Q8_1, KDot::Quant(f)),
@@ -234,7 +242,7 @@ impl FlashPlan {
 }
 
 pub(crate) fn work_size(node: &NodePlan, nth: usize, kv_chunks: u32) -> usize {
-    FlashPlan::new(node, kv_chunks).map_or(0, |p| p.work_bytes(nth))
+    FlashPlan::new(kernels::table(), node, kv_chunks).map_or(0, |p| p.work_bytes(nth))
 }
 
 /// The per-row state of the online softmax.
@@ -250,7 +258,7 @@ pub(crate) fn compute(
     work: Work,
     err: &ErrorSlot,
 ) {
-    let p = match FlashPlan::new(node, kv_chunks) {
+    let p = match FlashPlan::new(ctx.kernels, node, kv_chunks) {
         Ok(p) => p,
         Err(e) => {
             if ctx.ith == 0 {

@@ -34,8 +34,8 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
             }
             _ => 0,
         },
-        Op::MulMatId => MulMatIdPlan::new(node, nth).map_or(0, |p| p.work_bytes),
-        Op::Attention { .. } => match AttentionPlan::new(node) {
+        Op::MulMatId => MulMatIdPlan::new(kernels::table(), node, nth).map_or(0, |p| p.work_bytes),
+        Op::Attention { .. } => match AttentionPlan::new(kernels::table(), node) {
             Some(p) => nth * p.scratch_bytes(),
             None => 0,
         },
@@ -566,6 +566,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // llama.cpp's choice of kernel (tinyBLAS, repacked Q4_K, tiled K-quants, vec_dot) and its
     // per-output arithmetic; types without an exact kernel keep the reference dot below.
     let plan = kernels::MatMul::plan(
+        ctx.kernels,
         a.l.dtype,
         a.l.ne[1],
         b.l.ne[1],
@@ -773,12 +774,16 @@ struct MulMatIdPlan {
 }
 
 impl MulMatIdPlan {
-    fn new(node: &NodePlan, nth: usize) -> Option<MulMatIdPlan> {
+    fn new(
+        table: &'static kernels::KernelTable,
+        node: &NodePlan,
+        nth: usize,
+    ) -> Option<MulMatIdPlan> {
         let [Some(a), Some(b), Some(ids), ..] = node.src else {
             return None;
         };
         let (k, m, n_expert) = (a.l.ne[0], a.l.ne[1], a.l.ne[2]);
-        let plan = kernels::MatMul::plan_id(a.l.dtype, m, n_expert, 0);
+        let plan = kernels::MatMul::plan_id(table, a.l.dtype, m, n_expert, 0);
         let vdt = quant::vec_dot_type(a.l.dtype)?;
         let brow = match plan {
             Some(p) => p.act_row_bytes(k)?,
@@ -814,7 +819,7 @@ impl MulMatIdPlan {
 /// no barrier separates the experts. An id outside `0..n_expert` is reported as an error and
 /// its column is written as zeros.
 fn mul_mat_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
-    let Some(p) = MulMatIdPlan::new(node, ctx.nth) else {
+    let Some(p) = MulMatIdPlan::new(ctx.kernels, node, ctx.nth) else {
         err.set(|| format!("MUL_MAT_ID {}: unsupported operands", node.id));
         return;
     };
@@ -925,7 +930,7 @@ fn mul_mat_id(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &
         let cne1 = counts[e] as usize;
         let plan = p
             .plan
-            .and_then(|_| kernels::MatMul::plan_id(a.l.dtype, m, n_expert, cne1));
+            .and_then(|_| kernels::MatMul::plan_id(ctx.kernels, a.l.dtype, m, n_expert, cne1));
         let erows = &rows[2 * starts[e] as usize..2 * (starts[e] as usize + cne1)];
         for (c, chunk) in erows.chunks(2 * CALL).enumerate() {
             let rn = chunk.len() / 2;
@@ -977,7 +982,7 @@ struct AttentionPlan {
 }
 
 impl AttentionPlan {
-    fn new(node: &NodePlan) -> Option<AttentionPlan> {
+    fn new(table: &'static kernels::KernelTable, node: &NodePlan) -> Option<AttentionPlan> {
         let [Some(q), Some(k), Some(v), Some(mask), _] = node.src else {
             return None;
         };
@@ -985,6 +990,7 @@ impl AttentionPlan {
         let (n_kv, head_v) = (k.l.ne[1], v.l.ne[1]);
         // `mul_mat(k, q)`: k's rows are the weights; `mul_mat(v, p)`: p is contiguous.
         let kq = kernels::MatMul::plan(
+            table,
             k.l.dtype,
             n_kv,
             n_tokens,
@@ -992,7 +998,7 @@ impl AttentionPlan {
             q.l.is_contiguous(),
             false,
         )?;
-        let kqv = kernels::MatMul::plan(v.l.dtype, head_v, n_tokens, n_kv, true, false)?;
+        let kqv = kernels::MatMul::plan(table, v.l.dtype, head_v, n_tokens, n_kv, true, false)?;
         Some(AttentionPlan {
             q,
             k,
@@ -1023,7 +1029,7 @@ impl AttentionPlan {
 /// equals the unfused one bit for bit. Scores the mask hides in a whole tile's leading rows
 /// are skipped, as `mul_mat_masked` does.
 fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: &ErrorSlot) {
-    let Some(p) = AttentionPlan::new(node) else {
+    let Some(p) = AttentionPlan::new(ctx.kernels, node) else {
         err.set(|| format!("ATTENTION {}: unsupported operands", node.id));
         return;
     };

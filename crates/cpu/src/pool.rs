@@ -88,6 +88,8 @@ pub struct WorkerCtx<'a> {
     pub ith: usize,
     pub nth: usize,
     pub barrier: &'a Barrier,
+    /// The kernels of the tier this pool runs (chosen once, when it was made).
+    pub kernels: &'static crate::kernels::KernelTable,
 }
 
 type Task = dyn Fn(&WorkerCtx<'_>) + Sync;
@@ -112,6 +114,7 @@ struct Shared {
     sleep: Mutex<SleepState>,
     wake: Condvar,
     barrier: Barrier,
+    kernels: &'static crate::kernels::KernelTable,
     panicked: AtomicBool,
 }
 
@@ -144,6 +147,7 @@ impl WorkerPool {
             }),
             wake: Condvar::new(),
             barrier: Barrier::new(n),
+            kernels: crate::kernels::table(),
             panicked: AtomicBool::new(false),
         });
         let mut pool = WorkerPool {
@@ -195,6 +199,7 @@ impl WorkerPool {
             ith: 0,
             nth: s.n,
             barrier: &s.barrier,
+            kernels: s.kernels,
         };
         if catch_unwind(AssertUnwindSafe(|| task(&ctx))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
@@ -256,6 +261,7 @@ fn worker(s: &Shared, ith: usize) {
                 ith,
                 nth: s.n,
                 barrier: &s.barrier,
+                kernels: s.kernels,
             };
             if catch_unwind(AssertUnwindSafe(|| task(&ctx))).is_err() {
                 s.panicked.store(true, Ordering::Relaxed);

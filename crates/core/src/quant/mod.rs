@@ -362,7 +362,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 /// The type ggml-cpu quantizes the other operand to for a dot product with a row of `dtype`
 /// (its `vec_dot_type`), or `None` when ggml-cpu has no dot product for `dtype` (Q8_1, Q8_K and
 /// every type not implemented here).
-pub fn vec_dot_type(dtype: DType) -> Option<DType> {
+pub const fn vec_dot_type(dtype: DType) -> Option<DType> {
     use DType::*;
     match dtype {
         F32 => Some(F32),

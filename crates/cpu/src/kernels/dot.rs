@@ -9,27 +9,15 @@
 
 use lamina_core::DType;
 
-#[cfg(target_arch = "x86_64")]
-use super::simd_available;
 use super::{f16_at, hsum8};
 
-/// A row·row dot kernel: `(n, weight_row, activation_row) -> f32`.
-pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+pub use super::table::DotFn;
 
 /// The dot kernel llama.cpp uses for weights of `dtype` against activations of
-/// `lamina_core::quant::vec_dot_type(dtype)`: AVX2 (x86-64) or NEON (aarch64, the main types)
-/// when available, else the scalar emulation (all give the same bits);
-/// `None` for types without an exact kernel here.
+/// `lamina_core::quant::vec_dot_type(dtype)`, from the kernel table of the tier in use (all
+/// tiers give the same bits); `None` for types without an exact kernel here.
 pub fn dot_fn(dtype: DType) -> Option<DotFn> {
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        return avx2::dot_fn(dtype).or_else(|| scalar_dot_fn(dtype));
-    }
-    #[cfg(target_arch = "aarch64")]
-    if super::neon::available() {
-        return super::neon::dot_fn(dtype).or_else(|| scalar_dot_fn(dtype));
-    }
-    scalar_dot_fn(dtype)
+    super::table().of(dtype).vec_dot.map(|k| k.dot)
 }
 
 /// The scalar emulation of [`dot_fn`]'s kernel (identical results on every machine).
@@ -253,23 +241,8 @@ pub fn dot_mxfp4(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// tinyBLAS_Q0_AVX's per-output arithmetic for IQ4_NL (`n >= 2` products): one FMA chain over
 /// all blocks, then `hsum`.
-pub fn dot_iq4_nl_tinyblas(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
-            dot_iq4_nl_tinyblas_impl(n, x, y)
-        }
-        if simd_available() {
-            // SAFETY: AVX2/FMA/F16C present; `fast` runs the same operations with FMA enabled.
-            return unsafe { fast(n, x, y) };
-        }
-    }
-    dot_iq4_nl_tinyblas_impl(n, x, y)
-}
-
 #[inline(always)]
-fn dot_iq4_nl_tinyblas_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_iq4_nl_tinyblas(n: usize, x: &[u8], y: &[u8]) -> f32 {
     dot_signed_q8_0(n, x, y, 18, |b| {
         nibbles(&b[2..18]).map(|v| KVALUES_IQ4NL[v as usize])
     })
@@ -1057,7 +1030,7 @@ pub fn dot_iq1_m(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     //! Ports of the AVX2 branches of `arch/x86/quants.c`.
     use super::DotFn;
     use crate::kernels::x86::*;
@@ -1115,31 +1088,31 @@ mod avx2 {
 
     pub fn dot_fn(dtype: DType) -> Option<DotFn> {
         Some(match dtype {
-            DType::Q4_0 => |n, x, y| check(n, x, y, 18, 34, 32, q4_0),
-            DType::Q4_1 => |n, x, y| check(n, x, y, 20, 36, 32, q4_1),
-            DType::Q5_0 => |n, x, y| check(n, x, y, 22, 34, 32, q5_0),
-            DType::Q5_1 => |n, x, y| check(n, x, y, 24, 36, 32, q5_1),
-            DType::Q8_0 => |n, x, y| check(n, x, y, 34, 34, 32, q8_0),
-            DType::Q4_K => |n, x, y| check(n, x, y, 144, 292, 256, q4_k),
-            DType::Q6_K => |n, x, y| check(n, x, y, 210, 292, 256, q6_k),
-            DType::IQ4_NL => |n, x, y| check(n, x, y, 18, 34, 32, iq4_nl),
-            DType::MXFP4 => |n, x, y| check(n, x, y, 17, 34, 32, mxfp4),
-            DType::Q5_K => |n, x, y| check(n, x, y, 176, 292, 256, q5_k),
-            DType::Q2_K => |n, x, y| check(n, x, y, 84, 292, 256, q2_k),
-            DType::IQ4_XS => |n, x, y| check(n, x, y, 136, 292, 256, iq4_xs),
-            DType::Q3_K => |n, x, y| check(n, x, y, 110, 292, 256, q3_k),
-            DType::TQ1_0 => |n, x, y| check(n, x, y, 54, 292, 256, tq1_0),
-            DType::TQ2_0 => |n, x, y| check(n, x, y, 66, 292, 256, tq2_0),
-            DType::NVFP4 => |n, x, y| check(n, x, y, 36, 68, 64, nvfp4),
-            DType::Q1_0 => |n, x, y| check(n, x, y, 18, 136, 128, q1_0),
-            DType::Q2_0 => |n, x, y| check(n, x, y, 18, 68, 64, q2_0),
-            DType::IQ2_XXS => |n, x, y| check(n, x, y, 66, 292, 256, iq2_xxs),
-            DType::IQ2_XS => |n, x, y| check(n, x, y, 74, 292, 256, iq2_xs),
-            DType::IQ2_S => |n, x, y| check(n, x, y, 82, 292, 256, iq2_s),
-            DType::IQ3_XXS => |n, x, y| check(n, x, y, 98, 292, 256, iq3_xxs),
-            DType::IQ3_S => |n, x, y| check(n, x, y, 110, 292, 256, iq3_s),
-            DType::IQ1_S => |n, x, y| check(n, x, y, 50, 292, 256, iq1_s),
-            DType::IQ1_M => |n, x, y| check(n, x, y, 56, 292, 256, iq1_m),
+            DType::Q4_0 => |n, x, y| check(n, x, y, DType::Q4_0, q4_0),
+            DType::Q4_1 => |n, x, y| check(n, x, y, DType::Q4_1, q4_1),
+            DType::Q5_0 => |n, x, y| check(n, x, y, DType::Q5_0, q5_0),
+            DType::Q5_1 => |n, x, y| check(n, x, y, DType::Q5_1, q5_1),
+            DType::Q8_0 => |n, x, y| check(n, x, y, DType::Q8_0, q8_0),
+            DType::Q4_K => |n, x, y| check(n, x, y, DType::Q4_K, q4_k),
+            DType::Q6_K => |n, x, y| check(n, x, y, DType::Q6_K, q6_k),
+            DType::IQ4_NL => |n, x, y| check(n, x, y, DType::IQ4_NL, iq4_nl),
+            DType::MXFP4 => |n, x, y| check(n, x, y, DType::MXFP4, mxfp4),
+            DType::Q5_K => |n, x, y| check(n, x, y, DType::Q5_K, q5_k),
+            DType::Q2_K => |n, x, y| check(n, x, y, DType::Q2_K, q2_k),
+            DType::IQ4_XS => |n, x, y| check(n, x, y, DType::IQ4_XS, iq4_xs),
+            DType::Q3_K => |n, x, y| check(n, x, y, DType::Q3_K, q3_k),
+            DType::TQ1_0 => |n, x, y| check(n, x, y, DType::TQ1_0, tq1_0),
+            DType::TQ2_0 => |n, x, y| check(n, x, y, DType::TQ2_0, tq2_0),
+            DType::NVFP4 => |n, x, y| check(n, x, y, DType::NVFP4, nvfp4),
+            DType::Q1_0 => |n, x, y| check(n, x, y, DType::Q1_0, q1_0),
+            DType::Q2_0 => |n, x, y| check(n, x, y, DType::Q2_0, q2_0),
+            DType::IQ2_XXS => |n, x, y| check(n, x, y, DType::IQ2_XXS, iq2_xxs),
+            DType::IQ2_XS => |n, x, y| check(n, x, y, DType::IQ2_XS, iq2_xs),
+            DType::IQ2_S => |n, x, y| check(n, x, y, DType::IQ2_S, iq2_s),
+            DType::IQ3_XXS => |n, x, y| check(n, x, y, DType::IQ3_XXS, iq3_xxs),
+            DType::IQ3_S => |n, x, y| check(n, x, y, DType::IQ3_S, iq3_s),
+            DType::IQ1_S => |n, x, y| check(n, x, y, DType::IQ1_S, iq1_s),
+            DType::IQ1_M => |n, x, y| check(n, x, y, DType::IQ1_M, iq1_m),
             _ => return None,
         })
     }
@@ -1148,13 +1121,15 @@ mod avx2 {
 
     /// Bounds check, then the AVX2 kernel over `n / qk` blocks.
     #[inline(always)]
-    fn check(n: usize, x: &[u8], y: &[u8], bx: usize, by: usize, qk: usize, k: Kernel) -> f32 {
+    fn check(n: usize, x: &[u8], y: &[u8], dtype: DType, k: Kernel) -> f32 {
+        let (bx, by, qk) = crate::kernels::table::geometry(dtype).expect("a quantized type");
         let nb = n / qk;
         assert!(
             x.len() >= nb * bx && y.len() >= nb * by,
             "dot rows too short"
         );
-        // SAFETY: `dot_fn` hands these out only when AVX2/FMA/F16C are present; the rows hold
+        // SAFETY: `dot_fn`'s kernels are reached only through the AVX2 and AVX-512 tables,
+        // which exist only where AVX2/FMA/F16C are present; the rows hold
         // `nb` blocks (checked above).
         unsafe { k(nb, x, y) }
     }

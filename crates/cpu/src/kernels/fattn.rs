@@ -78,7 +78,7 @@ pub fn scale_f32(y: &mut [f32], v: f32) {
 pub fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
     let (c, a, b) = (&mut c[..m * n], &a[..m * k], &b[..k * n]);
     #[cfg(target_arch = "x86_64")]
-    if super::isa() >= super::Isa::Avx512 {
+    if super::isa() == super::Isa::Avx512 {
         // SAFETY: AVX-512F present (the tier is checked); the slices have the sizes above.
         return unsafe { avx512::gemm_acc(c, a, b, m, k, n) };
     }
@@ -211,7 +211,7 @@ pub fn vec_dot_bf16_scalar(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -77,6 +77,12 @@ pub fn tinyblas_dot_bf16(k: usize, a: &[u8], b: &[u8]) -> f32 {
         // SAFETY: AVX2/FMA present; slices hold `k` bf16 values.
         return unsafe { avx2::tinyblas_bf16(k, a, b) };
     }
+    tinyblas_dot_bf16_scalar(k, a, b)
+}
+
+/// Scalar emulation of [`tinyblas_dot_bf16`].
+pub fn tinyblas_dot_bf16_scalar(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    let (a, b) = (&a[..2 * k], &b[..2 * k]);
     let mut acc = [0f32; 8];
     for l in (0..k / 8 * 8).step_by(8) {
         for i in 0..8 {

@@ -26,66 +26,62 @@
 
 use lamina_core::DType;
 
-use super::dot::{self, DotFn};
-use super::tile::{self, TileKind};
-use super::{fdot, quantize, repack};
+use super::table::{ConvertFn, Kernel, KernelTable};
+use super::{fdot, repack};
 
-/// How one activation row is converted before the dot products.
+/// Which of llama.cpp's paths computes a product (the choice does not depend on the tier).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ActKind {
-    F32,
-    F16,
-    Bf16,
-    Q8_0,
-    Q8_1,
-    Q8K,
-    /// `ggml_quantize_mat_q8_K_4x8` values for rows below `gemm_rows`, else Q8_K.
-    Q8KRepack,
+enum Path {
+    /// `ggml_vec_dot_<type>` per output (and tinyBLAS where it shares that arithmetic).
+    VecDot,
+    /// llamafile's tinyBLAS, with arithmetic of its own.
+    TinyBlas,
+    /// The tiled K/i-quant path.
+    Tiled,
+    /// The `CPU_REPACK` buffer: gemm for activation rows below `gemm_rows` (quantized by
+    /// `ggml_quantize_mat_q8_K_4x8` for Q4_K), gemv for the rest.
+    Repacked,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum DotKind {
-    TinyF32,
-    VecF32,
-    TinyF16,
-    VecF16,
-    TinyBf16,
-    VecBf16,
-    /// A quantized row·row kernel (also tinyBLAS_Q0 where it shares the arithmetic).
-    Quant(DotFn),
-    /// tinyBLAS_Q0 for IQ4_NL (one FMA chain, unlike `ggml_vec_dot_iq4_nl_q8_0`).
-    TinyIq4Nl,
-    Q4KRepack,
-    /// Q4_0 (`false`) or IQ4_NL (`true`) repacked to 8x8 (gemv/gemm agree per output).
-    Q0Repack(bool),
-    /// MXFP4 repacked to 8x8 (gemv/gemm agree per output).
-    Mxfp4Repack,
-    Q6KTiled,
-    Q4KTiled,
-    Q5KTiled,
-    Q2KTiled,
-    Q3KTiled,
-    Iq4XsTiled,
-    /// The grid i-quants (IQ2_*, IQ3_*, IQ1_*) through the tiled kernel.
-    IqGridTiled(DType),
-}
-
-/// The plan of one matrix product (one weight type and shape).
-#[derive(Clone, Copy, Debug)]
+/// The plan of one matrix product (one weight type and shape): llama.cpp's path, and the
+/// kernels of one tier's table for it.
+#[derive(Clone, Copy)]
 pub struct MatMul {
+    table: &'static KernelTable,
     weight: DType,
-    act: ActKind,
-    kind: DotKind,
+    path: Path,
+    /// The activation rows' type.
+    act: DType,
+    convert: ConvertFn,
+    kernel: Kernel,
+    /// Activation rows below this take `gemm` (Q4_K repacked).
     gemm_rows: usize,
-    /// Whether the kernel replicates llama.cpp's arithmetic exactly.
-    pub exact: bool,
+    gemm: Option<(ConvertFn, Kernel)>,
+}
+
+impl std::fmt::Debug for MatMul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MatMul")
+            .field("isa", &self.table.isa())
+            .field("weight", &self.weight)
+            .field("path", &self.path)
+            .field("act", &self.act)
+            .field("gemm_rows", &self.gemm_rows)
+            .finish()
+    }
+}
+
+/// The K and i-quant types ggml's tiled path takes.
+fn tiled_type(t: DType) -> bool {
+    repack::tiled_applies(t, false, 8)
 }
 
 impl MatMul {
-    /// The plan for `weight` rows of `k` values (`m` rows, 2-D unless `weight_2d` is false)
+    /// The plan, with `table`'s kernels, for `weight` rows of `k` values (`m` rows, 2-D unless `weight_2d` is false)
     /// times `n` activation rows per plane (`ne11`); `src1_contiguous` as ggml's
     /// `ggml_is_contiguous(src1)`. `None` when the type has no kernel here.
     pub fn plan(
+        table: &'static KernelTable,
         weight: DType,
         m: usize,
         n: usize,
@@ -93,95 +89,25 @@ impl MatMul {
         src1_contiguous: bool,
         weight_2d: bool,
     ) -> Option<MatMul> {
-        let simple = |act, kind| MatMul {
-            weight,
-            act,
-            kind,
-            gemm_rows: 0,
-            exact: true,
-        };
         let tiny_f = fdot::tinyblas_f_applies(m, n, k);
-        Some(match weight {
-            DType::F32 => simple(
-                ActKind::F32,
-                if tiny_f && src1_contiguous {
-                    DotKind::TinyF32
-                } else {
-                    DotKind::VecF32
-                },
-            ),
-            DType::F16 => simple(
-                ActKind::F16,
-                if tiny_f {
-                    DotKind::TinyF16
-                } else {
-                    DotKind::VecF16
-                },
-            ),
-            DType::BF16 => simple(
-                ActKind::Bf16,
-                if tiny_f {
-                    DotKind::TinyBf16
-                } else {
-                    DotKind::VecBf16
-                },
-            ),
-            DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => MatMul {
-                weight,
-                act: ActKind::Q8KRepack,
-                kind: DotKind::Q4KRepack,
-                gemm_rows: repack::q4_k_gemm_rows(n),
-                exact: true,
-            },
-            DType::IQ2_XXS
-            | DType::IQ2_XS
-            | DType::IQ2_S
-            | DType::IQ3_XXS
-            | DType::IQ3_S
-            | DType::IQ1_S
-            | DType::IQ1_M
-                if repack::tiled_applies(weight, false, n) =>
-            {
-                simple(ActKind::Q8K, DotKind::IqGridTiled(weight))
+        let (path, gemm_rows) = match weight {
+            DType::F32 if tiny_f && src1_contiguous => (Path::TinyBlas, 0),
+            DType::F16 | DType::BF16 if tiny_f => (Path::TinyBlas, 0),
+            DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => {
+                (Path::Repacked, repack::q4_k_gemm_rows(n))
             }
-            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
-                if repack::tiled_applies(weight, false, n) =>
-            {
-                let kind = match weight {
-                    DType::Q6_K => DotKind::Q6KTiled,
-                    DType::Q4_K => DotKind::Q4KTiled,
-                    DType::Q5_K => DotKind::Q5KTiled,
-                    DType::Q2_K => DotKind::Q2KTiled,
-                    DType::Q3_K => DotKind::Q3KTiled,
-                    _ => DotKind::Iq4XsTiled,
-                };
-                simple(ActKind::Q8K, kind)
-            }
+            t if tiled_type(t) && repack::tiled_applies(t, false, n) => (Path::Tiled, 0),
             DType::Q4_0 | DType::IQ4_NL if weight_2d && repack::q0_repacked(weight, m) => {
-                simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
+                (Path::Repacked, 0)
             }
-            DType::MXFP4 if weight_2d && repack::mxfp4_repacked(m) => {
-                simple(ActKind::Q8_0, DotKind::Mxfp4Repack)
-            }
-            DType::IQ4_NL if n >= 2 => simple(ActKind::Q8_0, DotKind::TinyIq4Nl),
-            _ => {
-                let act = match lamina_core::quant::vec_dot_type(weight)? {
-                    DType::Q8_0 => ActKind::Q8_0,
-                    DType::Q8_1 => ActKind::Q8_1,
-                    DType::Q8_K => ActKind::Q8K,
-                    _ => return None,
-                };
-                let f = dot::dot_fn(weight)?;
-                let tiled = repack::tiled_applies(weight, false, n);
-                MatMul {
-                    exact: !tiled,
-                    ..simple(act, DotKind::Quant(f))
-                }
-            }
-        })
+            DType::MXFP4 if weight_2d && repack::mxfp4_repacked(m) => (Path::Repacked, 0),
+            DType::IQ4_NL if n >= 2 => (Path::TinyBlas, 0),
+            _ => (Path::VecDot, 0),
+        };
+        MatMul::resolve(table, weight, path, gemm_rows)
     }
 
-    /// The plan of one expert's product in `ggml_compute_forward_mul_mat_id` (weights
+    /// The plan, with `table`'s kernels, of one expert's product in `ggml_compute_forward_mul_mat_id` (weights
     /// `[k, m, n_expert]`, `rows` activation rows routed to the expert), which differs from
     /// `mul_mat`'s: there is no tinyBLAS, so f32/f16 weights and the Q0 types take
     /// `ggml_vec_dot_*` per output; Q4_0, IQ4_NL and Q4_K weights with a multiple of 8 rows
@@ -191,74 +117,73 @@ impl MatMul {
     /// per-output arithmetic as `mul_mat`'s tiled path). Every expert of one product converts
     /// its activations to the same type, whatever `rows` is. `None` when the type has no
     /// kernel here.
-    pub fn plan_id(weight: DType, m: usize, n_expert: usize, rows: usize) -> Option<MatMul> {
-        let simple = |act, kind| MatMul {
-            weight,
-            act,
-            kind,
-            gemm_rows: 0,
-            exact: true,
-        };
+    pub fn plan_id(
+        table: &'static KernelTable,
+        weight: DType,
+        m: usize,
+        n_expert: usize,
+        rows: usize,
+    ) -> Option<MatMul> {
         let repacked = n_expert > 1;
-        Some(match weight {
-            DType::F32 => simple(ActKind::F32, DotKind::VecF32),
-            DType::F16 => simple(ActKind::F16, DotKind::VecF16),
-            DType::BF16 => simple(ActKind::Bf16, DotKind::VecBf16),
-            DType::Q4_K if repacked && repack::q4_k_repacked(m) => {
-                simple(ActKind::Q8K, DotKind::Q4KRepack)
-            }
+        let path = match weight {
+            DType::Q4_K if repacked && repack::q4_k_repacked(m) => Path::Repacked,
             DType::Q4_0 | DType::IQ4_NL if repacked && repack::q0_repacked(weight, m) => {
-                simple(ActKind::Q8_0, DotKind::Q0Repack(weight == DType::IQ4_NL))
+                Path::Repacked
             }
-            DType::IQ2_XXS
-            | DType::IQ2_XS
-            | DType::IQ2_S
-            | DType::IQ3_XXS
-            | DType::IQ3_S
-            | DType::IQ1_S
-            | DType::IQ1_M
-                if repack::tiled_applies(weight, false, rows) =>
-            {
-                simple(ActKind::Q8K, DotKind::IqGridTiled(weight))
-            }
-            DType::Q6_K | DType::Q4_K | DType::Q5_K | DType::Q3_K | DType::Q2_K | DType::IQ4_XS
-                if repack::tiled_applies(weight, false, rows) =>
-            {
-                let kind = match weight {
-                    DType::Q6_K => DotKind::Q6KTiled,
-                    DType::Q4_K => DotKind::Q4KTiled,
-                    DType::Q5_K => DotKind::Q5KTiled,
-                    DType::Q2_K => DotKind::Q2KTiled,
-                    DType::Q3_K => DotKind::Q3KTiled,
-                    _ => DotKind::Iq4XsTiled,
-                };
-                simple(ActKind::Q8K, kind)
-            }
-            DType::MXFP4 if repacked && repack::mxfp4_repacked(m) => {
-                simple(ActKind::Q8_0, DotKind::Mxfp4Repack)
-            }
-            _ => {
-                let act = match lamina_core::quant::vec_dot_type(weight)? {
-                    DType::Q8_0 => ActKind::Q8_0,
-                    DType::Q8_1 => ActKind::Q8_1,
-                    DType::Q8_K => ActKind::Q8K,
-                    _ => return None,
-                };
-                simple(act, DotKind::Quant(dot::dot_fn(weight)?))
-            }
+            t if tiled_type(t) && repack::tiled_applies(t, false, rows) => Path::Tiled,
+            DType::MXFP4 if repacked && repack::mxfp4_repacked(m) => Path::Repacked,
+            _ => Path::VecDot,
+        };
+        MatMul::resolve(table, weight, path, 0)
+    }
+
+    /// The kernels of `table` for `path`; `None` when it has none for the weight type.
+    fn resolve(
+        table: &'static KernelTable,
+        weight: DType,
+        path: Path,
+        gemm_rows: usize,
+    ) -> Option<MatMul> {
+        let kernels = table.of(weight);
+        let kernel = match path {
+            Path::VecDot => kernels.vec_dot,
+            Path::TinyBlas => kernels.tinyblas,
+            Path::Tiled => kernels.tiled,
+            Path::Repacked => kernels.repacked,
+        }?;
+        let act = lamina_core::quant::vec_dot_type(weight)?;
+        let gemm = if gemm_rows > 0 {
+            Some((table.convert_q8_k_4x8(), kernels.repacked_gemm?))
+        } else {
+            None
+        };
+        Some(MatMul {
+            table,
+            weight,
+            path,
+            act,
+            convert: table.convert(act)?,
+            kernel,
+            gemm_rows,
+            gemm,
         })
+    }
+
+    /// The same plan with the kernels of tier `isa` (one this CPU has): every tier gives the
+    /// same bits.
+    pub fn on(&self, isa: super::Isa) -> MatMul {
+        MatMul::resolve(
+            super::table_for(isa),
+            self.weight,
+            self.path,
+            self.gemm_rows,
+        )
+        .expect("every tier has a kernel for every path of every type")
     }
 
     /// The storage type of converted activation rows.
     pub fn act_type(&self) -> DType {
-        match self.act {
-            ActKind::F32 => DType::F32,
-            ActKind::F16 => DType::F16,
-            ActKind::Bf16 => DType::BF16,
-            ActKind::Q8_0 => DType::Q8_0,
-            ActKind::Q8_1 => DType::Q8_1,
-            ActKind::Q8K | ActKind::Q8KRepack => DType::Q8_K,
-        }
+        self.act
     }
 
     /// Bytes of one converted activation row of `k` values (`None` if `k` does not fit).
@@ -266,76 +191,53 @@ impl MatMul {
         self.act_type().row_size(k as u64).ok().map(|b| b as usize)
     }
 
+    /// The conversion and kernel of activation row `j` (its index within its plane, `ne11`).
+    #[inline]
+    fn for_row(&self, j: usize) -> (ConvertFn, Kernel) {
+        match self.gemm {
+            Some(gemm) if j < self.gemm_rows => gemm,
+            _ => (self.convert, self.kernel),
+        }
+    }
+
     /// Converts activation row `j` (its index within its plane, `ne11`) into `out`.
     pub fn convert_act(&self, j: usize, x: &[f32], out: &mut [u8]) {
-        match self.act {
-            ActKind::F32 => {
-                for (o, v) in out.chunks_exact_mut(4).zip(x) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            ActKind::F16 => {
-                // SAFETY: f16 is a plain u16 wrapper with no invalid bit patterns; only the
-                // aligned middle part is used.
-                let (pre, mid, _) = unsafe { out.align_to_mut::<half::f16>() };
-                if pre.is_empty() && mid.len() >= x.len() {
-                    // F16C `vcvtps2ph` (round to nearest even) where available, like
-                    // `fp32_to_fp16` element by element.
-                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut mid[..x.len()], x);
-                } else {
-                    for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                        o.copy_from_slice(&super::fp32_to_fp16(*v).to_le_bytes());
-                    }
-                }
-            }
-            ActKind::Bf16 => {
-                for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                    o.copy_from_slice(&lamina_core::quant::f32_to_bf16(v).to_bits().to_le_bytes());
-                }
-            }
-            ActKind::Q8_0 => quantize::quantize_row_q8_0(x, out),
-            ActKind::Q8_1 => quantize::quantize_row_q8_1(x, out),
-            ActKind::Q8K => quantize::quantize_row_q8_k(x, out),
-            ActKind::Q8KRepack => {
-                if j < self.gemm_rows {
-                    repack::quantize_row_q8_k_4x8(x, out)
-                } else {
-                    quantize::quantize_row_q8_k(x, out)
-                }
-            }
-        }
+        (self.for_row(j).0)(x, out)
     }
 
     /// One output: weight row `w` (k values) against converted activation row `act` (row `j`
     /// of its plane).
     #[inline]
     pub fn dot(&self, k: usize, w: &[u8], act: &[u8], j: usize) -> f32 {
-        match self.kind {
-            DotKind::TinyF32 => fdot::tinyblas_dot_f32(k, as_f32(w), as_f32(act)),
-            DotKind::VecF32 => fdot::vec_dot_f32(k, as_f32(w), as_f32(act)),
-            DotKind::TinyF16 => fdot::tinyblas_dot_f16(k, w, act),
-            DotKind::VecF16 => fdot::vec_dot_f16(k, w, act),
-            DotKind::TinyBf16 => fdot::tinyblas_dot_bf16(k, w, act),
-            DotKind::VecBf16 => super::fattn::vec_dot_bf16(k, w, act),
-            DotKind::Quant(f) => f(k, w, act),
-            DotKind::TinyIq4Nl => dot::dot_iq4_nl_tinyblas(k, w, act),
-            DotKind::Q4KRepack => {
-                if j < self.gemm_rows {
-                    repack::dot_q4_k_gemm(k, w, act)
-                } else {
-                    repack::dot_q4_k_gemv(k, w, act)
-                }
-            }
-            DotKind::Q0Repack(iq4nl) => repack::dot_q0_repacked(iq4nl, k, w, act),
-            DotKind::Mxfp4Repack => repack::dot_mxfp4_repacked(k, w, act),
-            DotKind::Q6KTiled => repack::dot_q6_k_tiled(k, w, act),
-            DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
-            DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
-            DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
-            DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
-            DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
-            DotKind::IqGridTiled(t) => repack::dot_iq_grid_tiled(t, k, w, act),
+        (self.for_row(j).1.dot)(k, w, act)
+    }
+}
+
+/// f32 activations as they are (little-endian bytes).
+pub(crate) fn convert_f32(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(4).zip(x) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// f32 activations to f16 (round to nearest even, F16C `vcvtps2ph` where the CPU has it).
+pub(crate) fn convert_f16(x: &[f32], out: &mut [u8]) {
+    // SAFETY: f16 is a plain u16 wrapper with no invalid bit patterns; only the aligned middle
+    // part is used.
+    let (pre, mid, _) = unsafe { out.align_to_mut::<half::f16>() };
+    if pre.is_empty() && mid.len() >= x.len() {
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut mid[..x.len()], x);
+    } else {
+        for (o, v) in out.chunks_exact_mut(2).zip(x) {
+            o.copy_from_slice(&super::fp32_to_fp16(*v).to_le_bytes());
         }
+    }
+}
+
+/// f32 activations to bf16 (as ggml rounds them).
+pub(crate) fn convert_bf16(x: &[f32], out: &mut [u8]) {
+    for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&lamina_core::quant::f32_to_bf16(v).to_bits().to_le_bytes());
     }
 }
 
@@ -343,66 +245,24 @@ impl MatMul {
     /// Activation rows `0..act_boundary()` and the rest use different kernels (Q4_K repacked:
     /// gemm, then gemv); a tile passed to [`MatMul::dot_tile`] should not straddle it.
     pub fn act_boundary(&self) -> usize {
-        match self.kind {
-            DotKind::Q4KRepack => self.gemm_rows,
-            _ => 0,
-        }
-    }
-
-    /// The tile kernel for activation rows `j0..j0 + n`, if there is one.
-    fn tile_kind(&self, j0: usize, n: usize) -> Option<TileKind> {
-        Some(match self.kind {
-            DotKind::TinyF32 => TileKind::F32Tiny,
-            DotKind::TinyF16 => TileKind::F16Tiny,
-            DotKind::Quant(_) if self.exact => match self.weight {
-                DType::Q4_0 => TileKind::Q0(0),
-                DType::Q5_0 => TileKind::Q0(1),
-                DType::Q8_0 => TileKind::Q0(2),
-                DType::Q4_1 => TileKind::Q1(false),
-                DType::Q5_1 => TileKind::Q1(true),
-                _ => return None,
-            },
-            DotKind::TinyIq4Nl => TileKind::Q0(3),
-            DotKind::Q0Repack(iq4nl) => TileKind::Q0Chain(if iq4nl { 3 } else { 0 }),
-            DotKind::Mxfp4Repack => TileKind::Q0Chain(4),
-            DotKind::Iq4XsTiled => TileKind::Iq4XsTiled,
-            DotKind::Q2KTiled => TileKind::Q2KTiled,
-            DotKind::IqGridTiled(t) => TileKind::IqGridTiled(t),
-            DotKind::Q4KRepack if j0 + n <= self.gemm_rows => TileKind::Q4KGemm,
-            DotKind::Q4KRepack if j0 >= self.gemm_rows => TileKind::Q4KGemv,
-            DotKind::Q6KTiled => TileKind::Q6KTiled,
-            _ => return None,
-        })
+        self.gemm_rows
     }
 
     /// Outputs of weight rows `w` (each `k` values) against converted activation rows `acts`
     /// (rows `j0..j0 + acts.len()` of their plane): `out[j * w.len() + i]` is
     /// `self.dot(k, w[i], acts[j], j0 + j)`, bit for bit, computed in register-blocked tiles
-    /// where a SIMD tile kernel exists.
+    /// where the tier has a tile kernel for the shape.
     pub fn dot_tile(&self, k: usize, w: &[&[u8]], acts: &[&[u8]], j0: usize, out: &mut [f32]) {
-        self.dot_tile_at(super::isa(), k, w, acts, j0, out);
-    }
-
-    /// [`MatMul::dot_tile`] with the tile kernels of tier `isa` (at most
-    /// [`super::detected_isa`]): every tier must give the same bits.
-    pub fn dot_tile_at(
-        &self,
-        isa: super::Isa,
-        k: usize,
-        w: &[&[u8]],
-        acts: &[&[u8]],
-        j0: usize,
-        out: &mut [f32],
-    ) {
         let na = acts.len();
         assert!(out.len() >= w.len() * na, "tile output too short");
-        // A single activation row (token generation) streams the weights once: row after row
-        // reads memory sequentially, which is faster than interleaving several rows.
-        // The repacked Q0 kernels' 4×1 tiles still beat one row at a time there (their
-        // single-row kernel is scalar).
-        if let Some(t) = self.tile_kind(j0, na)
-            && (na > 1 || matches!(t, TileKind::Q0Chain(_)))
-            && tile::tile_at(isa, t, k, w, acts, out)
+        // A tile's rows must all take one kernel (never across the gemm/gemv boundary).
+        let kernel = match self.gemm {
+            Some((_, gemm)) if j0 + na <= self.gemm_rows => Some(gemm),
+            Some(_) if j0 < self.gemm_rows => None,
+            _ => Some(self.kernel),
+        };
+        if let Some(tile) = kernel.and_then(|k| k.tile)
+            && tile(k, w, acts, out)
         {
             return;
         }
@@ -414,6 +274,20 @@ impl MatMul {
         }
     }
 
+    /// [`MatMul::dot_tile`] with the kernels of tier `isa` (one this CPU has): every tier must
+    /// give the same bits.
+    pub fn dot_tile_at(
+        &self,
+        isa: super::Isa,
+        k: usize,
+        w: &[&[u8]],
+        acts: &[&[u8]],
+        j0: usize,
+        out: &mut [f32],
+    ) {
+        self.on(isa).dot_tile(k, w, acts, j0, out)
+    }
+
     /// The `k` that gives the same outputs as `k` for activation rows `acts`: shorter when
     /// the plan is a tinyBLAS f16/f32 one and every row ends in whole groups of 8 zeros (a
     /// causal attention row's weights after its position). Skipping those groups keeps every
@@ -422,9 +296,9 @@ impl MatMul {
     /// +0 unless both the product and the addend are -0). A non-finite weight facing a zero
     /// would make llama.cpp's output NaN where this one stays finite.
     pub fn trimmed_k(&self, k: usize, acts: &[&[u8]]) -> usize {
-        let (elem, zero_mask): (usize, u64) = match self.kind {
-            DotKind::TinyF16 | DotKind::TinyBf16 => (2, 0x7fff_7fff_7fff_7fff),
-            DotKind::TinyF32 => (4, 0x7fff_ffff_7fff_ffff),
+        let (elem, zero_mask): (usize, u64) = match (self.path, self.weight) {
+            (Path::TinyBlas, DType::F16 | DType::BF16) => (2, 0x7fff_7fff_7fff_7fff),
+            (Path::TinyBlas, DType::F32) => (4, 0x7fff_ffff_7fff_ffff),
             _ => return k,
         };
         let words_per_group = elem; // 8 values of `elem` bytes = `elem` u64 words
@@ -452,55 +326,18 @@ impl MatMul {
     /// [`MatMul::dot`] computed by the portable scalar emulation only (never SIMD): the
     /// reference the SIMD paths must match bit for bit.
     pub fn dot_scalar(&self, k: usize, w: &[u8], act: &[u8], j: usize) -> f32 {
-        match self.kind {
-            DotKind::TinyF32 => fdot::tinyblas_dot_f32_scalar(k, as_f32(w), as_f32(act)),
-            DotKind::VecF32 => fdot::vec_dot_f32_scalar(k, as_f32(w), as_f32(act)),
-            DotKind::TinyF16 => fdot::tinyblas_dot_f16_scalar(k, w, act),
-            DotKind::VecF16 => fdot::vec_dot_f16_scalar(k, w, act),
-            DotKind::TinyBf16 => fdot::tinyblas_dot_bf16(k, w, act),
-            DotKind::VecBf16 => super::fattn::vec_dot_bf16(k, w, act),
-            DotKind::Quant(f) => match dot::scalar_dot_fn(self.weight) {
-                Some(s) => s(k, w, act),
-                None => f(k, w, act),
-            },
-            DotKind::TinyIq4Nl => repack::scalar::dot_iq4_nl_tinyblas(k, w, act),
-            DotKind::Q4KRepack => {
-                if j < self.gemm_rows {
-                    repack::scalar::dot_q4_k_gemm(k, w, act)
-                } else {
-                    repack::scalar::dot_q4_k_gemv(k, w, act)
-                }
-            }
-            DotKind::Q0Repack(iq4nl) => repack::scalar::dot_q0_repacked(iq4nl, k, w, act),
-            DotKind::Mxfp4Repack => repack::scalar::dot_mxfp4_repacked(k, w, act),
-            DotKind::Q6KTiled => repack::scalar::dot_q6_k_tiled(k, w, act),
-            DotKind::Q4KTiled => repack::dot_q45_k_tiled(false, k, w, act),
-            DotKind::Q5KTiled => repack::dot_q45_k_tiled(true, k, w, act),
-            DotKind::Q2KTiled => repack::dot_q2_k_tiled(k, w, act),
-            DotKind::Q3KTiled => repack::dot_q3_k_tiled(k, w, act),
-            DotKind::Iq4XsTiled => repack::dot_iq4_xs_tiled(k, w, act),
-            DotKind::IqGridTiled(t) => repack::dot_iq_grid_tiled(t, k, w, act),
-        }
+        self.on(super::Isa::Scalar).dot(k, w, act, j)
     }
 
     /// Converts activation row `j` like [`MatMul::convert_act`] with the scalar emulation of
     /// the quantizers only.
     pub fn convert_act_scalar(&self, j: usize, x: &[f32], out: &mut [u8]) {
-        match self.act {
-            ActKind::Q8_0 => quantize::quantize_row_q8_0_scalar(x, out),
-            ActKind::Q8_1 => quantize::quantize_row_q8_1_scalar(x, out),
-            ActKind::Q8K => quantize::quantize_row_q8_k_scalar(x, out),
-            ActKind::Q8KRepack if j < self.gemm_rows => {
-                repack::scalar::quantize_row_q8_k_4x8(x, out)
-            }
-            ActKind::Q8KRepack => quantize::quantize_row_q8_k_scalar(x, out),
-            ActKind::F32 | ActKind::F16 | ActKind::Bf16 => self.convert_act(j, x, out),
-        }
+        self.on(super::Isa::Scalar).convert_act(j, x, out)
     }
 }
 
 /// f32 view of 4-aligned little-endian bytes (rows of f32 tensors and of the work buffer).
-fn as_f32(b: &[u8]) -> &[f32] {
+pub(crate) fn as_f32(b: &[u8]) -> &[f32] {
     // SAFETY: f32 has no invalid bit patterns; `align_to` yields only the aligned middle part.
     let (pre, mid, _) = unsafe { b.align_to::<f32>() };
     assert!(pre.is_empty(), "f32 row not 4-byte aligned");

@@ -6,16 +6,22 @@
 //!
 //! Every kernel has a portable scalar emulation that produces the same bits as the AVX2 code
 //! (integer lane sums are exact; float steps are done in the same order with the same fused
-//! multiply-adds), and an AVX2 implementation chosen at run time when the CPU has
-//! AVX2+FMA+F16C. Results therefore do not depend on the machine.
+//! multiply-adds), and SIMD versions chosen at run time. Results therefore do not depend on the
+//! machine. The matrix-product kernels (activation quantizers, dots, tiles) sit in one
+//! [`KernelTable`] per tier ([`Isa`]: `generic`, `x86::avx2`, `x86::avx512`, `aarch64::neon`),
+//! indexed by type and built once; [`MatMul`] chooses llama.cpp's path and looks its kernels up
+//! there.
 
 // Index loops mirror the C code they replicate (lanes, blocks); keep them readable side by side.
 #![allow(clippy::needless_range_loop)]
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 pub mod act;
 pub mod dot;
 pub mod fattn;
 pub mod fdot;
+mod generic;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -24,6 +30,7 @@ mod neon_iq;
 pub mod quantize;
 pub mod repack;
 pub mod sort;
+pub mod table;
 mod tile;
 
 use std::sync::OnceLock;
@@ -36,6 +43,7 @@ pub use dot::{vec_dot, vec_dot_scalar};
 pub use fdot::{tinyblas_dot_f16, tinyblas_dot_f32, tinyblas_f_applies, vec_dot_f16, vec_dot_f32};
 pub use matmul::MatMul;
 pub use quantize::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+pub use table::{KernelTable, table, table_for};
 
 /// Environment variable that, set to `1`, makes every kernel use its scalar emulation (same
 /// results, slower; for checking machine independence).
@@ -46,16 +54,20 @@ pub const FORCE_SCALAR_ENV: &str = "LAMINA_FORCE_SCALAR";
 /// and for checking exactly that.
 pub const ISA_ENV: &str = "LAMINA_CPU_ISA";
 
-/// x86 kernel tiers, lowest first. A tier's kernels may use faster instructions but must
-/// produce the bits of the AVX2 arithmetic (integer sums are exact however they are formed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Kernel tiers: the portable scalar code and the instruction sets with kernels of their own.
+/// Every tier produces the bits of the scalar code (integer sums are exact however they are
+/// formed; float steps keep their order and fusing); each has its [`KernelTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// The portable scalar emulation.
-    Scalar,
-    /// AVX2, FMA and F16C.
-    Avx2,
-    /// Also AVX-512 F/BW/VL and VNNI: 32 vector registers, mask registers and `vpdpbusd`.
-    Avx512,
+    Scalar = 0,
+    /// x86-64: AVX2, FMA and F16C.
+    Avx2 = 1,
+    /// x86-64: also AVX-512 F/BW/VL and VNNI (32 vector registers, mask registers and
+    /// `vpdpbusd`); the AVX2 kernels where it has none of its own.
+    Avx512 = 2,
+    /// aarch64: NEON.
+    Neon = 3,
 }
 
 /// The kernel tier in use: the best the CPU supports, capped by [`ISA_ENV`] and
@@ -66,12 +78,11 @@ pub fn isa() -> Isa {
         if std::env::var(FORCE_SCALAR_ENV).is_ok_and(|v| v == "1") {
             return Isa::Scalar;
         }
-        let cap = match std::env::var(ISA_ENV).as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") => Isa::Avx2,
-            _ => Isa::Avx512,
-        };
-        detected_isa().min(cap)
+        match (detected_isa(), std::env::var(ISA_ENV).as_deref()) {
+            (_, Ok("scalar")) => Isa::Scalar,
+            (Isa::Avx512, Ok("avx2")) => Isa::Avx2,
+            (best, _) => best,
+        }
     })
 }
 
@@ -79,6 +90,23 @@ pub fn isa() -> Isa {
 pub fn detected_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(detect_isa)
+}
+
+/// Whether this CPU can run tier `isa`'s kernels.
+pub fn isa_available(isa: Isa) -> bool {
+    match (isa, detected_isa()) {
+        (Isa::Scalar, _) => true,
+        (Isa::Avx2, best) => matches!(best, Isa::Avx2 | Isa::Avx512),
+        (wanted, best) => wanted == best,
+    }
+}
+
+/// The tiers this CPU can run, scalar first.
+pub fn available_isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
+        .into_iter()
+        .filter(|&i| isa_available(i))
+        .collect()
 }
 
 fn detect_isa() -> Isa {
@@ -93,16 +121,22 @@ fn detect_isa() -> Isa {
         }
         Isa::Avx2
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Isa::Neon;
+        }
+        Isa::Scalar
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         Isa::Scalar
     }
 }
 
-/// Whether the AVX2 implementations may run (AVX2, FMA and F16C present, and
-/// [`FORCE_SCALAR_ENV`] not set to `1`); checked once.
+/// Whether the x86 AVX2 implementations may run (the tier in use is AVX2 or AVX-512).
 pub fn simd_available() -> bool {
-    isa() >= Isa::Avx2
+    matches!(isa(), Isa::Avx2 | Isa::Avx512)
 }
 
 /// How far ahead of the weight row being read [`prefetch_ahead`] fetches. Token generation
@@ -110,6 +144,7 @@ pub fn simd_available() -> bool {
 /// prefetcher leaves a row-at-a-time dot waiting on memory (SmolLM2 Q4_1 tg128 at one
 /// thread: 37 t/s without, 73 with; the distance swept with a prefetch per block inside the
 /// kernel: 320 bytes 40, 1280 60, 2560 63, 4096 64, 8192 63).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const PREFETCH_DISTANCE: usize = 4096;
 
 /// Asks the cache for the `len` bytes that lie [`PREFETCH_DISTANCE`] past `row`: the rows
@@ -184,125 +219,7 @@ pub(crate) fn reduce_f32x8x4(s: &mut [[f32; 8]; 4]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
-    //! Shared AVX2 helpers (ports of ggml's `hsum_float_8`, `mul_sum_i8_pairs_float`, ...).
-    use std::arch::x86_64::*;
-
-    /// `hsum_float_8`.
-    #[inline(always)]
-    pub unsafe fn hsum_float_8(x: __m256) -> f32 {
-        // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
-        unsafe {
-            let mut res = _mm256_extractf128_ps(x, 1);
-            res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-            res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-            res = _mm_add_ss(res, _mm_movehdup_ps(res));
-            _mm_cvtss_f32(res)
-        }
-    }
-
-    /// `mul_sum_i8_pairs_float`: signed·signed bytes, pairs summed twice, as 8 floats.
-    #[inline(always)]
-    pub unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
-        // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
-        unsafe {
-            let ax = _mm256_sign_epi8(x, x);
-            let sy = _mm256_sign_epi8(y, x);
-            mul_sum_us8_pairs_float(ax, sy)
-        }
-    }
-
-    /// `mul_sum_us8_pairs_float`: unsigned·signed bytes, pairs summed twice, as 8 floats.
-    #[inline(always)]
-    pub unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
-        // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
-        unsafe {
-            let dot = _mm256_maddubs_epi16(ax, sy);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
-        }
-    }
-
-    /// Q6_K's scale shuffles: row `i` picks scale bytes `2i` (lanes 0–7) and `2i + 1` (8–15),
-    /// as ggml's `get_scale_shuffle`.
-    pub const K6_SHUFFLE: [[u8; 16]; 8] = {
-        let mut t = [[0u8; 16]; 8];
-        let mut i = 0;
-        while i < 8 {
-            let mut b = 0;
-            while b < 16 {
-                t[i][b] = (2 * i + b / 8) as u8;
-                b += 1;
-            }
-            i += 1;
-        }
-        t
-    };
-
-    /// The largest `|v|` of `x` (a multiple of 8 values) and whether `x` holds a NaN; without
-    /// NaNs the maximum is exact whatever the order. NaNs are skipped.
-    #[inline(always)]
-    pub unsafe fn absmax(x: &[f32]) -> (f32, bool) {
-        // SAFETY: reads within `x`; AVX enabled by the caller.
-        unsafe {
-            let sign = _mm256_set1_ps(-0.0);
-            let mut m = _mm256_setzero_ps();
-            let mut nan = _mm256_setzero_ps();
-            for c in x.chunks_exact(8) {
-                let v = _mm256_loadu_ps(c.as_ptr());
-                // `max(a, m)` returns `m` when `a` is NaN.
-                m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            }
-            let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            let h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            (_mm_cvtss_f32(h), _mm256_movemask_ps(nan) != 0)
-        }
-    }
-
-    /// Q6_K scales `2i` and `2i + 1` of the 16 in `scales`, each in 8 i16 lanes.
-    #[inline(always)]
-    pub unsafe fn q6k_scale_shuffle(scales: __m128i, i: usize) -> __m256i {
-        // SAFETY: reads row `i` of the table (`i < 8`, checked by the index); AVX2 enabled by
-        // the caller.
-        unsafe {
-            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                scales,
-                _mm_loadu_si128(K6_SHUFFLE[i].as_ptr() as *const __m128i),
-            ))
-        }
-    }
-
-    /// `bytes_from_nibbles_32`: low nibbles of 16 bytes, then their high nibbles.
-    #[inline(always)]
-    pub unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
-        // SAFETY: the caller passes 16 readable bytes and runs with AVX2 enabled.
-        unsafe {
-            let tmp = _mm_loadu_si128(p as *const __m128i);
-            let bytes =
-                _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
-            _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
-        }
-    }
-
-    /// `bytes_from_bits_32`: byte `b` is 0xFF when bit `b` of the 32 bits is set.
-    #[inline(always)]
-    pub unsafe fn bytes_from_bits_32(x32: u32) -> __m256i {
-        // SAFETY: register-only intrinsics; the caller runs with AVX2 enabled.
-        unsafe {
-            let shuf_mask = _mm256_set_epi64x(
-                0x0303030303030303,
-                0x0202020202020202,
-                0x0101010101010101,
-                0x0000000000000000,
-            );
-            let mut bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf_mask);
-            let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-            bytes = _mm256_or_si256(bytes, bit_mask);
-            _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-        }
-    }
-}
+pub(crate) mod x86;
 
 #[cfg(test)]
 mod tests;

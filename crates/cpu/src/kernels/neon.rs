@@ -3,58 +3,47 @@
 //! computed with NEON (including `maddubs`'s i16 saturation and `sign_epi8`'s wrapping
 //! negation), then the float steps run in the scalar code's order — one fused multiply-add per
 //! lane per block (`vfmaq` is fused like `f32::mul_add`), the block scales and min terms in
-//! scalar, and `hsum8` at the end. Like the AVX2 code, they are picked at run time
-//! ([`available`]); `LAMINA_FORCE_SCALAR=1` turns them off. This file has the shared helpers,
-//! the legacy types and the K-quants; `neon_iq.rs` the i-quants, the FP4 and the ternary and
-//! low-bit types.
+//! scalar, and `hsum8` at the end. They make up the NEON tier's kernel table
+//! (`aarch64::neon`), used when the CPU has NEON; `LAMINA_FORCE_SCALAR=1` turns them off.
+//! This file has the shared helpers, the legacy types and the K-quants; `neon_iq.rs` the
+//! i-quants, the FP4 and the ternary and low-bit types.
 
 use std::arch::aarch64::*;
-use std::sync::OnceLock;
 
 use lamina_core::DType;
 
 use super::dot::DotFn;
-use super::{FORCE_SCALAR_ENV, f16_at, hsum8};
-
-/// Whether the NEON kernels may run (NEON present and [`FORCE_SCALAR_ENV`] not `1`); checked
-/// once.
-pub(crate) fn available() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        !std::env::var(FORCE_SCALAR_ENV).is_ok_and(|v| v == "1")
-            && std::arch::is_aarch64_feature_detected!("neon")
-    })
-}
+use super::{f16_at, hsum8};
 
 /// The NEON kernel for weights of `dtype`, or `None` (the caller falls back to scalar).
 pub(crate) fn dot_fn(dtype: DType) -> Option<DotFn> {
     use super::neon_iq as iq;
     Some(match dtype {
-        DType::Q4_0 => |n, x, y| run(n, x, y, 18, 34, 32, q4_0),
-        DType::Q4_1 => |n, x, y| run(n, x, y, 20, 36, 32, q4_1),
-        DType::Q5_0 => |n, x, y| run(n, x, y, 22, 34, 32, q5_0),
-        DType::Q5_1 => |n, x, y| run(n, x, y, 24, 36, 32, q5_1),
-        DType::Q8_0 => |n, x, y| run(n, x, y, 34, 34, 32, q8_0),
-        DType::Q4_K => |n, x, y| run(n, x, y, 144, 292, 256, q4_k),
-        DType::Q6_K => |n, x, y| run(n, x, y, 210, 292, 256, q6_k),
-        DType::Q5_K => |n, x, y| run(n, x, y, 176, 292, 256, q5_k),
-        DType::Q2_K => |n, x, y| run(n, x, y, 84, 292, 256, q2_k),
-        DType::Q3_K => |n, x, y| run(n, x, y, 110, 292, 256, q3_k),
-        DType::IQ4_NL => |n, x, y| run(n, x, y, 18, 34, 32, iq::iq4_nl),
-        DType::MXFP4 => |n, x, y| run(n, x, y, 17, 34, 32, iq::mxfp4),
-        DType::IQ4_XS => |n, x, y| run(n, x, y, 136, 292, 256, iq::iq4_xs),
-        DType::TQ1_0 => |n, x, y| run(n, x, y, 54, 292, 256, iq::tq1_0),
-        DType::TQ2_0 => |n, x, y| run(n, x, y, 66, 292, 256, iq::tq2_0),
-        DType::IQ2_XXS => |n, x, y| run(n, x, y, 66, 292, 256, iq::iq2_xxs),
-        DType::IQ2_XS => |n, x, y| run(n, x, y, 74, 292, 256, iq::iq2_xs),
-        DType::IQ2_S => |n, x, y| run(n, x, y, 82, 292, 256, iq::iq2_s),
-        DType::IQ3_XXS => |n, x, y| run(n, x, y, 98, 292, 256, iq::iq3_xxs),
-        DType::IQ3_S => |n, x, y| run(n, x, y, 110, 292, 256, iq::iq3_s),
-        DType::IQ1_S => |n, x, y| run(n, x, y, 50, 292, 256, iq::iq1_s),
-        DType::IQ1_M => |n, x, y| run(n, x, y, 56, 292, 256, iq::iq1_m),
-        DType::NVFP4 => |n, x, y| run(n, x, y, 36, 68, 64, iq::nvfp4),
-        DType::Q1_0 => |n, x, y| run(n, x, y, 18, 136, 128, iq::q1_0),
-        DType::Q2_0 => |n, x, y| run(n, x, y, 18, 68, 64, iq::q2_0),
+        DType::Q4_0 => |n, x, y| run(n, x, y, DType::Q4_0, q4_0),
+        DType::Q4_1 => |n, x, y| run(n, x, y, DType::Q4_1, q4_1),
+        DType::Q5_0 => |n, x, y| run(n, x, y, DType::Q5_0, q5_0),
+        DType::Q5_1 => |n, x, y| run(n, x, y, DType::Q5_1, q5_1),
+        DType::Q8_0 => |n, x, y| run(n, x, y, DType::Q8_0, q8_0),
+        DType::Q4_K => |n, x, y| run(n, x, y, DType::Q4_K, q4_k),
+        DType::Q6_K => |n, x, y| run(n, x, y, DType::Q6_K, q6_k),
+        DType::Q5_K => |n, x, y| run(n, x, y, DType::Q5_K, q5_k),
+        DType::Q2_K => |n, x, y| run(n, x, y, DType::Q2_K, q2_k),
+        DType::Q3_K => |n, x, y| run(n, x, y, DType::Q3_K, q3_k),
+        DType::IQ4_NL => |n, x, y| run(n, x, y, DType::IQ4_NL, iq::iq4_nl),
+        DType::MXFP4 => |n, x, y| run(n, x, y, DType::MXFP4, iq::mxfp4),
+        DType::IQ4_XS => |n, x, y| run(n, x, y, DType::IQ4_XS, iq::iq4_xs),
+        DType::TQ1_0 => |n, x, y| run(n, x, y, DType::TQ1_0, iq::tq1_0),
+        DType::TQ2_0 => |n, x, y| run(n, x, y, DType::TQ2_0, iq::tq2_0),
+        DType::IQ2_XXS => |n, x, y| run(n, x, y, DType::IQ2_XXS, iq::iq2_xxs),
+        DType::IQ2_XS => |n, x, y| run(n, x, y, DType::IQ2_XS, iq::iq2_xs),
+        DType::IQ2_S => |n, x, y| run(n, x, y, DType::IQ2_S, iq::iq2_s),
+        DType::IQ3_XXS => |n, x, y| run(n, x, y, DType::IQ3_XXS, iq::iq3_xxs),
+        DType::IQ3_S => |n, x, y| run(n, x, y, DType::IQ3_S, iq::iq3_s),
+        DType::IQ1_S => |n, x, y| run(n, x, y, DType::IQ1_S, iq::iq1_s),
+        DType::IQ1_M => |n, x, y| run(n, x, y, DType::IQ1_M, iq::iq1_m),
+        DType::NVFP4 => |n, x, y| run(n, x, y, DType::NVFP4, iq::nvfp4),
+        DType::Q1_0 => |n, x, y| run(n, x, y, DType::Q1_0, iq::q1_0),
+        DType::Q2_0 => |n, x, y| run(n, x, y, DType::Q2_0, iq::q2_0),
         _ => return None,
     })
 }
@@ -64,9 +53,10 @@ type Kernel = unsafe fn(usize, &[u8], &[u8]) -> f32;
 /// Runs kernel `k` over the blocks the scalar code would use: `n / qk`, limited (like its
 /// `zip` of `chunks_exact`) by the whole blocks both rows hold.
 #[inline(always)]
-fn run(n: usize, x: &[u8], y: &[u8], bx: usize, by: usize, qk: usize, k: Kernel) -> f32 {
+fn run(n: usize, x: &[u8], y: &[u8], dtype: DType, k: Kernel) -> f32 {
+    let (bx, by, qk) = super::table::geometry(dtype).expect("a quantized type");
     let nb = (n / qk).min(x.len() / bx).min(y.len() / by);
-    // SAFETY: `dot_fn` is used only when `available()` (NEON present); `x` and `y` hold `nb`
+    // SAFETY: `dot_fn`'s kernels are reached only through the NEON table (NEON present); `x` and `y` hold `nb`
     // whole blocks of `bx` and `by` bytes.
     unsafe { k(nb, x, y) }
 }
@@ -690,7 +680,11 @@ mod tests {
 
     #[test]
     fn neon_dots_match_scalar_bit_for_bit() {
-        assert!(available(), "NEON should be detected on aarch64");
+        assert_eq!(
+            crate::kernels::detected_isa(),
+            crate::kernels::Isa::Neon,
+            "NEON should be detected on aarch64"
+        );
         let mut rng = Rng(0x0123_4567_89ab_cdef);
         for dtype in TYPES {
             let neon = dot_fn(dtype).unwrap();

@@ -4,8 +4,9 @@
 //! `quantize_row_q8_K`, which on x86 is `quantize_row_q8_K_ref` (ggml-base, built without FMA:
 //! `nearest_int(iscale*x)` with a separately rounded product).
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use super::{fp32_to_fp16, simd_available};
+use lamina_core::DType;
+
+use super::fp32_to_fp16;
 
 /// Bytes of one Q8_0 block (f16 scale + 32 quants).
 pub const Q8_0_BLOCK: usize = 34;
@@ -58,67 +59,55 @@ fn quantize_q8_scalar(x: &[f32], out: &mut [u8], with_sum: bool) {
     }
 }
 
+/// The tier in use's conversion to `act` (Q8_0, Q8_1 or Q8_K).
+fn convert(act: DType) -> super::table::ConvertFn {
+    super::table()
+        .convert(act)
+        .expect("every kernel table quantizes to Q8_0, Q8_1 and Q8_K")
+}
+
 /// ggml-cpu's x86 `quantize_row_q8_0`: `x.len()` a multiple of 32, `out` 34 bytes per block.
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
-    assert!(x.len().is_multiple_of(32) && out.len() >= x.len() / 32 * Q8_0_BLOCK);
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        // SAFETY: AVX2/FMA/F16C checked; lengths checked above.
-        unsafe { avx2::quantize_q8(x, out, false) };
-        return;
-    }
-    quantize_q8_scalar(x, out, false);
+    convert(DType::Q8_0)(x, out)
 }
 
 /// ggml-cpu's x86 `quantize_row_q8_1` (adds `s = f16(d * Σq)`): 36 bytes per block.
 pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) {
-    assert!(x.len().is_multiple_of(32) && out.len() >= x.len() / 32 * Q8_1_BLOCK);
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        // SAFETY: AVX2/FMA/F16C checked; lengths checked above.
-        unsafe { avx2::quantize_q8(x, out, true) };
-        return;
-    }
-    quantize_q8_scalar(x, out, true);
-}
-
-/// Scalar emulation of [`quantize_row_q8_0`] (for tests and machines without AVX2).
-pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) {
-    quantize_q8_scalar(x, out, false);
-}
-
-/// Scalar emulation of [`quantize_row_q8_1`].
-pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) {
-    quantize_q8_scalar(x, out, true);
+    convert(DType::Q8_1)(x, out)
 }
 
 /// `quantize_row_q8_K_ref` (what ggml-cpu's x86 `quantize_row_q8_K` calls): `x.len()` a
 /// multiple of 256, `out` 292 bytes per block.
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+    convert(DType::Q8_K)(x, out)
+}
+
+/// The lengths every Q8_0 (`with_sum` false) or Q8_1 quantizer checks before it writes.
+pub(crate) fn check_q8(x: &[f32], out: &[u8], with_sum: bool) {
+    let bs = if with_sum { Q8_1_BLOCK } else { Q8_0_BLOCK };
+    assert!(x.len().is_multiple_of(32) && out.len() >= x.len() / 32 * bs);
+}
+
+/// The lengths every Q8_K quantizer checks before it writes.
+pub(crate) fn check_q8_k(x: &[f32], out: &[u8]) {
     assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * Q8_K_BLOCK);
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(x: &[f32], out: &mut [u8]) {
-            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BLOCK)) {
-                // SAFETY: AVX enabled here. The exact max of the non-NaN `|v|`, as the
-                // scalar scan finds it; `max` is its first element, as there.
-                let (amax, _) = unsafe { super::x86::absmax(xb) };
-                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
-                quantize_q8_k_block(xb, ob, amax, max);
-            }
-        }
-        // SAFETY: AVX2/FMA/F16C present; the same operations (no contraction: there is no
-        // `mul_add` in the code), only with SSE4.1 rounding instead of a libm call.
-        unsafe { fast(x, out) };
-        return;
-    }
-    quantize_q8_k_impl(x, out);
+}
+
+/// Scalar emulation of [`quantize_row_q8_0`] (the scalar tier's, and the reference).
+pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) {
+    check_q8(x, out, false);
+    quantize_q8_scalar(x, out, false);
+}
+
+/// Scalar emulation of [`quantize_row_q8_1`].
+pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) {
+    check_q8(x, out, true);
+    quantize_q8_scalar(x, out, true);
 }
 
 /// Scalar emulation of [`quantize_row_q8_k`] (never compiled for AVX2).
 pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) {
-    assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * Q8_K_BLOCK);
+    check_q8_k(x, out);
     quantize_q8_k_impl(x, out);
 }
 
@@ -141,7 +130,7 @@ fn quantize_q8_k_impl(x: &[f32], out: &mut [u8]) {
 /// One Q8_K block of `quantize_row_q8_K_ref`, given the block's largest `|v|` and its first
 /// element of that magnitude.
 #[inline(always)]
-fn quantize_q8_k_block(xb: &[f32], ob: &mut [u8], amax: f32, max: f32) {
+pub(crate) fn quantize_q8_k_block(xb: &[f32], ob: &mut [u8], amax: f32, max: f32) {
     if amax == 0.0 {
         ob.fill(0);
         return;
@@ -176,10 +165,44 @@ pub(crate) fn q8_k_bsums(qs: &[u8], bsums: &mut [u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{Q8_0_BLOCK, Q8_1_BLOCK};
+pub(crate) mod avx2 {
+    use super::{Q8_0_BLOCK, Q8_1_BLOCK, Q8_K_BLOCK};
     use crate::kernels::fp32_to_fp16;
     use std::arch::x86_64::*;
+
+    /// The AVX2 tier's `quantize_row_q8_0`.
+    pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
+        super::check_q8(x, out, false);
+        // SAFETY: reached only through the AVX2 and AVX-512 kernel tables, which exist only
+        // where AVX2/FMA/F16C are present; lengths checked above.
+        unsafe { quantize_q8(x, out, false) }
+    }
+
+    /// The AVX2 tier's `quantize_row_q8_1`.
+    pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) {
+        super::check_q8(x, out, true);
+        // SAFETY: as in `quantize_row_q8_0`.
+        unsafe { quantize_q8(x, out, true) }
+    }
+
+    /// The AVX2 tier's `quantize_row_q8_K` (the reference's operations, with SSE4.1 rounding
+    /// instead of a libm call and a vector search for the largest magnitude).
+    pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+        super::check_q8_k(x, out);
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(x: &[f32], out: &mut [u8]) {
+            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BLOCK)) {
+                // SAFETY: AVX enabled here. The exact max of the non-NaN `|v|`, as the
+                // scalar scan finds it; `max` is its first element, as there.
+                let (amax, _) = unsafe { crate::kernels::x86::absmax(xb) };
+                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+                super::quantize_q8_k_block(xb, ob, amax, max);
+            }
+        }
+        // SAFETY: as in `quantize_row_q8_0`; the same operations as the scalar code (there is
+        // no `mul_add` in it, so nothing is contracted).
+        unsafe { fast(x, out) }
+    }
 
     /// Port of the AVX2 branch of `quantize_row_q8_0` / `quantize_row_q8_1`.
     #[target_feature(enable = "avx2,fma,f16c")]

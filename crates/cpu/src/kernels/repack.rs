@@ -11,26 +11,7 @@
 //!
 //! These functions take the ordinary (not interleaved) Q4_K and Q8_K blocks.
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use super::{f16_at, simd_available};
-
-/// Runs `$f` compiled with FMA when the CPU has AVX2/FMA (same operations, same bits).
-macro_rules! fma_dispatch {
-    ($f:ident, $n:expr, $x:expr, $y:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
-                $f(n, x, y)
-            }
-            if simd_available() {
-                // SAFETY: AVX2/FMA/F16C present.
-                return unsafe { fast($n, $x, $y) };
-            }
-        }
-        $f($n, $x, $y)
-    }};
-}
+use super::f16_at;
 
 /// Whether llama.cpp repacks a Q4_K weight with `rows` rows on AVX2 (`ne[1] % 8 == 0`).
 pub fn q4_k_repacked(rows: usize) -> bool {
@@ -49,23 +30,6 @@ pub fn q4_k_gemm_rows(n: usize) -> usize {
 /// magnitude).
 pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
     assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * 292);
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(x: &[f32], out: &mut [u8]) {
-            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
-                // SAFETY: AVX enabled here. Without NaNs the scalar scan's maximum is the
-                // plain maximum; with one, the scan's result depends on the order: take it.
-                let (amax, nan) = unsafe { super::x86::absmax(xb) };
-                let amax = if nan { scan_amax(xb) } else { amax };
-                quantize_q8_k_4x8_block(xb, ob, amax);
-            }
-        }
-        // SAFETY: AVX2/FMA/F16C present; the same operations (no `mul_add`, so nothing is
-        // contracted), with SSE4.1 rounding instead of a libm call.
-        unsafe { fast(x, out) };
-        return;
-    }
     quantize_q8_k_4x8_impl(x, out);
 }
 
@@ -78,7 +42,7 @@ fn quantize_q8_k_4x8_impl(x: &[f32], out: &mut [u8]) {
 
 /// The reference's running `amax = amax > |v| ? amax : |v|` (a NaN resets it).
 #[inline(always)]
-fn scan_amax(xb: &[f32]) -> f32 {
+pub(crate) fn scan_amax(xb: &[f32]) -> f32 {
     let mut amax = 0f32;
     for &v in xb {
         let a = v.abs();
@@ -89,7 +53,7 @@ fn scan_amax(xb: &[f32]) -> f32 {
 
 /// One block of [`quantize_row_q8_k_4x8`], given the block's `amax`.
 #[inline(always)]
-fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
+pub(crate) fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
     let positive_max = xb.contains(&amax);
     let iscale = if amax == 0.0 {
         0.0
@@ -141,12 +105,8 @@ fn q4k_pairs(xb: &[u8], yb: &[u8]) -> ([i32; 4], [i32; 4]) {
 }
 
 /// `ggml_gemv_q4_K_8x8_q8_K`'s value for one weight row (Q4_K) and one activation row (Q8_K).
-pub fn dot_q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    fma_dispatch!(dot_q4_k_gemv_impl, n, x, y)
-}
-
 #[inline(always)]
-fn dot_q4_k_gemv_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     let mut acc_min = 0f32;
     for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
@@ -162,12 +122,8 @@ fn dot_q4_k_gemv_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_gemm_q4_K_8x8_q8_K`'s value for one weight row and one activation row (quantized with
 /// [`quantize_row_q8_k_4x8`]).
-pub fn dot_q4_k_gemm(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    fma_dispatch!(dot_q4_k_gemm_impl, n, x, y)
-}
-
 #[inline(always)]
-fn dot_q4_k_gemm_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_q4_k_gemm(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     let mut acc_min = 0f32;
     for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
@@ -330,30 +286,8 @@ fn bytemuck_read<B: lamina_core::quant::Block>(b: &[u8]) -> B {
 /// The tiled kernel's value for one grid i-quant weight row (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 /// IQ3_S, IQ1_S, IQ1_M) and one Q8_K activation row: per superblock the exact
 /// `s1 = Σ scale·v·q8`, then `acc = fma(d_w * (float)s1, d_a, acc)` as for IQ4_XS.
-pub fn dot_iq_grid_tiled(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
-    use lamina_core::DType::*;
-    macro_rules! per_type {
-        ($($t:ident => $f:ident),*) => {
-            match dtype {
-                $($t => {
-                    #[inline(always)]
-                    fn $f(n: usize, x: &[u8], y: &[u8]) -> f32 {
-                        dot_iq_grid_tiled_impl($t, n, x, y)
-                    }
-                    fma_dispatch!($f, n, x, y)
-                })*
-                _ => dot_iq_grid_tiled_impl(dtype, n, x, y),
-            }
-        };
-    }
-    per_type!(
-        IQ2_XXS => iq2_xxs, IQ2_XS => iq2_xs, IQ2_S => iq2_s, IQ3_XXS => iq3_xxs,
-        IQ3_S => iq3_s, IQ1_S => iq1_s, IQ1_M => iq1_m
-    )
-}
-
 #[inline(always)]
-fn dot_iq_grid_tiled_impl(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_iq_grid_tiled(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     let bs = dtype.type_size() as usize;
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(bs).zip(y.chunks_exact(292)).take(n / 256) {
@@ -375,12 +309,8 @@ fn dot_iq_grid_tiled_impl(dtype: lamina_core::DType, n: usize, x: &[u8], y: &[u8
 
 /// The tiled kernel's value for one Q6_K weight row and one Q8_K activation row: per
 /// superblock `res = d_w * (float)Σ scale·(q6-32)·q8`, then `acc = fma(res, d_a, acc)`.
-pub fn dot_q6_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    fma_dispatch!(dot_q6_k_tiled_impl, n, x, y)
-}
-
 #[inline(always)]
-fn dot_q6_k_tiled_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_q6_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(210).zip(y.chunks_exact(292)).take(n / 256) {
         let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
@@ -425,6 +355,7 @@ fn tiled_acc(acc: f32, d: f32, dmin: Option<f32>, s1: i32, s2: i32, da: f32) -> 
 
 /// The tiled kernel's value for one Q4_K (`q5 = false`) or Q5_K (`q5 = true`) weight row and one
 /// Q8_K activation row.
+#[inline(always)]
 pub fn dot_q45_k_tiled(q5: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
     let bs = if q5 { 176 } else { 144 };
     let mut acc = 0f32;
@@ -459,6 +390,7 @@ pub fn dot_q45_k_tiled(q5: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// The tiled kernel's value for one Q2_K weight row and one Q8_K activation row.
+#[inline(always)]
 pub fn dot_q2_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(84).zip(y.chunks_exact(292)).take(n / 256) {
@@ -483,6 +415,7 @@ pub fn dot_q2_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// The tiled kernel's value for one IQ4_XS weight row and one Q8_K activation row.
+#[inline(always)]
 pub fn dot_iq4_xs_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const KV: [i32; 16] = [
         -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -514,51 +447,18 @@ pub fn q0_repacked(dtype: lamina_core::DType, rows: usize) -> bool {
     matches!(dtype, lamina_core::DType::Q4_0 | lamina_core::DType::IQ4_NL) && rows.is_multiple_of(8)
 }
 
-/// `gemv_q4_b32_8x8_q8_0_lut_avx` / `gemm_q4_b32_8x8_q8_0_lut_avx`'s value (both kernels agree
-/// per output) for one repacked Q4_0 (`iq4nl = false`) or IQ4_NL weight row against one Q8_0
-/// activation row: per block `acc = fma((float)Σ q·q8, d_w*d_a, acc)`, one scalar chain.
-pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-            dot_q0_repacked_impl(iq4nl, n, x, y)
-        }
-        if simd_available() {
-            // SAFETY: AVX2/FMA/F16C present; same operations with FMA enabled.
-            return unsafe { fast(iq4nl, n, x, y) };
-        }
-    }
-    dot_q0_repacked_impl(iq4nl, n, x, y)
-}
-
 /// Whether llama.cpp repacks an MXFP4 weight with `rows` rows on AVX2 (`ne[1] % 8 == 0`).
 pub fn mxfp4_repacked(rows: usize) -> bool {
     rows.is_multiple_of(8)
 }
 
+const KVALUES_MXFP4: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 /// `gemv_q4_b32_8x8_q8_0_lut_avx<block_mxfp4x8>` / its gemm (they agree per output) for one
 /// repacked MXFP4 weight row against one Q8_0 activation row: per block
 /// `acc = fma((float)Σ q·q8, e8m0_half(e)*d_a, acc)`, one scalar chain.
-pub fn dot_mxfp4_repacked(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
-            dot_mxfp4_repacked_impl(n, x, y)
-        }
-        if simd_available() {
-            // SAFETY: AVX2/FMA/F16C present; same operations with FMA enabled.
-            return unsafe { fast(n, x, y) };
-        }
-    }
-    dot_mxfp4_repacked_impl(n, x, y)
-}
-
-const KVALUES_MXFP4: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-
 #[inline(always)]
-fn dot_mxfp4_repacked_impl(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_mxfp4_repacked(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(17).zip(y.chunks_exact(34)).take(n / 32) {
         let mut sumi = 0i32;
@@ -577,8 +477,11 @@ const KVALUES_IQ4NL: [i32; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// `gemv_q4_b32_8x8_q8_0_lut_avx` / `gemm_q4_b32_8x8_q8_0_lut_avx`'s value (both kernels agree
+/// per output) for one repacked Q4_0 (`iq4nl = false`) or IQ4_NL weight row against one Q8_0
+/// activation row: per block `acc = fma((float)Σ q·q8, d_w*d_a, acc)`, one scalar chain.
 #[inline(always)]
-fn dot_q0_repacked_impl(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / 32) {
         let mut sumi = 0i32;
@@ -598,6 +501,7 @@ fn dot_q0_repacked_impl(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// The tiled kernel's value for one Q3_K weight row and one Q8_K activation row (signed 3-bit
 /// values, 6-bit scales minus 32, no min).
+#[inline(always)]
 pub fn dot_q3_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (xb, yb) in x.chunks_exact(110).zip(y.chunks_exact(292)).take(n / 256) {
@@ -637,41 +541,9 @@ fn q3k_scale(sc: &[u8], i: usize) -> i32 {
     i32::from(w.to_le_bytes()[i % 4] as i8) - 32
 }
 
-/// The scalar emulations of this module's kernels (and of tinyBLAS's IQ4_NL dot), never
-/// compiled for AVX2: the references the SIMD paths must match bit for bit.
+/// An independent scalar reference for kernels written elsewhere.
 pub mod scalar {
     use crate::kernels::f16_at;
-
-    /// Scalar [`super::quantize_row_q8_k_4x8`].
-    pub fn quantize_row_q8_k_4x8(x: &[f32], out: &mut [u8]) {
-        assert!(x.len().is_multiple_of(256) && out.len() >= x.len() / 256 * 292);
-        super::quantize_q8_k_4x8_impl(x, out)
-    }
-
-    /// Scalar [`super::dot_q4_k_gemv`].
-    pub fn dot_q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        super::dot_q4_k_gemv_impl(n, x, y)
-    }
-
-    /// Scalar [`super::dot_q4_k_gemm`].
-    pub fn dot_q4_k_gemm(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        super::dot_q4_k_gemm_impl(n, x, y)
-    }
-
-    /// Scalar [`super::dot_q6_k_tiled`].
-    pub fn dot_q6_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        super::dot_q6_k_tiled_impl(n, x, y)
-    }
-
-    /// Scalar [`super::dot_q0_repacked`].
-    pub fn dot_q0_repacked(iq4nl: bool, n: usize, x: &[u8], y: &[u8]) -> f32 {
-        super::dot_q0_repacked_impl(iq4nl, n, x, y)
-    }
-
-    /// Scalar [`super::dot_mxfp4_repacked`].
-    pub fn dot_mxfp4_repacked(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        super::dot_mxfp4_repacked_impl(n, x, y)
-    }
 
     /// Scalar `dot::dot_iq4_nl_tinyblas`: per block `d = dx*dy`, 8 lanes of exact 4-product
     /// sums, `acc = fma(d, lane, acc)`, then `hsum_float_8`.

@@ -156,8 +156,8 @@ fn q8_k_quantizers_simd_match_scalar() {
         quantize::quantize_row_q8_k(&x, &mut a);
         quantize::quantize_row_q8_k_scalar(&x, &mut b);
         assert_eq!(a, b, "q8_k case {case}");
-        super::repack::quantize_row_q8_k_4x8(&x, &mut a);
-        super::repack::scalar::quantize_row_q8_k_4x8(&x, &mut b);
+        (super::table().convert_q8_k_4x8())(&x, &mut a);
+        super::repack::quantize_row_q8_k_4x8(&x, &mut b);
         assert_eq!(a, b, "q8_k 4x8 case {case}");
     }
 }
@@ -286,10 +286,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn tiles_match_scalar() {
     let mut rng = Rng(0x5151_7e57_0bad_cafe);
     // Every kernel tier this CPU has.
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|&i| i <= super::detected_isa())
-        .collect();
+    let isas: Vec<Isa> = super::available_isas();
     // Every weight type with an exact kernel (BF16 has none).
     let types: Vec<DType> = crate::MATMUL_WEIGHT_TYPES
         .into_iter()
@@ -301,7 +298,7 @@ fn tiles_match_scalar() {
         let k = k.next_multiple_of(qk);
         let wrow = dtype.row_size(k as u64).unwrap() as usize;
         for (m, n) in [(8usize, 1usize), (12, 1), (8, 4), (16, 5), (9, 8), (8, 11)] {
-            let plan = matmul::MatMul::plan(dtype, m, n, k, true, true).unwrap();
+            let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
             let w = match dtype {
                 DType::F16 => rng
                     .vec(k * m, 1.0)
@@ -375,13 +372,10 @@ fn tiles_match_scalar() {
 #[test]
 fn trimmed_zero_tails_keep_every_bit() {
     let mut rng = Rng(0x7a11_5eed_0123_4567);
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|&i| i <= super::detected_isa())
-        .collect();
+    let isas: Vec<Isa> = super::available_isas();
     for dtype in [DType::F16, DType::F32] {
         let (m, n, k) = (8usize, 11usize, 96usize);
-        let plan = matmul::MatMul::plan(dtype, m, n, k, true, true).unwrap();
+        let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
         let w: Vec<u8> = match dtype {
             DType::F16 => rng
                 .vec(k * m, 1.0)
@@ -461,4 +455,27 @@ fn softmax_masked_groups_are_exact_zeros() {
     let all = vec![f32::NEG_INFINITY; 16];
     softmax_row(&x[..16], 1.0, Some(&all), 1.0, &mut a[..16]);
     assert!(a[..16].iter().all(|v| v.is_nan()));
+}
+
+/// Every quantized type's geometry as its dot kernels read it: weight block bytes, the bytes
+/// of the activation blocks facing one weight block, values per weight block.
+#[test]
+fn geometry_of_every_dot_type() {
+    use super::table::geometry;
+    let want = [
+        (DType::Q4_0, (18, 34, 32)),
+        (DType::Q4_1, (20, 36, 32)),
+        (DType::Q8_0, (34, 34, 32)),
+        (DType::MXFP4, (17, 34, 32)),
+        (DType::NVFP4, (36, 68, 64)),
+        (DType::Q1_0, (18, 136, 128)),
+        (DType::Q2_0, (18, 68, 64)),
+        (DType::Q4_K, (144, 292, 256)),
+        (DType::IQ2_XXS, (66, 292, 256)),
+        (DType::TQ1_0, (54, 292, 256)),
+    ];
+    for (t, g) in want {
+        assert_eq!(geometry(t), Some(g), "{t}");
+    }
+    assert_eq!(geometry(DType::Q8_K), None);
 }

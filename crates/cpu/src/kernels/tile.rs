@@ -6,13 +6,15 @@
 //! and an activation block once for several weight rows. Independent FMA chains of different
 //! outputs also overlap, which a single dot product cannot do.
 //!
-//! AVX2, plus AVX-512 VNNI tiles for the Q0 and Q1 types (`avx512`); [`tile_at`] returns `false`
-//! when there is no kernel (or no AVX2), and the caller then computes the outputs one at a time.
+//! AVX2, plus AVX-512 VNNI tiles for the Q0 and Q1 types (`avx512`), reached through the x86
+//! tiers' kernel tables ([`avx2_tiles`], [`avx512_tiles`]). A tile kernel may decline a shape
+//! (returning `false`), and the caller then computes the outputs one at a time.
 
-use super::Isa;
+use lamina_core::DType;
 
 /// The per-output arithmetic a tile kernel reproduces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum TileKind {
     /// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0: one 8-lane FMA chain of `fma(dx*dy, lanes, acc)`,
     /// then `hsum_float_8`, for Q4_0 (0), Q5_0 (1), Q8_0 (2) and IQ4_NL under tinyBLAS (3).
@@ -41,57 +43,112 @@ pub(crate) enum TileKind {
 }
 
 impl TileKind {
-    /// (values per block, weight block bytes, activation block bytes).
+    /// The weight type whose rows the kernel reads.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn dtype(self) -> DType {
+        match self {
+            TileKind::Q0(t) | TileKind::Q0Chain(t) => [
+                DType::Q4_0,
+                DType::Q5_0,
+                DType::Q8_0,
+                DType::IQ4_NL,
+                DType::MXFP4,
+            ][t as usize],
+            TileKind::Iq4XsTiled => DType::IQ4_XS,
+            TileKind::Q2KTiled => DType::Q2_K,
+            TileKind::IqGridTiled(t) => t,
+            TileKind::Q1(q5) => [DType::Q4_1, DType::Q5_1][q5 as usize],
+            TileKind::Q4KGemv | TileKind::Q4KGemm => DType::Q4_K,
+            TileKind::Q6KTiled => DType::Q6_K,
+            TileKind::F16Tiny => DType::F16,
+            TileKind::F32Tiny => DType::F32,
+        }
+    }
+
+    /// (values per block, weight block bytes, activation block bytes); the f32 and f16 tiles
+    /// read groups of 8 values.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn geometry(self) -> (usize, usize, usize) {
-        match self {
-            TileKind::Q0(t) | TileKind::Q0Chain(t) => (32, [18, 22, 34, 18, 17][t as usize], 34),
-            TileKind::Iq4XsTiled => (256, 136, 292),
-            TileKind::Q2KTiled => (256, 84, 292),
-            TileKind::IqGridTiled(t) => (256, t.type_size() as usize, 292),
-            TileKind::Q1(q5) => (32, if q5 { 24 } else { 20 }, 36),
-            TileKind::Q4KGemv | TileKind::Q4KGemm => (256, 144, 292),
-            TileKind::Q6KTiled => (256, 210, 292),
-            TileKind::F16Tiny => (8, 16, 16),
-            TileKind::F32Tiny => (8, 32, 32),
+        match self.dtype() {
+            f @ (DType::F16 | DType::F32) => {
+                (8, 8 * f.type_size() as usize, 8 * f.type_size() as usize)
+            }
+            t => {
+                let (bx, by, qk) = super::table::geometry(t).expect("a quantized type");
+                (qk, bx, by)
+            }
         }
     }
 }
 
-/// `out[j * w.len() + i]` = the output of weight row `w[i]` and activation row `acts[j]` (rows
-/// of `k` values), when tier `isa` (at most [`super::detected_isa`]) has a tile kernel for
-/// `kind`; returns `false` (and leaves `out` alone) otherwise.
-pub(crate) fn tile_at(
-    isa: Isa,
+/// Checks that every row of a tile holds the `k / qk` blocks of `kind` that the kernels read,
+/// and gives that block count.
+#[cfg(target_arch = "x86_64")]
+fn checked_blocks(kind: TileKind, k: usize, w: &[&[u8]], acts: &[&[u8]], out: &[f32]) -> usize {
+    let (qk, bx, by) = kind.geometry();
+    let nb = k / qk;
+    assert!(
+        out.len() >= w.len() * acts.len()
+            && w.iter().all(|r| r.len() >= nb * bx)
+            && acts.iter().all(|r| r.len() >= nb * by),
+        "tile rows too short"
+    );
+    nb
+}
+
+/// Whether a tile of one activation row beats output-by-output dots: a single activation row
+/// (token generation) streams the weights once, and row after row reads memory sequentially,
+/// except for the repacked Q0 chains, whose 4×1 tiles still win (their per-output kernel is
+/// scalar).
+#[cfg(target_arch = "x86_64")]
+fn worth_it(kind: TileKind, na: usize) -> bool {
+    na > 1 || matches!(kind, TileKind::Q0Chain(_))
+}
+
+/// The AVX2 tier's tiles: `out[j * w.len() + i]` = the output of weight row `w[i]` and
+/// activation row `acts[j]` (rows of `k` values); `false` (with `out` untouched) where a tile
+/// would not be faster.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_tiles(
     kind: TileKind,
     k: usize,
     w: &[&[u8]],
     acts: &[&[u8]],
     out: &mut [f32],
 ) -> bool {
-    assert!(isa <= super::detected_isa(), "{isa:?} is not available");
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        let (qk, bx, by) = kind.geometry();
-        let nb = k / qk;
-        assert!(
-            out.len() >= w.len() * acts.len()
-                && w.iter().all(|r| r.len() >= nb * bx)
-                && acts.iter().all(|r| r.len() >= nb * by),
-            "tile rows too short"
-        );
-        if isa >= Isa::Avx512 && avx512::covers(kind, nb, w.len(), acts.len()) {
-            // SAFETY: the AVX-512 tier is detected (asserted above); every row holds `nb`
-            // blocks (checked above); `covers` holds.
-            unsafe { avx512::run(kind, nb, w, acts, out) };
-            return true;
-        }
-        // SAFETY: AVX2/FMA/F16C present; every row holds `nb` blocks (checked above).
-        unsafe { avx2::run(kind, nb, w, acts, out) };
-        return true;
+    if !worth_it(kind, acts.len()) {
+        return false;
     }
-    let _ = (kind, k, w, acts, out);
-    false
+    let nb = checked_blocks(kind, k, w, acts, out);
+    // SAFETY: reached only through the AVX2 and AVX-512 kernel tables, which exist only where
+    // AVX2/FMA/F16C are present; every row holds `nb` blocks (checked above).
+    unsafe { avx2::run(kind, nb, w, acts, out) };
+    true
+}
+
+/// The AVX-512 tier's tiles: its own kernels where [`avx512::covers`] the shape, else the
+/// AVX2 ones (the same bits either way).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_tiles(
+    kind: TileKind,
+    k: usize,
+    w: &[&[u8]],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> bool {
+    if !worth_it(kind, acts.len()) {
+        return false;
+    }
+    let nb = checked_blocks(kind, k, w, acts, out);
+    if avx512::covers(kind, nb, w.len(), acts.len()) {
+        // SAFETY: reached only through the AVX-512 kernel table, which exists only where the
+        // tier is detected; every row holds `nb` blocks (checked above); `covers` holds.
+        unsafe { avx512::run(kind, nb, w, acts, out) };
+    } else {
+        // SAFETY: the AVX-512 tier includes AVX2/FMA/F16C; rows checked above.
+        unsafe { avx2::run(kind, nb, w, acts, out) };
+    }
+    true
 }
 
 /// `rows[start + i]` for `i < N`, the last of `rows` repeated past its end, as pointers. A

@@ -1,0 +1,3 @@
+//! aarch64 kernels: the NEON tier.
+
+pub mod neon;

@@ -1,0 +1,206 @@
+//! The AVX2 tier (AVX2, FMA and F16C): ports of ggml's AVX2 kernels, and the scalar kernels
+//! compiled with these features where ggml has no SIMD code of its own (the same operations,
+//! so the same bits: `mul_add` is one fused rounding either way).
+
+use lamina_core::DType;
+
+use crate::kernels::generic::IQ_GRID;
+use crate::kernels::table::{DotFn, Kernel, KernelTable, TileFn};
+use crate::kernels::tile::{TileKind, avx2_tiles};
+use crate::kernels::{dot, fattn, fdot, generic, matmul::as_f32, quantize, repack};
+
+/// Defines `fn $name(n, x, y) -> f32` running `$body` compiled with AVX2/FMA/F16C (the body's
+/// kernels are `#[inline(always)]`, so they are compiled into it).
+macro_rules! with_fma {
+    ($($name:ident($n:ident, $x:ident, $y:ident) => $body:expr;)*) => {$(
+        fn $name($n: usize, $x: &[u8], $y: &[u8]) -> f32 {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn fast($n: usize, $x: &[u8], $y: &[u8]) -> f32 {
+                $body
+            }
+            // SAFETY: reached only through the AVX2 and AVX-512 tables, which exist only where
+            // AVX2/FMA/F16C are present.
+            unsafe { fast($n, $x, $y) }
+        }
+    )*};
+}
+
+with_fma! {
+    iq4_nl_tinyblas(n, x, y) => dot::dot_iq4_nl_tinyblas(n, x, y);
+    q6_k_tiled(n, x, y) => repack::dot_q6_k_tiled(n, x, y);
+    q4_k_tiled(n, x, y) => repack::dot_q45_k_tiled(false, n, x, y);
+    q5_k_tiled(n, x, y) => repack::dot_q45_k_tiled(true, n, x, y);
+    q3_k_tiled(n, x, y) => repack::dot_q3_k_tiled(n, x, y);
+    q2_k_tiled(n, x, y) => repack::dot_q2_k_tiled(n, x, y);
+    iq4_xs_tiled(n, x, y) => repack::dot_iq4_xs_tiled(n, x, y);
+    iq2_xxs_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ2_XXS, n, x, y);
+    iq2_xs_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ2_XS, n, x, y);
+    iq2_s_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ2_S, n, x, y);
+    iq3_xxs_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ3_XXS, n, x, y);
+    iq3_s_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ3_S, n, x, y);
+    iq1_s_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ1_S, n, x, y);
+    iq1_m_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ1_M, n, x, y);
+    q4_k_gemv(n, x, y) => repack::dot_q4_k_gemv(n, x, y);
+    q4_k_gemm(n, x, y) => repack::dot_q4_k_gemm(n, x, y);
+    q4_0_repacked(n, x, y) => repack::dot_q0_repacked(false, n, x, y);
+    iq4_nl_repacked(n, x, y) => repack::dot_q0_repacked(true, n, x, y);
+    mxfp4_repacked(n, x, y) => repack::dot_mxfp4_repacked(n, x, y);
+}
+
+/// `tiles!(Kind)`: the AVX2 tile kernel of one [`TileKind`], as a table entry.
+macro_rules! tiles {
+    ($kind:expr) => {
+        Some((|k, w, a, out| avx2_tiles($kind, k, w, a, out)) as TileFn)
+    };
+}
+
+fn vec_dot_f32(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&as_f32(w)[..k], &as_f32(a)[..k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` values.
+    unsafe { fdot::avx2::vec_dot_f32(k, w, a) }
+}
+
+fn tinyblas_f32(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&as_f32(w)[..k], &as_f32(a)[..k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` values.
+    unsafe { fdot::avx2::tinyblas_f32(k, w, a) }
+}
+
+fn vec_dot_f16(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&w[..2 * k], &a[..2 * k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` f16 values.
+    unsafe { fdot::avx2::vec_dot_f16(k, w, a) }
+}
+
+fn tinyblas_f16(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&w[..2 * k], &a[..2 * k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` f16 values.
+    unsafe { fdot::avx2::tinyblas_f16(k, w, a) }
+}
+
+fn vec_dot_bf16(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&w[..2 * k], &a[..2 * k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` bf16 values.
+    unsafe { fattn::avx2::vec_dot_bf16(k, w, a) }
+}
+
+fn tinyblas_bf16(k: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (&w[..2 * k], &a[..2 * k]);
+    // SAFETY: as in `with_fma!`; the slices hold `k` bf16 values.
+    unsafe { fdot::avx2::tinyblas_bf16(k, w, a) }
+}
+
+/// `ggml_quantize_mat_q8_K_4x8`'s values with an AVX2 search for the block maximum.
+fn q8_k_4x8(x: &[f32], out: &mut [u8]) {
+    quantize::check_q8_k(x, out);
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fast(x: &[f32], out: &mut [u8]) {
+        for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+            // SAFETY: AVX enabled here. Without NaNs the scalar scan's maximum is the plain
+            // maximum; with one, the scan's result depends on the order: take it.
+            let (amax, nan) = unsafe { super::absmax(xb) };
+            let amax = if nan { repack::scan_amax(xb) } else { amax };
+            repack::quantize_q8_k_4x8_block(xb, ob, amax);
+        }
+    }
+    // SAFETY: as in `with_fma!`; the same operations (no `mul_add`, so nothing is
+    // contracted), with SSE4.1 rounding instead of a libm call.
+    unsafe { fast(x, out) }
+}
+
+/// The AVX2 tier's table: its kernels where it has them, the scalar tier's elsewhere.
+pub(crate) fn table() -> KernelTable {
+    let mut t = KernelTable::new(
+        crate::kernels::Isa::Avx2,
+        quantize::avx2::quantize_row_q8_0,
+        quantize::avx2::quantize_row_q8_1,
+        quantize::avx2::quantize_row_q8_k,
+        q8_k_4x8,
+    );
+    for dtype in DType::ALL {
+        if let Some(f) = dot::avx2::dot_fn(dtype) {
+            t.of_mut(dtype).vec_dot = Some(Kernel::dot(f));
+        }
+    }
+    // ggml_vec_dot_* (and tinyBLAS_Q0, the same per output) in tiles.
+    let vec_dot_tiles: [(DType, Option<TileFn>); 5] = [
+        (DType::Q4_0, tiles!(TileKind::Q0(0))),
+        (DType::Q5_0, tiles!(TileKind::Q0(1))),
+        (DType::Q8_0, tiles!(TileKind::Q0(2))),
+        (DType::Q4_1, tiles!(TileKind::Q1(false))),
+        (DType::Q5_1, tiles!(TileKind::Q1(true))),
+    ];
+    for (dtype, tile) in vec_dot_tiles {
+        if let Some(k) = &mut t.of_mut(dtype).vec_dot {
+            k.tile = tile;
+        }
+    }
+    let f32s = t.of_mut(DType::F32);
+    f32s.vec_dot = Some(Kernel::dot(vec_dot_f32));
+    f32s.tinyblas = Some(Kernel {
+        dot: tinyblas_f32,
+        tile: tiles!(TileKind::F32Tiny),
+    });
+    let f16s = t.of_mut(DType::F16);
+    f16s.vec_dot = Some(Kernel::dot(vec_dot_f16));
+    f16s.tinyblas = Some(Kernel {
+        dot: tinyblas_f16,
+        tile: tiles!(TileKind::F16Tiny),
+    });
+    let bf16s = t.of_mut(DType::BF16);
+    bf16s.vec_dot = Some(Kernel::dot(vec_dot_bf16));
+    bf16s.tinyblas = Some(Kernel::dot(tinyblas_bf16));
+    t.of_mut(DType::IQ4_NL).tinyblas = Some(Kernel {
+        dot: iq4_nl_tinyblas,
+        tile: tiles!(TileKind::Q0(3)),
+    });
+
+    let tiled: [(DType, DotFn, Option<TileFn>); 6] = [
+        (DType::Q6_K, q6_k_tiled, tiles!(TileKind::Q6KTiled)),
+        (DType::Q4_K, q4_k_tiled, None),
+        (DType::Q5_K, q5_k_tiled, None),
+        (DType::Q3_K, q3_k_tiled, None),
+        (DType::Q2_K, q2_k_tiled, tiles!(TileKind::Q2KTiled)),
+        (DType::IQ4_XS, iq4_xs_tiled, tiles!(TileKind::Iq4XsTiled)),
+    ];
+    for (dtype, dot, tile) in tiled {
+        t.of_mut(dtype).tiled = Some(Kernel { dot, tile });
+    }
+    let grid: [(DotFn, Option<TileFn>); 7] = [
+        (iq2_xxs_tiled, tiles!(TileKind::IqGridTiled(DType::IQ2_XXS))),
+        (iq2_xs_tiled, tiles!(TileKind::IqGridTiled(DType::IQ2_XS))),
+        (iq2_s_tiled, tiles!(TileKind::IqGridTiled(DType::IQ2_S))),
+        (iq3_xxs_tiled, tiles!(TileKind::IqGridTiled(DType::IQ3_XXS))),
+        (iq3_s_tiled, tiles!(TileKind::IqGridTiled(DType::IQ3_S))),
+        (iq1_s_tiled, tiles!(TileKind::IqGridTiled(DType::IQ1_S))),
+        (iq1_m_tiled, tiles!(TileKind::IqGridTiled(DType::IQ1_M))),
+    ];
+    for (dtype, (dot, tile)) in IQ_GRID.into_iter().zip(grid) {
+        t.of_mut(dtype).tiled = Some(Kernel { dot, tile });
+    }
+
+    let q4k = t.of_mut(DType::Q4_K);
+    q4k.repacked = Some(Kernel {
+        dot: q4_k_gemv,
+        tile: tiles!(TileKind::Q4KGemv),
+    });
+    q4k.repacked_gemm = Some(Kernel {
+        dot: q4_k_gemm,
+        tile: tiles!(TileKind::Q4KGemm),
+    });
+    t.of_mut(DType::Q4_0).repacked = Some(Kernel {
+        dot: q4_0_repacked,
+        tile: tiles!(TileKind::Q0Chain(0)),
+    });
+    t.of_mut(DType::IQ4_NL).repacked = Some(Kernel {
+        dot: iq4_nl_repacked,
+        tile: tiles!(TileKind::Q0Chain(3)),
+    });
+    t.of_mut(DType::MXFP4).repacked = Some(Kernel {
+        dot: mxfp4_repacked,
+        tile: tiles!(TileKind::Q0Chain(4)),
+    });
+
+    t.fill_from(&generic::table());
+    t
+}

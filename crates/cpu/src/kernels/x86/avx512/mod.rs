@@ -1,0 +1,60 @@
+//! The AVX-512 tier (AVX-512 F/BW/VL and VNNI on top of AVX2): the AVX2 tier's table, with
+//! tiles that use the AVX-512 kernels where they cover the shape.
+
+use crate::kernels::table::{Kernel, KernelTable, TileFn};
+use crate::kernels::tile::{TileKind, avx512_tiles};
+use lamina_core::DType;
+
+macro_rules! tiles {
+    ($kind:expr) => {
+        Some((|k, w, a, out| avx512_tiles($kind, k, w, a, out)) as TileFn)
+    };
+}
+
+/// The AVX-512 tier's table.
+pub(crate) fn table() -> KernelTable {
+    let mut t = super::avx2::table();
+    let retile = |k: &mut Option<Kernel>, tile: Option<TileFn>| {
+        if let Some(k) = k {
+            k.tile = tile;
+        }
+    };
+    retile(&mut t.of_mut(DType::Q4_0).vec_dot, tiles!(TileKind::Q0(0)));
+    retile(&mut t.of_mut(DType::Q5_0).vec_dot, tiles!(TileKind::Q0(1)));
+    retile(&mut t.of_mut(DType::Q8_0).vec_dot, tiles!(TileKind::Q0(2)));
+    retile(
+        &mut t.of_mut(DType::Q4_1).vec_dot,
+        tiles!(TileKind::Q1(false)),
+    );
+    retile(
+        &mut t.of_mut(DType::Q5_1).vec_dot,
+        tiles!(TileKind::Q1(true)),
+    );
+    retile(
+        &mut t.of_mut(DType::IQ4_NL).tinyblas,
+        tiles!(TileKind::Q0(3)),
+    );
+    retile(&mut t.of_mut(DType::Q6_K).tiled, tiles!(TileKind::Q6KTiled));
+    retile(
+        &mut t.of_mut(DType::Q4_K).repacked,
+        tiles!(TileKind::Q4KGemv),
+    );
+    retile(
+        &mut t.of_mut(DType::Q4_K).repacked_gemm,
+        tiles!(TileKind::Q4KGemm),
+    );
+    retile(
+        &mut t.of_mut(DType::Q4_0).repacked,
+        tiles!(TileKind::Q0Chain(0)),
+    );
+    retile(
+        &mut t.of_mut(DType::IQ4_NL).repacked,
+        tiles!(TileKind::Q0Chain(3)),
+    );
+    retile(
+        &mut t.of_mut(DType::MXFP4).repacked,
+        tiles!(TileKind::Q0Chain(4)),
+    );
+    t.set_isa(crate::kernels::Isa::Avx512);
+    t
+}
