@@ -23,10 +23,6 @@ pub mod fattn;
 pub mod fdot;
 mod generic;
 pub mod matmul;
-#[cfg(target_arch = "aarch64")]
-mod neon;
-#[cfg(target_arch = "aarch64")]
-mod neon_iq;
 pub mod quantize;
 pub mod repack;
 pub mod sort;

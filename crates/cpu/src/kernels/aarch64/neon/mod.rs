@@ -1,6 +1,9 @@
 //! The NEON tier: NEON versions of the quantized dot kernels (`ggml_vec_dot_*`), the scalar
 //! tier's kernels for everything else (all with the same bits).
 
+pub(crate) mod dot;
+mod iq;
+
 use lamina_core::DType;
 
 use crate::kernels::table::{Kernel, KernelTable};
@@ -16,7 +19,7 @@ pub(crate) fn table() -> KernelTable {
         generic::q8_k_4x8,
     );
     for dtype in DType::ALL {
-        if let Some(f) = crate::kernels::neon::dot_fn(dtype) {
+        if let Some(f) = dot::dot_fn(dtype) {
             t.of_mut(dtype).vec_dot = Some(Kernel::dot(f));
         }
     }

@@ -2,12 +2,19 @@
 //! compiled with these features where ggml has no SIMD code of its own (the same operations,
 //! so the same bits: `mul_add` is one fused rounding either way).
 
+pub mod act;
+pub mod dot;
+pub mod fattn;
+pub mod fdot;
+pub mod quantize;
+pub mod tile;
+
 use lamina_core::DType;
 
 use crate::kernels::generic::IQ_GRID;
 use crate::kernels::table::{DotFn, Kernel, KernelTable, TileFn};
 use crate::kernels::tile::{TileKind, avx2_tiles};
-use crate::kernels::{dot, fattn, fdot, generic, matmul::as_f32, quantize, repack};
+use crate::kernels::{generic, matmul::as_f32, repack};
 
 /// Defines `fn $name(n, x, y) -> f32` running `$body` compiled with AVX2/FMA/F16C (the body's
 /// kernels are `#[inline(always)]`, so they are compiled into it).
@@ -26,7 +33,7 @@ macro_rules! with_fma {
 }
 
 with_fma! {
-    iq4_nl_tinyblas(n, x, y) => dot::dot_iq4_nl_tinyblas(n, x, y);
+    iq4_nl_tinyblas(n, x, y) => crate::kernels::dot::dot_iq4_nl_tinyblas(n, x, y);
     q6_k_tiled(n, x, y) => repack::dot_q6_k_tiled(n, x, y);
     q4_k_tiled(n, x, y) => repack::dot_q45_k_tiled(false, n, x, y);
     q5_k_tiled(n, x, y) => repack::dot_q45_k_tiled(true, n, x, y);
@@ -57,48 +64,48 @@ macro_rules! tiles {
 fn vec_dot_f32(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&as_f32(w)[..k], &as_f32(a)[..k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` values.
-    unsafe { fdot::avx2::vec_dot_f32(k, w, a) }
+    unsafe { fdot::vec_dot_f32(k, w, a) }
 }
 
 fn tinyblas_f32(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&as_f32(w)[..k], &as_f32(a)[..k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` values.
-    unsafe { fdot::avx2::tinyblas_f32(k, w, a) }
+    unsafe { fdot::tinyblas_f32(k, w, a) }
 }
 
 fn vec_dot_f16(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&w[..2 * k], &a[..2 * k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` f16 values.
-    unsafe { fdot::avx2::vec_dot_f16(k, w, a) }
+    unsafe { fdot::vec_dot_f16(k, w, a) }
 }
 
 fn tinyblas_f16(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&w[..2 * k], &a[..2 * k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` f16 values.
-    unsafe { fdot::avx2::tinyblas_f16(k, w, a) }
+    unsafe { fdot::tinyblas_f16(k, w, a) }
 }
 
 fn vec_dot_bf16(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&w[..2 * k], &a[..2 * k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` bf16 values.
-    unsafe { fattn::avx2::vec_dot_bf16(k, w, a) }
+    unsafe { fattn::vec_dot_bf16(k, w, a) }
 }
 
 fn tinyblas_bf16(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (&w[..2 * k], &a[..2 * k]);
     // SAFETY: as in `with_fma!`; the slices hold `k` bf16 values.
-    unsafe { fdot::avx2::tinyblas_bf16(k, w, a) }
+    unsafe { fdot::tinyblas_bf16(k, w, a) }
 }
 
 /// `ggml_quantize_mat_q8_K_4x8`'s values with an AVX2 search for the block maximum.
 fn q8_k_4x8(x: &[f32], out: &mut [u8]) {
-    quantize::check_q8_k(x, out);
+    crate::kernels::quantize::check_q8_k(x, out);
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fast(x: &[f32], out: &mut [u8]) {
         for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
             // SAFETY: AVX enabled here. Without NaNs the scalar scan's maximum is the plain
             // maximum; with one, the scan's result depends on the order: take it.
-            let (amax, nan) = unsafe { super::absmax(xb) };
+            let (amax, nan) = unsafe { crate::kernels::x86::absmax(xb) };
             let amax = if nan { repack::scan_amax(xb) } else { amax };
             repack::quantize_q8_k_4x8_block(xb, ob, amax);
         }
@@ -112,13 +119,13 @@ fn q8_k_4x8(x: &[f32], out: &mut [u8]) {
 pub(crate) fn table() -> KernelTable {
     let mut t = KernelTable::new(
         crate::kernels::Isa::Avx2,
-        quantize::avx2::quantize_row_q8_0,
-        quantize::avx2::quantize_row_q8_1,
-        quantize::avx2::quantize_row_q8_k,
+        quantize::quantize_row_q8_0,
+        quantize::quantize_row_q8_1,
+        quantize::quantize_row_q8_k,
         q8_k_4x8,
     );
     for dtype in DType::ALL {
-        if let Some(f) = dot::avx2::dot_fn(dtype) {
+        if let Some(f) = dot::dot_fn(dtype) {
             t.of_mut(dtype).vec_dot = Some(Kernel::dot(f));
         }
     }

@@ -1,6 +1,9 @@
 //! The AVX-512 tier (AVX-512 F/BW/VL and VNNI on top of AVX2): the AVX2 tier's table, with
 //! tiles that use the AVX-512 kernels where they cover the shape.
 
+pub mod fattn;
+pub mod tile;
+
 use crate::kernels::table::{Kernel, KernelTable, TileFn};
 use crate::kernels::tile::{TileKind, avx512_tiles};
 use lamina_core::DType;

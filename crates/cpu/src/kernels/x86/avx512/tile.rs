@@ -9,7 +9,7 @@
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
 //! one 16-lane multiply and read back as embedded broadcasts.
 
-use super::avx2::{
+use crate::kernels::x86::avx2::tile::{
     KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, Q4K_MAX_BLOCKS, Q4kDecoded, decode_q4k, e8m0_half,
     ld_f16, ld_f16_last, q0_bytes, q0_values, q8k_act, scales4,
 };
@@ -17,27 +17,38 @@ use crate::kernels::x86::{K6_SHUFFLE, bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
 /// Whether [`run`] has a kernel for this product.
-pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> bool {
-    if let super::TileKind::Q0Chain(_) = kind {
+pub(crate) fn covers(
+    kind: crate::kernels::tile::TileKind,
+    nb: usize,
+    nw: usize,
+    na: usize,
+) -> bool {
+    if let crate::kernels::tile::TileKind::Q0Chain(_) = kind {
         // One activation row is the AVX2 kernel's (same bits): there the transposed VNNI
         // lanes lose to it (SmolLM2 MXFP4 tg128, one thread on a Xeon: 58.8 against 67.9 t/s).
         return nw.is_multiple_of(8) && na > 1;
     }
-    if matches!(kind, super::TileKind::Q0(_) | super::TileKind::Q1(_))
-        && (nb > MAX_BLOCKS || nw > MAX_W || na > MAX_A)
+    if matches!(
+        kind,
+        crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
+    ) && (nb > MAX_BLOCKS || nw > MAX_W || na > MAX_A)
     {
         return false;
     }
-    if matches!(kind, super::TileKind::Q4KGemm | super::TileKind::Q4KGemv) && nb > Q4K_MAX_BLOCKS {
+    if matches!(
+        kind,
+        crate::kernels::tile::TileKind::Q4KGemm | crate::kernels::tile::TileKind::Q4KGemv
+    ) && nb > Q4K_MAX_BLOCKS
+    {
         return false;
     }
     matches!(
         kind,
-        super::TileKind::Q0(_)
-            | super::TileKind::Q1(_)
-            | super::TileKind::Q4KGemm
-            | super::TileKind::Q4KGemv
-            | super::TileKind::Q6KTiled
+        crate::kernels::tile::TileKind::Q0(_)
+            | crate::kernels::tile::TileKind::Q1(_)
+            | crate::kernels::tile::TileKind::Q4KGemm
+            | crate::kernels::tile::TileKind::Q4KGemv
+            | crate::kernels::tile::TileKind::Q6KTiled
     ) && na > 1
         && nw.is_multiple_of(4)
 }
@@ -48,8 +59,8 @@ pub(super) fn covers(kind: super::TileKind, nb: usize, nw: usize, na: usize) -> 
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; every row holds `nb` blocks of `kind`;
 /// [`covers`] is true. (The kernels use plain loops, no closures: a closure would not
 /// inherit the target features.)
-pub(super) unsafe fn run(
-    kind: super::TileKind,
+pub(crate) unsafe fn run(
+    kind: crate::kernels::tile::TileKind,
     nb: usize,
     w: &[&[u8]],
     a: &[&[u8]],
@@ -57,18 +68,18 @@ pub(super) unsafe fn run(
 ) {
     // SAFETY (all arms): by this function's contract.
     match kind {
-        super::TileKind::Q0(0) => unsafe { scaled::<0, false>(nb, w, a, out) },
-        super::TileKind::Q0(1) => unsafe { scaled::<1, false>(nb, w, a, out) },
-        super::TileKind::Q0(2) => unsafe { scaled::<2, false>(nb, w, a, out) },
-        super::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
-        super::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
-        super::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
-        super::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
-        super::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
-        super::TileKind::Q6KTiled => unsafe { q6k_tiles(nb, w, a, out) },
-        super::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
-        super::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
-        super::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(0) => unsafe { scaled::<0, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(1) => unsafe { scaled::<1, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(2) => unsafe { scaled::<2, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q6KTiled => unsafe { q6k_tiles(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
     }
 }
@@ -103,7 +114,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
         for g in 0..ngw {
             scale_table::<Q1>(
                 nb,
-                super::row_ptrs(w, 4 * g),
+                crate::kernels::tile::row_ptrs(w, 4 * g),
                 bx,
                 tw[g].as_mut_ptr().cast::<__m256>(),
             );
@@ -111,7 +122,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
         for g in 0..nga {
             scale_table::<Q1>(
                 nb,
-                super::row_ptrs(a, 4 * g),
+                crate::kernels::tile::row_ptrs(a, 4 * g),
                 by,
                 ta[g].as_mut_ptr().cast::<__m256>(),
             );
@@ -126,7 +137,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
             *p = dec.add(i * (MAX_BLOCKS / 2)).cast_const();
         }
         for g in 0..ngw {
-            let wp: [*const u8; 4] = super::row_ptrs(w, 4 * g);
+            let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(w, 4 * g);
             if !Q1 {
                 for (i, row) in wp.iter().enumerate() {
                     let d = dec.add(i * (MAX_BLOCKS / 2));
@@ -142,7 +153,7 @@ unsafe fn scaled<const T: u8, const Q1: bool>(
             }
             let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m256>(), nb);
             for h in 0..nga {
-                let ap: [*const u8; 4] = super::row_ptrs(a, 4 * h);
+                let ap: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * h);
                 let sa = std::slice::from_raw_parts(ta[h].as_ptr().cast::<__m256>(), nb);
                 let rn = (na - 4 * h).min(4);
                 macro_rules! k {
@@ -513,7 +524,7 @@ macro_rules! act_groups {
         let mut j0 = 0;
         while j0 < na {
             let rn = (na - j0).min(4);
-            let ap: [*const u8; 4] = super::row_ptrs(&a[..j0 + rn], j0);
+            let ap: [*const u8; 4] = crate::kernels::tile::row_ptrs(&a[..j0 + rn], j0);
             let r = match rn {
                 1 => spread($kern::<$($g,)? 1>($($arg,)* [ap[0]])),
                 2 => spread($kern::<$($g,)? 2>($($arg,)* [ap[0], ap[1]])),
@@ -549,7 +560,7 @@ unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
         }
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = super::row_ptrs(w, i0);
+            let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(w, i0);
             for (i, row) in wp.iter().enumerate() {
                 for b in 0..nb {
                     dec.add(i * Q4K_MAX_BLOCKS + b)
@@ -729,7 +740,7 @@ unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     unsafe {
         let mut i0 = 0;
         while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = super::row_ptrs(w, i0);
+            let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(w, i0);
             act_groups!(a, out, w.len(), i0, q6k(nb, wp));
             i0 += 4;
         }

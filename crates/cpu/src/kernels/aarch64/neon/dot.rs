@@ -5,19 +5,19 @@
 //! lane per block (`vfmaq` is fused like `f32::mul_add`), the block scales and min terms in
 //! scalar, and `hsum8` at the end. They make up the NEON tier's kernel table
 //! (`aarch64::neon`), used when the CPU has NEON; `LAMINA_FORCE_SCALAR=1` turns them off.
-//! This file has the shared helpers, the legacy types and the K-quants; `neon_iq.rs` the
+//! This file has the shared helpers, the legacy types and the K-quants; `iq.rs` the
 //! i-quants, the FP4 and the ternary and low-bit types.
 
 use std::arch::aarch64::*;
 
 use lamina_core::DType;
 
-use super::dot::DotFn;
-use super::{f16_at, hsum8};
+use crate::kernels::dot::DotFn;
+use crate::kernels::{f16_at, hsum8};
 
 /// The NEON kernel for weights of `dtype`, or `None` (the caller falls back to scalar).
 pub(crate) fn dot_fn(dtype: DType) -> Option<DotFn> {
-    use super::neon_iq as iq;
+    use super::iq;
     Some(match dtype {
         DType::Q4_0 => |n, x, y| run(n, x, y, DType::Q4_0, q4_0),
         DType::Q4_1 => |n, x, y| run(n, x, y, DType::Q4_1, q4_1),
@@ -54,7 +54,7 @@ type Kernel = unsafe fn(usize, &[u8], &[u8]) -> f32;
 /// `zip` of `chunks_exact`) by the whole blocks both rows hold.
 #[inline(always)]
 fn run(n: usize, x: &[u8], y: &[u8], dtype: DType, k: Kernel) -> f32 {
-    let (bx, by, qk) = super::table::geometry(dtype).expect("a quantized type");
+    let (bx, by, qk) = crate::kernels::table::geometry(dtype).expect("a quantized type");
     let nb = (n / qk).min(x.len() / bx).min(y.len() / by);
     // SAFETY: `dot_fn`'s kernels are reached only through the NEON table (NEON present); `x` and `y` hold `nb`
     // whole blocks of `bx` and `by` bytes.
@@ -64,7 +64,7 @@ fn run(n: usize, x: &[u8], y: &[u8], dtype: DType, k: Kernel) -> f32 {
 /// `maddubs_epi16` on 16 bytes: i16 lane `k` (of 8) is `a[2k]·b[2k] + a[2k+1]·b[2k+1]`
 /// (u8·i8), added with i16 saturation.
 #[inline(always)]
-pub(super) unsafe fn maddubs(a: uint8x16_t, b: int8x16_t) -> int16x8_t {
+pub(crate) unsafe fn maddubs(a: uint8x16_t, b: int8x16_t) -> int16x8_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         // u8 (≤ 255) · i8 fits i16 exactly.
@@ -80,14 +80,14 @@ pub(super) unsafe fn maddubs(a: uint8x16_t, b: int8x16_t) -> int16x8_t {
 /// `maddubs_epi16` + `madd_epi16(1, ·)` on 16 bytes: lane `j` (of 4) is the sum of the u8·i8
 /// products of bytes `4j..4j+3`, adjacent pairs first summed with i16 saturation.
 #[inline(always)]
-pub(super) unsafe fn lanes_us(a: uint8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn lanes_us(a: uint8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe { vpaddlq_s16(maddubs(a, b)) }
 }
 
 /// `_mm256_sign_epi8(y, x)`: `y` negated with wrap-around where `x < 0`, zero where `x == 0`.
 #[inline(always)]
-pub(super) unsafe fn sign_epi8(y: int8x16_t, x: int8x16_t) -> int8x16_t {
+pub(crate) unsafe fn sign_epi8(y: int8x16_t, x: int8x16_t) -> int8x16_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         let sy = vbslq_s8(vcltzq_s8(x), vnegq_s8(y), y);
@@ -97,7 +97,7 @@ pub(super) unsafe fn sign_epi8(y: int8x16_t, x: int8x16_t) -> int8x16_t {
 
 /// `mul_sum_i8_pairs` on 16 bytes: `|x|` times `sign_epi8(y, x)`, then [`lanes_us`].
 #[inline(always)]
-pub(super) unsafe fn lanes_ss(x: int8x16_t, y: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn lanes_ss(x: int8x16_t, y: int8x16_t) -> int32x4_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         // vabsq_s8(-128) is -128, i.e. 128 as u8, like `_mm256_sign_epi8(x, x)` read unsigned.
@@ -107,7 +107,7 @@ pub(super) unsafe fn lanes_ss(x: int8x16_t, y: int8x16_t) -> int32x4_t {
 
 /// Exact i8·i8 dot of bytes `4j..4j+3` in lane `j` (no saturation anywhere).
 #[inline(always)]
-pub(super) unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         // |i8·i8| ≤ 2^14 fits i16; pairs are widened before they are added.
@@ -119,7 +119,7 @@ pub(super) unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
 
 /// `(q ^ m) - m`: the bytes of `q` negated (wrapping) where the mask `m` is all ones.
 #[inline(always)]
-pub(super) unsafe fn negate_where(q: int8x16_t, m: uint8x16_t) -> int8x16_t {
+pub(crate) unsafe fn negate_where(q: int8x16_t, m: uint8x16_t) -> int8x16_t {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         let m = vreinterpretq_s8_u8(m);
@@ -129,7 +129,7 @@ pub(super) unsafe fn negate_where(q: int8x16_t, m: uint8x16_t) -> int8x16_t {
 
 /// `acc[l] = fma(d, (f32)lanes[l], acc[l])` for the 8 lanes (`f32::mul_add` per lane).
 #[inline(always)]
-pub(super) unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi: int32x4_t) {
+pub(crate) unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi: int32x4_t) {
     // SAFETY: register-only NEON intrinsics; the caller runs with NEON.
     unsafe {
         acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lo), d);
@@ -139,7 +139,7 @@ pub(super) unsafe fn fma8(acc: &mut [float32x4_t; 2], d: f32, lo: int32x4_t, hi:
 
 /// `hsum_float_8` of the 8 accumulator lanes (in the scalar code's order).
 #[inline(always)]
-pub(super) unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
+pub(crate) unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
     let mut a = [0f32; 8];
     // SAFETY: `a` has room for two 4-lane stores.
     unsafe {
@@ -150,20 +150,20 @@ pub(super) unsafe fn hsum(acc: &[float32x4_t; 2]) -> f32 {
 }
 
 #[inline(always)]
-pub(super) unsafe fn zero_acc() -> [float32x4_t; 2] {
+pub(crate) unsafe fn zero_acc() -> [float32x4_t; 2] {
     // SAFETY: register-only NEON intrinsic.
     unsafe { [vdupq_n_f32(0.0); 2] }
 }
 
 #[inline(always)]
-pub(super) unsafe fn zero_i32() -> [int32x4_t; 2] {
+pub(crate) unsafe fn zero_i32() -> [int32x4_t; 2] {
     // SAFETY: register-only NEON intrinsic.
     unsafe { [vdupq_n_s32(0); 2] }
 }
 
 /// Low nibbles (values 0..16) and high nibbles (values 16..32) of the 16 bytes at `p`.
 #[inline(always)]
-pub(super) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+pub(crate) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: the caller passes 16 readable bytes and runs with NEON.
     unsafe {
         let v = vld1q_u8(p);
@@ -173,7 +173,7 @@ pub(super) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 
 /// `bytes_from_bits_32`: byte `i` (of 32) is 0xFF when bit `i` of `bits` is set.
 #[inline(always)]
-pub(super) unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
+pub(crate) unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
     const IDX_LO: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
     const IDX_HI: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
     const MASK: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
@@ -188,18 +188,18 @@ pub(super) unsafe fn bytes_from_bits(bits: u32) -> (uint8x16_t, uint8x16_t) {
 }
 
 #[inline(always)]
-pub(super) fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 #[inline(always)]
-pub(super) fn f32_at(b: &[u8], off: usize) -> f32 {
+pub(crate) fn f32_at(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 /// Q8_K block sum `t` of the block `yb`.
 #[inline(always)]
-pub(super) fn bsum(yb: &[u8], t: usize) -> i16 {
+pub(crate) fn bsum(yb: &[u8], t: usize) -> i16 {
     i16::from_le_bytes([yb[260 + 2 * t], yb[261 + 2 * t]])
 }
 
@@ -322,7 +322,7 @@ unsafe fn q4_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
             let yd = f32_at(yb, 0);
             let d = yd * f16_at(xb, 0);
             let dmin = -yd * f16_at(xb, 2);
-            let (scales, mins) = super::dot::q4k_scales_mins_pub(&xb[4..16]);
+            let (scales, mins) = crate::kernels::dot::q4k_scales_mins_pub(&xb[4..16]);
             // The min terms exactly as the scalar code (4 lanes of hadd+madd, fused).
             let bsum = |i: usize| i16::from_le_bytes([yb[260 + 2 * i], yb[261 + 2 * i]]);
             let q8s: [i16; 8] = std::array::from_fn(|k| bsum(2 * k).wrapping_add(bsum(2 * k + 1)));
@@ -423,7 +423,7 @@ unsafe fn q5_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
             let yd = f32_at(yb, 0);
             let d = yd * f16_at(xb, 0);
             let dmin = -yd * f16_at(xb, 2);
-            let (scales, mins) = super::dot::q4k_scales_mins_pub(&xb[4..16]);
+            let (scales, mins) = crate::kernels::dot::q4k_scales_mins_pub(&xb[4..16]);
             let mut prod = 0i32;
             for k in 0..8 {
                 let q8s = bsum(yb, 2 * k).wrapping_add(bsum(yb, 2 * k + 1));

@@ -13,11 +13,11 @@ use lamina_core::quant::{
     KSIGNS_IQ2XS, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 
-use super::f16_at;
-use super::neon::{
+use super::dot::{
     bsum, bytes_from_bits, dot4, f32_at, fma8, hsum, lanes_ss, lanes_us, maddubs, negate_where,
     nibbles, u32_at, zero_acc, zero_i32,
 };
+use crate::kernels::f16_at;
 
 /// IQ4_NL and MXFP4 (`ggml_vec_dot_{iq4_nl,mxfp4}_q8_0`): `bx`-byte blocks with the nibbles
 /// at byte 1 or 2, mapped through `table`; block scale `scale(x block, y block)`. Even and odd
@@ -67,7 +67,7 @@ unsafe fn nl4(
 
 /// `ggml_vec_dot_iq4_nl_q8_0`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq4_nl(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq4_nl(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `nl4`; NEON enabled.
     unsafe {
         nl4(nb, x, y, 18, &KVALUES_IQ4NL, |xb, yb| {
@@ -78,7 +78,7 @@ pub(super) unsafe fn iq4_nl(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_mxfp4_q8_0`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn mxfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn mxfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     use lamina_core::quant::e8m0_to_fp32_half;
     // SAFETY: as in `nl4`; NEON enabled.
     unsafe {
@@ -91,7 +91,7 @@ pub(super) unsafe fn mxfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `ggml_vec_dot_iq4_xs_q8_K`: per 32 values the IQ4_NL-level lanes (sign trick) times the
 /// 6-bit scale minus 32; one FMA per superblock.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq4_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq4_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: `nb` blocks of 136 and 292 bytes are in bounds (`run`); NEON enabled.
     unsafe {
         let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
@@ -135,7 +135,7 @@ unsafe fn ternary_acc(acc: &mut [float32x4_t; 2], d: f32, s16: [int16x8_t; 2], y
 /// `ggml_vec_dot_tq2_0_q8_K`: the 2-bit values (0..=3) times the activations in `maddubs`
 /// i16 lanes, summed with 16-bit wrapping, then [`ternary_acc`].
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn tq2_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn tq2_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: `nb` blocks of 66 and 292 bytes are in bounds (`run`); NEON enabled.
     unsafe {
         let m3 = vdupq_n_u8(3);
@@ -183,7 +183,7 @@ unsafe fn trits(q: uint8x16_t, pow: uint8x16_t) -> uint8x16_t {
 /// `ggml_vec_dot_tq1_0_q8_K`: the trits (0, 1, 2) of the 5-trit bytes (0..48) and the
 /// 4-trit ones (48..52) in the scalar code's element order, as in [`tq2_0`].
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn tq1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn tq1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     const POW_QH: [u8; 16] = [1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27];
     const IDX_QH: [u8; 16] = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3];
     // SAFETY: `nb` blocks of 54 and 292 bytes are in bounds (`run`); the constant tables are
@@ -295,7 +295,7 @@ fn pairs(g: [u32; 8]) -> [u64; 4] {
 
 /// `ggml_vec_dot_iq2_xxs_q8_K`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq2_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq2_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `grid_dot`; NEON enabled.
     unsafe {
         grid_dot(nb, x, y, 66, 0.125, |xb, ib, s, q8| {
@@ -309,7 +309,7 @@ pub(super) unsafe fn iq2_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_iq2_xs_q8_K`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq2_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq2_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `grid_dot`; NEON enabled.
     unsafe {
         grid_dot(nb, x, y, 74, 0.125, |xb, ib, s, q8| {
@@ -325,7 +325,7 @@ pub(super) unsafe fn iq2_xs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_iq2_s_q8_K`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq2_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq2_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `grid_dot`; NEON enabled.
     unsafe {
         grid_dot(nb, x, y, 82, 0.125, |xb, ib, s, q8| {
@@ -340,7 +340,7 @@ pub(super) unsafe fn iq2_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_iq3_xxs_q8_K`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq3_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq3_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `grid_dot`; NEON enabled.
     unsafe {
         grid_dot(nb, x, y, 98, 0.25, |xb, ib, s, q8| {
@@ -354,7 +354,7 @@ pub(super) unsafe fn iq3_xxs(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_iq3_s_q8_K`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq3_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq3_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as in `grid_dot`; NEON enabled.
     unsafe {
         grid_dot(nb, x, y, 110, 1.0, |xb, ib, s, q8| {
@@ -385,7 +385,7 @@ unsafe fn grid32_iq1(s: &mut [int32x4_t; 2], g: [u64; 4], q8: *const i8, ls: [i3
 /// `ggml_vec_dot_iq1_s_q8_K`: the grid lanes with `acc = fma(d, lanes, acc)`, the shifts as
 /// `accum1 = fma(d, sumi1, accum1)` over the block sums, then `fma(DELTA, accum1, hsum)`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq1_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq1_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: `nb` blocks of 50 and 292 bytes are in bounds (`run`); NEON enabled.
     unsafe {
         let mut acc = zero_acc();
@@ -418,7 +418,7 @@ pub(super) unsafe fn iq1_s(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `ggml_vec_dot_iq1_m_q8_K`: grid lanes and shift lanes (`maddubs(1, ±q8)`) in two
 /// accumulators, then `fma(DELTA, hsum(acc2), hsum(acc1))`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn iq1_m(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn iq1_m(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     use lamina_core::quant::{iq1_m_d, iq1_m_ls};
     // SAFETY: `nb` blocks of 56 and 292 bytes are in bounds (`run`); NEON enabled.
     unsafe {
@@ -466,7 +466,7 @@ pub(super) unsafe fn iq1_m(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `ggml_vec_dot_nvfp4_q8_0`: per half block (one Q8_0 block) the level lanes (sign trick),
 /// lanes 0-3 scaled by the first sub-block's `ue4m3(d) · dy`, lanes 4-7 by the second's.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn nvfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn nvfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     use lamina_core::quant::ue4m3_to_fp32 as ue;
     // SAFETY: `nb` blocks of 36 and 68 bytes are in bounds (`run`); NEON enabled.
     unsafe {
@@ -496,7 +496,7 @@ pub(super) unsafe fn nvfp4(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 /// (wrapping) where the weight bit is clear, scaled by `dy` into a block accumulator (a
 /// product for the first of the 4, FMAs after), then `acc = fma(d, block, acc)`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn q1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn q1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: `nb` blocks of 18 and 136 bytes are in bounds (`run`); NEON enabled.
     unsafe {
         let mut acc = zero_acc();
@@ -532,7 +532,7 @@ pub(super) unsafe fn q1_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `ggml_vec_dot_q2_0_q8_0` (x86's generic C): the exact Σ (v - 1)·q per Q8_0 block, then
 /// `sumi = fma(dy, sumi_block, sumi)` and `sumf = fma(d, sumi, sumf)` in scalar.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn q2_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) unsafe fn q2_0(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     const IDX: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
     const SHR: [i8; 16] = [0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6];
     // SAFETY: `nb` blocks of 18 and 68 bytes are in bounds (`run`); the constant tables are 16

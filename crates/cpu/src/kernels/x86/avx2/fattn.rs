@@ -1,0 +1,220 @@
+//! AVX2 versions of the flash-attention steps of `kernels/fattn.rs` (f16/f32 multiply-adds,
+//! scales, the online f16 row, the bf16 dot).
+
+use std::arch::x86_64::*;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
+    let n = y.len();
+    let nv = n / 8 * 8;
+    // SAFETY: loads and stores of 8 values stay below `nv <= n`; `x` holds `n` values.
+    unsafe {
+        let vv = _mm256_set1_ps(v);
+        for i in (0..nv).step_by(8) {
+            let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
+            let yp = y.as_mut_ptr().add(i) as *mut __m128i;
+            let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp));
+            let r = _mm256_fmadd_ps(xv, vv, yv);
+            _mm_storeu_si128(yp, _mm256_cvtps_ph::<0>(r));
+        }
+    }
+    crate::kernels::fattn::mad_f16_scalar(&mut y[nv..], &x[2 * nv..], v);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scale_f16(y: &mut [u16], v: f32) {
+    let n = y.len();
+    let nv = n / 8 * 8;
+    // SAFETY: loads and stores of 8 values stay below `nv <= n`.
+    unsafe {
+        let vv = _mm256_set1_ps(v);
+        for i in (0..nv).step_by(8) {
+            let yp = y.as_mut_ptr().add(i) as *mut __m128i;
+            let r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(yp)), vv);
+            _mm_storeu_si128(yp, _mm256_cvtps_ph::<0>(r));
+        }
+    }
+    crate::kernels::fattn::scale_f16_scalar(&mut y[nv..], v);
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn mad_f32(y: &mut [f32], x: &[f32], v: f32) {
+    for (o, &xv) in y.iter_mut().zip(x) {
+        *o = xv.mul_add(v, *o);
+    }
+}
+
+/// [`crate::kernels::fattn::f16_row_online`] with the accumulator held as `NV` vectors of f32 values that
+/// are always exactly f16 (each step rounds through `vcvtps2ph`, as ggml's store does), so
+/// no accumulator round trip goes through memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_row_online<const NV: usize>(
+    r: &crate::kernels::fattn::F16Row<'_>,
+    cells: &mut dyn Iterator<Item = (usize, f32)>,
+    out: &mut [f32],
+) -> (f32, f32) {
+    #[inline(always)]
+    unsafe fn round16(x: __m256) -> __m256 {
+        // SAFETY: register-only; F16C enabled by the caller.
+        unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)) }
+    }
+    let mut acc = [_mm256_setzero_ps(); NV];
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    for (ic, mv) in cells {
+        let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
+        let vrow = &r.v[ic * r.v_stride..][..2 * NV * 8];
+        // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
+        let mut sc = unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) } * r.scale;
+        if r.softcap != 0.0 {
+            sc = r.softcap * sc.tanh();
+        }
+        sc += mv;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        // SAFETY (both blocks): register arithmetic, and loads of 8 f16 values at
+        // `8 * j < 8 * NV = dv` within `vrow`.
+        if sc > m {
+            let m_old = m;
+            m = sc;
+            ms = (m_old - m).exp();
+            let vms = _mm256_set1_ps(ms);
+            for a in acc.iter_mut() {
+                *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+            }
+        } else {
+            vs = (sc - m).exp();
+        }
+        let vvs = _mm256_set1_ps(vs);
+        for (j, a) in acc.iter_mut().enumerate() {
+            unsafe {
+                let x =
+                    _mm256_cvtph_ps(_mm_loadu_si128(vrow.as_ptr().add(16 * j) as *const __m128i));
+                *a = round16(_mm256_fmadd_ps(x, vvs, *a));
+            }
+        }
+        s = s.mul_add(ms, vs);
+    }
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: `out` holds `dv = 8 * NV` values.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *a) };
+    }
+    (m, s)
+}
+
+/// `ggml_vec_dot_bf16`'s AVX2 branch: four 8-lane FMA accumulators over steps of 32,
+/// `(c1 + c3) + (c2 + c4)`, `hsum_float_8`, the leftovers in `double`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let np = n / 32 * 32;
+    let mut sumf = 0f64;
+    // SAFETY: loads of 8 values at offsets below `np <= n`; the slices hold `n` values.
+    unsafe {
+        if np > 0 {
+            let mut c = [_mm256_setzero_ps(); 4];
+            for i in (0..np).step_by(32) {
+                for (j, cj) in c.iter_mut().enumerate() {
+                    let e = i + 8 * j;
+                    let vx = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                        _mm_loadu_si128(x.as_ptr().add(2 * e) as *const __m128i),
+                    )));
+                    let vy = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                        _mm_loadu_si128(y.as_ptr().add(2 * e) as *const __m128i),
+                    )));
+                    *cj = _mm256_fmadd_ps(vx, vy, *cj);
+                }
+            }
+            let t = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+            sumf += f64::from(crate::kernels::x86::hsum_float_8(t));
+        }
+    }
+    for i in np..n {
+        sumf += f64::from(crate::kernels::bf16s(x, i) * crate::kernels::bf16s(y, i));
+    }
+    sumf as f32
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_row_to_f32(x: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    let nv = n / 8 * 8;
+    // SAFETY: 8-value loads and stores below `nv <= n`; `x` holds `n` values.
+    unsafe {
+        for i in (0..nv).step_by(8) {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+        }
+    }
+    for i in nv..n {
+        out[i] = crate::kernels::fp16_to_fp32(u16::from_le_bytes([x[2 * i], x[2 * i + 1]]));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32_row_to_f16(x: &[f32], out: &mut [u8]) {
+    let n = x.len();
+    let nv = n / 8 * 8;
+    // SAFETY: 8-value loads and stores below `nv <= n`; `out` holds `n` values.
+    unsafe {
+        for i in (0..nv).step_by(8) {
+            let h = _mm256_cvtps_ph::<0>(_mm256_loadu_ps(x.as_ptr().add(i)));
+            _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+        }
+    }
+    for i in nv..n {
+        out[2 * i..2 * i + 2].copy_from_slice(&crate::kernels::fp32_to_fp16(x[i]).to_le_bytes());
+    }
+}
+
+/// Rows in pairs and columns in blocks of 32 held in registers over the whole `k` loop
+/// (each output is still one FMA chain in `k` order); leftover columns by the generic loop.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+    let n32 = n / 32 * 32;
+    // SAFETY: every load and store is inside `c` (m×n), `a` (m×k) and `b` (k×n): rows
+    // `i, i + 1 < m`, columns `j..j + 32 <= n32 <= n`, `kk < k`.
+    unsafe {
+        let (cp, ap, bp) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let mut i = 0;
+        while i < m {
+            let two = i + 1 < m;
+            for j in (0..n32).step_by(32) {
+                let c0 = cp.add(i * n + j);
+                let c1 = cp.add((i + usize::from(two)) * n + j);
+                let mut x0 = [_mm256_setzero_ps(); 4];
+                let mut x1 = [_mm256_setzero_ps(); 4];
+                for r in 0..4 {
+                    x0[r] = _mm256_loadu_ps(c0.add(8 * r));
+                    x1[r] = _mm256_loadu_ps(c1.add(8 * r));
+                }
+                let a0p = ap.add(i * k);
+                let a1p = ap.add((i + usize::from(two)) * k);
+                for kk in 0..k {
+                    let a0 = _mm256_set1_ps(*a0p.add(kk));
+                    let a1 = _mm256_set1_ps(*a1p.add(kk));
+                    let brow = bp.add(kk * n + j);
+                    for r in 0..4 {
+                        let bv = _mm256_loadu_ps(brow.add(8 * r));
+                        x0[r] = _mm256_fmadd_ps(a0, bv, x0[r]);
+                        x1[r] = _mm256_fmadd_ps(a1, bv, x1[r]);
+                    }
+                }
+                for r in 0..4 {
+                    _mm256_storeu_ps(c0.add(8 * r), x0[r]);
+                    if two {
+                        _mm256_storeu_ps(c1.add(8 * r), x1[r]);
+                    }
+                }
+            }
+            i += 2;
+        }
+    }
+    if n32 < n {
+        for i in 0..m {
+            for kk in 0..k {
+                let av = a[i * k + kk];
+                for j in n32..n {
+                    c[i * n + j] = av.mul_add(b[kk * n + j], c[i * n + j]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! AVX2 versions of the f32/f16/bf16 dots of `kernels/fdot.rs` (`ggml_vec_dot_*`, tinyBLAS).
+
+use crate::kernels::x86::hsum_float_8;
+use std::arch::x86_64::*;
+
+#[inline(always)]
+unsafe fn reduce4(s: [__m256; 4]) -> f32 {
+    // SAFETY: register-only intrinsics; AVX enabled by the caller.
+    unsafe {
+        let a = _mm256_add_ps(s[0], s[2]);
+        let b = _mm256_add_ps(s[1], s[3]);
+        let x = _mm256_add_ps(a, b);
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tinyblas_f32(k: usize, a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: the slices hold `k` values; loads stay below `k / 8 * 8`.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for l in (0..k / 8 * 8).step_by(8) {
+            acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(l)),
+                _mm256_loadu_ps(b.as_ptr().add(l)),
+                acc,
+            );
+        }
+        hsum_float_8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tinyblas_f16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    // SAFETY: the slices hold `k` f16 values; loads stay below `k / 8 * 8`.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for l in (0..k / 8 * 8).step_by(8) {
+            let va = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(2 * l) as *const __m128i));
+            let vb = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(2 * l) as *const __m128i));
+            acc = _mm256_fmadd_ps(va, vb, acc);
+        }
+        hsum_float_8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tinyblas_bf16(k: usize, a: &[u8], b: &[u8]) -> f32 {
+    // SAFETY: the slices hold `k` bf16 values; loads stay below `k / 8 * 8`.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        // No closure for the loads: it would not inherit the target features.
+        for l in (0..k / 8 * 8).step_by(8) {
+            let va = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(a.as_ptr().add(2 * l) as *const __m128i),
+            )));
+            let vb = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(b.as_ptr().add(2 * l) as *const __m128i),
+            )));
+            acc = _mm256_fmadd_ps(va, vb, acc);
+        }
+        hsum_float_8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
+    // SAFETY: the slices hold `n` values; vector loads stay below `n & !31`.
+    unsafe {
+        let np = n & !31;
+        let mut s = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(32) {
+            for (j, sj) in s.iter_mut().enumerate() {
+                let ax = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
+                let ay = _mm256_loadu_ps(y.as_ptr().add(i + 8 * j));
+                *sj = _mm256_fmadd_ps(ax, ay, *sj);
+            }
+        }
+        let mut sumf = reduce4(s);
+        for i in np..n {
+            sumf = x[i].mul_add(y[i], sumf);
+        }
+        sumf
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: the slices hold `n` f16 values; vector loads stay below `n & !31`.
+    unsafe {
+        let np = n & !31;
+        let mut s = [_mm256_setzero_ps(); 4];
+        // No closure for the loads: it would not inherit the target features.
+        for i in (0..np).step_by(32) {
+            for (j, sj) in s.iter_mut().enumerate() {
+                let k = i + 8 * j;
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
+                let yv = _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(2 * k) as *const __m128i));
+                *sj = _mm256_fmadd_ps(xv, yv, *sj);
+            }
+        }
+        let mut sumf = f64::from(reduce4(s));
+        for i in np..n {
+            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * crate::kernels::fdot::f16s(y, i));
+        }
+        sumf as f32
+    }
+}

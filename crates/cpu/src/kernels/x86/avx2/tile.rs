@@ -1,0 +1,1399 @@
+//! The AVX2 tile kernels: register-blocked tiles of a product, each output with its
+//! single-output kernel's operations (see `kernels/tile.rs`).
+
+use crate::kernels::tile::TileKind;
+use crate::kernels::x86::{
+    bytes_from_bits_32, bytes_from_nibbles_32, hsum_float_8, q6k_scale_shuffle,
+};
+use std::arch::x86_64::*;
+
+/// Calls `$kern::<$t, RM, RN>` over the whole `w × a` product in tiles of at most
+/// `tm × tn` (4×1 for a single activation row, else 2×4).
+macro_rules! run_tiles {
+    ($kern:ident, $t:expr, $nb:expr, $w:expr, $a:expr, $out:expr) => {{
+        let (w, a, out): (&[&[u8]], &[&[u8]], &mut [f32]) = ($w, $a, $out);
+        let na = a.len();
+        let (tm, tn) = if na == 1 { (4, 1) } else { (2, 4) };
+        let mut i0 = 0;
+        while i0 < w.len() {
+            let rm = (w.len() - i0).min(tm);
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(tn);
+                match (rm, rn) {
+                    (1, 1) => call!($kern, $t, 1, 1, $nb, w, a, out, i0, j0, na),
+                    (2, 1) => call!($kern, $t, 2, 1, $nb, w, a, out, i0, j0, na),
+                    (3, 1) => call!($kern, $t, 3, 1, $nb, w, a, out, i0, j0, na),
+                    (4, 1) => call!($kern, $t, 4, 1, $nb, w, a, out, i0, j0, na),
+                    (1, 2) => call!($kern, $t, 1, 2, $nb, w, a, out, i0, j0, na),
+                    (2, 2) => call!($kern, $t, 2, 2, $nb, w, a, out, i0, j0, na),
+                    (1, 3) => call!($kern, $t, 1, 3, $nb, w, a, out, i0, j0, na),
+                    (2, 3) => call!($kern, $t, 2, 3, $nb, w, a, out, i0, j0, na),
+                    (1, 4) => call!($kern, $t, 1, 4, $nb, w, a, out, i0, j0, na),
+                    _ => call!($kern, $t, 2, 4, $nb, w, a, out, i0, j0, na),
+                }
+                j0 += rn;
+            }
+            i0 += rm;
+        }
+    }};
+}
+
+macro_rules! call {
+    ($kern:ident, $t:expr, $rm:literal, $rn:literal, $nb:expr, $w:ident, $a:ident, $out:ident,
+     $i0:ident, $j0:ident, $na:ident) => {{
+        let wp: [*const u8; $rm] = crate::kernels::tile::row_ptrs($w, $i0);
+        let ap: [*const u8; $rn] = crate::kernels::tile::row_ptrs($a, $j0);
+        // SAFETY: rows hold `nb` blocks (checked by `tile`); AVX2/FMA/F16C present.
+        let r = unsafe { $kern::<{ $t }, $rm, $rn>($nb, wp, ap) };
+        for i in 0..$rm {
+            for j in 0..$rn {
+                $out[($j0 + j) * $w.len() + $i0 + i] = r[i][j];
+            }
+        }
+    }};
+}
+
+/// Runs `$kern::<$t, 2>` / `$kern::<$t, 1>` (4 weight rows × 2 or 1 activation rows) over
+/// the whole product, as tinyBLAS_Q0_AVX's `gemm4xN` on AVX2; `w.len()` is a multiple of 4.
+macro_rules! run_4x2 {
+    ($kern:ident, $t:expr, $nb:expr, $w:expr, $a:expr, $out:expr) => {{
+        let (nb, w, a, out): (usize, &[&[u8]], &[&[u8]], &mut [f32]) = ($nb, $w, $a, $out);
+        let na = a.len();
+        let mut i0 = 0;
+        while i0 + 4 <= w.len() {
+            let wp = [
+                w[i0].as_ptr(),
+                w[i0 + 1].as_ptr(),
+                w[i0 + 2].as_ptr(),
+                w[i0 + 3].as_ptr(),
+            ];
+            let mut j0 = 0;
+            while j0 < na {
+                if j0 + 2 <= na {
+                    let ap = [a[j0].as_ptr(), a[j0 + 1].as_ptr()];
+                    // SAFETY: rows hold `nb` blocks (checked by `tile`).
+                    let r = unsafe { $kern::<{ $t }, 2>(nb, wp, ap) };
+                    for i in 0..4 {
+                        out[j0 * w.len() + i0 + i] = r[i][0];
+                        out[(j0 + 1) * w.len() + i0 + i] = r[i][1];
+                    }
+                    j0 += 2;
+                } else {
+                    // SAFETY: as above.
+                    let r = unsafe { $kern::<{ $t }, 1>(nb, wp, [a[j0].as_ptr()]) };
+                    for i in 0..4 {
+                        out[j0 * w.len() + i0 + i] = r[i][0];
+                    }
+                    j0 += 1;
+                }
+            }
+            i0 += 4;
+        }
+    }};
+}
+
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb` blocks of `kind`.
+pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    match kind {
+        // Q4_0/Q5_0: unsigned weight bytes and per-call scale tables (see `offset_q0`).
+        TileKind::Q0(t @ (0 | 1))
+            if a.len() > 1
+                && w.len().is_multiple_of(4)
+                && nb <= MAX_BLOCKS
+                && w.len() <= MAX_W
+                && a.len() <= MAX_A =>
+        {
+            // SAFETY: by this function's contract; the table limits hold (checked above).
+            unsafe {
+                if t == 0 {
+                    offset_q0::<0>(nb, w, a, out)
+                } else {
+                    offset_q0::<1>(nb, w, a, out)
+                }
+            }
+        }
+        // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
+        TileKind::Q0(t) if a.len() > 1 && w.len().is_multiple_of(4) => match t {
+            0 => run_4x2!(q0_4xn, 0, nb, w, a, out),
+            1 => run_4x2!(q0_4xn, 1, nb, w, a, out),
+            2 => run_4x2!(q0_4xn, 2, nb, w, a, out),
+            _ => run_4x2!(q0_4xn, 3, nb, w, a, out),
+        },
+        TileKind::Q1(q5) if a.len() > 1 && w.len().is_multiple_of(4) => {
+            if q5 {
+                run_4x2!(q1_4xn, 1, nb, w, a, out)
+            } else {
+                run_4x2!(q1_4xn, 0, nb, w, a, out)
+            }
+        }
+        TileKind::Q0(0) => run_tiles!(q0, 0, nb, w, a, out),
+        TileKind::Q0(1) => run_tiles!(q0, 1, nb, w, a, out),
+        TileKind::Q0(2) => run_tiles!(q0, 2, nb, w, a, out),
+        TileKind::Q0(_) => run_tiles!(q0, 3, nb, w, a, out),
+        // SAFETY (all three): by this function's contract; `w.len()` is a multiple of 8.
+        TileKind::Q0Chain(t) if w.len().is_multiple_of(8) => unsafe {
+            match t {
+                0 => q0_chain8::<0>(nb, w, a, out),
+                4 => q0_chain8::<4>(nb, w, a, out),
+                _ => q0_chain8::<3>(nb, w, a, out),
+            }
+        },
+        TileKind::Q0Chain(0) => run_tiles!(q0_chain, 0, nb, w, a, out),
+        TileKind::Q0Chain(4) => run_tiles!(q0_chain, 4, nb, w, a, out),
+        TileKind::Q0Chain(_) => run_tiles!(q0_chain, 3, nb, w, a, out),
+        // SAFETY (both): by this function's contract.
+        TileKind::Iq4XsTiled => unsafe { iq_tiled::<0>(lamina_core::DType::IQ4_XS, nb, w, a, out) },
+        TileKind::IqGridTiled(t) => unsafe { iq_tiled::<1>(t, nb, w, a, out) },
+        TileKind::Q2KTiled => unsafe { iq_tiled::<2>(lamina_core::DType::Q2_K, nb, w, a, out) },
+        TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
+        TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
+        // SAFETY (both): by this function's contract; the table limit holds.
+        TileKind::Q4KGemv if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
+            q4k_pairs::<0>(nb, w, a, out)
+        },
+        TileKind::Q4KGemm if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
+            q4k_pairs::<1>(nb, w, a, out)
+        },
+        TileKind::Q4KGemv => run_tiles!(q4k, 0, nb, w, a, out),
+        TileKind::Q4KGemm => run_tiles!(q4k, 1, nb, w, a, out),
+        TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
+        TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
+        TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
+    }
+}
+
+/// The f16 scales at `p[0] + off`, …, `p[3] + off` (rows past `N` read as zero) as 4 f32.
+#[inline(always)]
+pub(crate) unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
+    // SAFETY: 2 readable bytes at each `p[i] + off` (the caller's contract); F16C enabled by
+    // the caller.
+    unsafe {
+        let mut bits = 0u64;
+        for (i, pi) in p.iter().enumerate().take(4) {
+            bits |= u64::from(pi.add(off).cast::<u16>().read_unaligned()) << (16 * i);
+        }
+        _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
+    }
+}
+
+/// Blocks per row that the per-call scale tables hold (k up to 16384; they live on the
+/// stack).
+pub(crate) const MAX_BLOCKS: usize = 512;
+/// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16).
+pub(crate) const MAX_W: usize = 8;
+pub(crate) const MAX_A: usize = 16;
+
+/// Blocks whose scale products a kernel computes ahead, in one pass, before it reads them
+/// back by broadcast loads (right after their store they would wait on it).
+const CHUNK: usize = 32;
+
+/// Q4_0 (`T == 0`) / Q5_0 (`T == 1`) over the whole product, in tiles of 2 weight rows ×
+/// up to 4 activation rows ([`q0u`]). Once per call, not once per tile: the block scales
+/// are converted to f32 tables, and each weight row is decoded to unsigned bytes. About
+/// 1.15× the 4×2 sign-trick tiles on Gemma 3's prompt at this tier.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb <= MAX_BLOCKS` blocks; `w.len()` is a
+/// multiple of 4 and at most `MAX_W`; `a.len() <= MAX_A`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const RM: usize = 2;
+    let bx = q0_bytes(T);
+    let na = a.len();
+    // Tables, uninitialised until written (only `nb` entries of a row or group are
+    // written and read): the weight scales of a group of `RM` rows (as 4 lanes), the
+    // activation scale of a row, per block.
+    let mut tw: [std::mem::MaybeUninit<[__m128; MAX_BLOCKS]>; MAX_W / RM] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    let mut ta: [std::mem::MaybeUninit<[f32; MAX_BLOCKS]>; MAX_A] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_A];
+    // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
+    // read.
+    unsafe {
+        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
+            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+            let t = t.as_mut_ptr().cast::<__m128>();
+            for b in 0..nb {
+                t.add(b).write(scales4(rows, b * bx));
+            }
+        }
+        for (j, t) in ta.iter_mut().enumerate().take(na) {
+            let t = t.as_mut_ptr().cast::<f32>();
+            for b in 0..nb {
+                t.add(b).write(ld_f16(a[j].as_ptr().add(b * 34)));
+            }
+        }
+        // The group's weight blocks as unsigned bytes, decoded once for all the call's
+        // activation rows.
+        let mut dec: std::mem::MaybeUninit<[[__m256i; MAX_BLOCKS]; RM]> =
+            std::mem::MaybeUninit::uninit();
+        let dec = dec.as_mut_ptr().cast::<__m256i>();
+        for g in 0..w.len() / RM {
+            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+            for (i, row) in rows.iter().enumerate() {
+                for b in 0..nb {
+                    dec.add(i * MAX_BLOCKS + b)
+                        .write(q0_unsigned::<T>(row.add(b * bx)));
+                }
+            }
+            let mut wp = [std::ptr::null::<__m256i>(); RM];
+            for (i, p) in wp.iter_mut().enumerate() {
+                *p = dec.add(i * MAX_BLOCKS).cast_const();
+            }
+            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                // Plain loops, not `from_fn` closures: those would be calls here (a
+                // closure does not inherit the target features).
+                let mut ap = [std::ptr::null::<u8>(); 4];
+                let mut sj: [&[f32]; 4] = [&[]; 4];
+                for j in 0..rn {
+                    ap[j] = a[j0 + j].as_ptr();
+                    sj[j] = std::slice::from_raw_parts(ta[j0 + j].as_ptr().cast::<f32>(), nb);
+                }
+                macro_rules! k {
+                    ($n:literal) => {{
+                        let mut apn = [std::ptr::null::<u8>(); $n];
+                        let mut sjn: [&[f32]; $n] = [&[]; $n];
+                        apn.copy_from_slice(&ap[..$n]);
+                        sjn.copy_from_slice(&sj[..$n]);
+                        let r = q0u::<T, RM, $n>(nb, wp, apn, sw, sjn);
+                        for i in 0..RM {
+                            for j in 0..$n {
+                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
+                            }
+                        }
+                    }};
+                }
+                match rn {
+                    1 => k!(1),
+                    2 => k!(2),
+                    3 => k!(3),
+                    _ => k!(4),
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+/// Superblocks per row (k up to 8192) for which [`q4k_pairs`] decodes a pair of weight
+/// rows once per call, into a table on the stack.
+pub(crate) const Q4K_MAX_BLOCKS: usize = 32;
+
+fn q4k_pairs_cover(nb: usize, nw: usize, na: usize) -> bool {
+    nb <= Q4K_MAX_BLOCKS && nw.is_multiple_of(2) && na > 1
+}
+
+/// One Q4_K superblock of a weight row, decoded once per call for the tiles.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Q4kDecoded {
+    /// Sub-block `s`'s 32 values (sub-blocks `2k`, `2k + 1`: the low and high nibbles of
+    /// the k-th 32 bytes, so `q[2k..2k + 2]` is one 512-bit pair).
+    pub q: [__m256i; 8],
+    /// Sub-block `s`'s scale in all 16 i16 lanes.
+    pub scl: [__m256i; 8],
+    /// The 8 mins as i16.
+    pub mins: __m128i,
+    pub d: f32,
+    pub dmin: f32,
+}
+
+/// Decodes the Q4_K superblock at `xb`.
+///
+/// # Safety
+/// 144 readable bytes at `xb`; AVX2/F16C enabled by the caller.
+#[inline(always)]
+pub(crate) unsafe fn decode_q4k(xb: *const u8) -> Q4kDecoded {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let (sc, mn) =
+            crate::kernels::dot::q4k_scales_mins_pub(std::slice::from_raw_parts(xb.add(4), 12));
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut scl = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let bits = loadu(xb.add(16 + 32 * k));
+            q[2 * k] = _mm256_and_si256(bits, m4);
+            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        }
+        for (v, &c) in scl.iter_mut().zip(&sc) {
+            *v = _mm256_set1_epi16(i16::from(c));
+        }
+        Q4kDecoded {
+            q,
+            scl,
+            mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+            d: ld_f16_last(xb),
+            dmin: ld_f16_last(xb.add(2)),
+        }
+    }
+}
+
+/// A Q8_K activation superblock as the repacked-Q4_K kernels read it: `d`, the sums of
+/// pairs of 16-value bsums (wrapping i16), and the quants.
+///
+/// # Safety
+/// 292 readable bytes at `yb`; AVX2 enabled by the caller.
+#[inline(always)]
+pub(crate) unsafe fn q8k_act(yb: *const u8) -> (f32, __m128i, *const u8) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let q8s = _mm_hadd_epi16(
+            _mm_loadu_si128(yb.add(260) as *const __m128i),
+            _mm_loadu_si128(yb.add(276) as *const __m128i),
+        );
+        (ld_f32(yb), q8s, yb.add(4))
+    }
+}
+
+/// The repacked-Q4_K kernels over the whole product in tiles of 2 weight rows × up to 4
+/// activation rows ([`q4k2`]); each pair of weight rows is decoded once per call (values,
+/// scales, mins), not once per tile.
+///
+/// # Safety
+/// As [`run`]; `q4k_pairs_cover` holds.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_pairs<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    let na = a.len();
+    let mut dec: std::mem::MaybeUninit<[[Q4kDecoded; Q4K_MAX_BLOCKS]; 2]> =
+        std::mem::MaybeUninit::uninit();
+    let dec = dec.as_mut_ptr().cast::<Q4kDecoded>();
+    // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
+    // are read.
+    unsafe {
+        let dp = [dec.cast_const(), dec.add(Q4K_MAX_BLOCKS).cast_const()];
+        for i0 in (0..w.len()).step_by(2) {
+            for i in 0..2 {
+                let row = w[i0 + i].as_ptr();
+                for b in 0..nb {
+                    dec.add(i * Q4K_MAX_BLOCKS + b)
+                        .write(decode_q4k(row.add(b * 144)));
+                }
+            }
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                macro_rules! k {
+                    ($n:literal) => {{
+                        let r = q4k2::<G, $n>(nb, dp, crate::kernels::tile::row_ptrs(a, j0));
+                        for i in 0..2 {
+                            for j in 0..$n {
+                                out[(j0 + j) * w.len() + i0 + i] = r[i][j];
+                            }
+                        }
+                    }};
+                }
+                match rn {
+                    1 => k!(1),
+                    2 => k!(2),
+                    3 => k!(3),
+                    _ => k!(4),
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+/// [`q4k`] for 2 decoded weight rows × `RN` activation rows, with the float steps on
+/// 8-lane vectors: the per-pair sums are transposed into lanes (output `(i, j)` in lane
+/// `4(j % 2) + 2(j / 2) + i`), and each lane takes the scalar kernel's FMAs in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k2<const G: u8, const RN: usize>(
+    nb: usize,
+    dp: [*const Q4kDecoded; 2],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 2] {
+    // SAFETY: the tables and rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_min = _mm256_setzero_ps();
+        let row_of = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+        let col_of = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+        for ib in 0..nb {
+            let mut yd = [0f32; 4];
+            let mut q8s = [_mm_setzero_si128(); RN];
+            let mut yq = [std::ptr::null::<u8>(); RN];
+            for j in 0..RN {
+                (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
+            }
+            // s[i][j]: the 4 sub-block-pair sums; m[i][j]: the 4 min sums.
+            let mut s = [[_mm_setzero_si128(); 4]; 2];
+            let mut m = [[_mm_setzero_si128(); 4]; 2];
+            let mut dx = [0f32; 2];
+            let mut dm = [0f32; 2];
+            for i in 0..2 {
+                let ds = &*dp[i].add(ib);
+                dx[i] = ds.d;
+                dm[i] = ds.dmin;
+                for j in 0..RN {
+                    m[i][j] = _mm_madd_epi16(ds.mins, q8s[j]);
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    for (k, pk) in p.iter_mut().enumerate() {
+                        let q8l = loadu(yq[j].add(64 * k));
+                        let q8h = loadu(yq[j].add(64 * k + 32));
+                        let pl = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(ds.q[2 * k], q8l),
+                            ds.scl[2 * k],
+                        );
+                        let ph = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(ds.q[2 * k + 1], q8h),
+                            ds.scl[2 * k + 1],
+                        );
+                        *pk = _mm256_add_epi32(pl, ph);
+                    }
+                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                    let h = _mm256_hadd_epi32(h01, h23);
+                    s[i][j] =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                }
+            }
+            let r = transpose_2x4(s);
+            let rm = transpose_2x4(m);
+            let ydv =
+                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(yd.as_ptr())), col_of);
+            let dxv = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(_mm_setr_ps(dx[0], dx[1], 0.0, 0.0)),
+                row_of,
+            );
+            let dmv = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(_mm_setr_ps(dm[0], dm[1], 0.0, 0.0)),
+                row_of,
+            );
+            // d·yd and dmin·yd per lane, one rounding each.
+            let dd = _mm256_mul_ps(dxv, ydv);
+            let ddm = _mm256_mul_ps(dmv, ydv);
+            if G == 0 {
+                let sum =
+                    _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+                let smin = _mm256_add_epi32(
+                    _mm256_add_epi32(rm[0], rm[1]),
+                    _mm256_add_epi32(rm[2], rm[3]),
+                );
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc);
+                acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(smin), ddm, acc_min);
+            } else {
+                for k in 0..4 {
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r[k]), dd, acc);
+                    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rm[k]), ddm, acc_min);
+                }
+            }
+        }
+        let mut va = [0f32; 8];
+        let mut vm = [0f32; 8];
+        _mm256_storeu_ps(va.as_mut_ptr(), acc);
+        _mm256_storeu_ps(vm.as_mut_ptr(), acc_min);
+        let mut out = [[0f32; RN]; 2];
+        for i in 0..2 {
+            for j in 0..RN {
+                let l = 4 * (j % 2) + 2 * (j / 2) + i;
+                out[i][j] = va[l] - vm[l];
+            }
+        }
+        out
+    }
+}
+
+/// `v[i][j]` (4 lanes, k) to `out[k]` lane `4(j % 2) + 2(j / 2) + i`: a 4×4 transpose
+/// inside each 128-bit half of `[v[0][0] | v[0][1]]`, `[v[1][0] | v[1][1]]`,
+/// `[v[0][2] | v[0][3]]`, `[v[1][2] | v[1][3]]`.
+#[inline(always)]
+unsafe fn transpose_2x4(v: [[__m128i; 4]; 2]) -> [__m256i; 4] {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let a = _mm256_set_m128i(v[0][1], v[0][0]);
+        let b = _mm256_set_m128i(v[1][1], v[1][0]);
+        let c = _mm256_set_m128i(v[0][3], v[0][2]);
+        let d = _mm256_set_m128i(v[1][3], v[1][2]);
+        let t0 = _mm256_unpacklo_epi32(a, b);
+        let t1 = _mm256_unpackhi_epi32(a, b);
+        let t2 = _mm256_unpacklo_epi32(c, d);
+        let t3 = _mm256_unpackhi_epi32(c, d);
+        [
+            _mm256_unpacklo_epi64(t0, t2),
+            _mm256_unpackhi_epi64(t0, t2),
+            _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3),
+        ]
+    }
+}
+
+/// The 32 values of a Q4_0 (`T == 0`) or Q5_0 block plus 8 or 16: unsigned bytes.
+#[inline(always)]
+unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
+    // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
+    unsafe {
+        if T == 0 {
+            bytes_from_nibbles_32(xb.add(2))
+        } else {
+            let qh = xb.add(2).cast::<u32>().read_unaligned();
+            let hi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(16));
+            _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), hi)
+        }
+    }
+}
+
+/// `$acc = fma(broadcast(*$s), $q, $acc)` (`$s: &f32`), one rounding, the broadcast
+/// done by the load unit. Left to itself LLVM keeps the scale products in registers and
+/// spends a shuffle or two on every broadcast. A macro, so that the register class sees
+/// the calling kernel's AVX.
+macro_rules! fmadd_bcast {
+    ($acc:expr, $q:expr, $s:expr) => {{
+        let s: &f32 = $s;
+        let d: __m256;
+        // Used inside the kernels' `unsafe` blocks. Sound: reads the 4 bytes of `*s`.
+        std::arch::asm!(
+            "vbroadcastss {d}, dword ptr [{s}]",
+            d = out(ymm_reg) d,
+            s = in(reg) s as *const f32,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        $acc = _mm256_fmadd_ps(d, $q, $acc);
+    }};
+}
+
+/// `RM` weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
+/// weight blocks decoded to unsigned bytes `u = x + o` (`o` = 8 or 16; `w` points at them):
+/// `maddubs(u, y)` needs no sign fix-up, and the lane's `o·Σy`, formed once per activation
+/// block for the `RM` rows, is taken off. The lane sums are the same exact integers (no
+/// pair sum saturates: `31·128·2 < 2^15`), so the FMA chain, with the same products
+/// `dx·dy` (from the scale tables), gives the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const __m256i; RM],
+    a: [*const u8; RN],
+    sw: &[__m128],
+    sa: [&[f32]; RN],
+) -> [[f32; RN]; RM] {
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
+        // dds[16 * c + 4 * j + i] = dx_i · dy_j of block `ib + c` (RN <= 4), written before
+        // it is read.
+        let mut dds = std::mem::MaybeUninit::<[f32; 16 * CHUNK]>::uninit();
+        let dds = dds.as_mut_ptr().cast::<f32>();
+        for ib in 0..nb {
+            if ib % CHUNK == 0 {
+                for c in 0..CHUNK.min(nb - ib) {
+                    for j in 0..RN {
+                        let dd = _mm_mul_ps(sw[ib + c], _mm_set1_ps(sa[j][ib + c]));
+                        _mm_storeu_ps(dds.add(16 * c + 4 * j), dd);
+                    }
+                }
+            }
+            let dd = dds.add(16 * (ib % CHUNK)).cast_const();
+            let mut u = [_mm256_setzero_si256(); RM];
+            for (i, ui) in u.iter_mut().enumerate() {
+                *ui = _mm256_load_si256(w[i].add(ib));
+            }
+            for j in 0..RN {
+                let y = loadu(a[j].add(ib * 34 + 2));
+                let corr = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ov, y));
+                for i in 0..RM {
+                    let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u[i], y));
+                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, corr));
+                    fmadd_bcast!(acc[i][j], q, &*dd.add(4 * j + i));
+                }
+            }
+        }
+        hsum_all(acc)
+    }
+}
+
+/// `q0` for 4 weight rows: the four weight scales converted together and multiplied by the
+/// activation scale as one vector (the same four f32 products `dx * dy`), each weight block
+/// unpacked once for the `RN` activation rows. No closures: they would not inherit the
+/// target features.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0_4xn<const T: u8, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 4] {
+    let bx = q0_bytes(T);
+    let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        for ib in 0..nb {
+            let off = ib * bx;
+            let bits = u64::from(w[0].add(off).cast::<u16>().read_unaligned())
+                | u64::from(w[1].add(off).cast::<u16>().read_unaligned()) << 16
+                | u64::from(w[2].add(off).cast::<u16>().read_unaligned()) << 32
+                | u64::from(w[3].add(off).cast::<u16>().read_unaligned()) << 48;
+            let da = _mm_cvtph_ps(_mm_set_epi64x(0, bits as i64));
+            let x0 = q0_values::<T>(w[0].add(off));
+            let x1 = q0_values::<T>(w[1].add(off));
+            let x2 = q0_values::<T>(w[2].add(off));
+            let x3 = q0_values::<T>(w[3].add(off));
+            for j in 0..RN {
+                let yb = a[j].add(ib * 34);
+                let dd = _mm_mul_ps(da, _mm_set1_ps(ld_f16(yb)));
+                let dv = _mm256_set_m128(dd, dd);
+                let qy = loadu(yb.add(2));
+                let q0 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x0, x0), x0, qy));
+                acc[0][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 0), q0, acc[0][j]);
+                let q1 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x1, x1), x1, qy));
+                acc[1][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 85), q1, acc[1][j]);
+                let q2 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x2, x2), x2, qy));
+                acc[2][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 170), q2, acc[2][j]);
+                let q3 = _mm256_cvtepi32_ps(lanes_i8(_mm256_sign_epi8(x3, x3), x3, qy));
+                acc[3][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 255), q3, acc[3][j]);
+            }
+        }
+        let mut r = [[0f32; RN]; 4];
+        for i in 0..4 {
+            for j in 0..RN {
+                r[i][j] = hsum_float_8(acc[i][j]);
+            }
+        }
+        r
+    }
+}
+
+/// `hsum_float_8` of every accumulator (a plain loop: a closure passed to `map` would not
+/// be inlined into the target-feature kernel).
+#[inline(always)]
+unsafe fn hsum_all<const RM: usize, const RN: usize>(acc: [[__m256; RN]; RM]) -> [[f32; RN]; RM] {
+    let mut out = [[0f32; RN]; RM];
+    for i in 0..RM {
+        for j in 0..RN {
+            // SAFETY: register-only; AVX enabled by the caller.
+            out[i][j] = unsafe { hsum_float_8(acc[i][j]) };
+        }
+    }
+    out
+}
+
+/// f16 at `p` as f32 (F16C; exact). Reads 4 bytes: a 32-bit load becomes a zero-extending
+/// `vmovd`, where a 16-bit one would be an insert into some live register and make the
+/// conversion wait for that register's last writer (often a loop-carried FMA).
+///
+/// # Safety
+/// 4 readable bytes at `p`; F16C enabled by the caller.
+#[inline(always)]
+pub(crate) unsafe fn ld_f16(p: *const u8) -> f32 {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let v = p.cast::<i32>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)))
+    }
+}
+
+/// [`ld_f16`] where only the 2 bytes of the f16 are readable (the last field of a block).
+#[inline(always)]
+pub(crate) unsafe fn ld_f16_last(p: *const u8) -> f32 {
+    // SAFETY: 2 readable bytes at `p` by the caller's contract; F16C enabled by the caller.
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+#[inline(always)]
+unsafe fn ld_f32(p: *const u8) -> f32 {
+    // SAFETY: the caller passes 4 readable bytes.
+    unsafe { p.cast::<f32>().read_unaligned() }
+}
+
+#[inline(always)]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// Exact sum of the 8 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        hsum_i32x4(s)
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum_i32x4(s: __m128i) -> i32 {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// The float step of the repacked-Q4_K kernels for one output and superblock, from the
+/// exact integer sums `p` (per sub-block pair, 8 lanes each) and `imin` (the 4 min sums):
+/// `G == 0` (gemv) one FMA per superblock, `G == 1` (gemm) one per pair of sub-blocks;
+/// `scales` is `(d, dmin, activation d)`.
+#[inline(always)]
+pub(crate) unsafe fn q4k_accumulate<const G: u8>(
+    p: &[__m256i; 4],
+    imin: __m128i,
+    (d, dmin, yd): (f32, f32, f32),
+    acc: &mut f32,
+    acc_min: &mut f32,
+) {
+    // SAFETY: register-only intrinsics and local stores; AVX2 enabled by the caller.
+    unsafe {
+        if G == 0 {
+            let all = _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+            let sum = hsum_i32(all);
+            let smin = hsum_i32x4(imin);
+            *acc = (sum as f32).mul_add(d * yd, *acc);
+            *acc_min = (smin as f32).mul_add(dmin * yd, *acc_min);
+        } else {
+            let h01 = _mm256_hadd_epi32(p[0], p[1]);
+            let h23 = _mm256_hadd_epi32(p[2], p[3]);
+            let h = _mm256_hadd_epi32(h01, h23);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let mut iacc = [0f32; 4];
+            let mut imf = [0f32; 4];
+            _mm_storeu_ps(iacc.as_mut_ptr(), _mm_cvtepi32_ps(s));
+            _mm_storeu_ps(imf.as_mut_ptr(), _mm_cvtepi32_ps(imin));
+            let (dd, dm) = (d * yd, dmin * yd);
+            for sb in 0..4 {
+                *acc = iacc[sb].mul_add(dd, *acc);
+                *acc_min = imf[sb].mul_add(dm, *acc_min);
+            }
+        }
+    }
+}
+
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// `ggml_e8m0_to_fp32_half` (exact: a power of two).
+#[inline(always)]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// `kvalues_mxfp4` (the FP4 E2M1 values, doubled).
+const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// The 32 signed values of a Q4_0 (0), Q5_0 (1), Q8_0 (2), IQ4_NL (3) or MXFP4 (4) block.
+#[inline(always)]
+pub(crate) unsafe fn q0_values<const T: u8>(xb: *const u8) -> __m256i {
+    // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
+    unsafe {
+        match T {
+            0 => _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8)),
+            1 => {
+                let qx = bytes_from_nibbles_32(xb.add(6));
+                let qh = xb.add(2).cast::<u32>().read_unaligned();
+                let bxhi =
+                    _mm256_andnot_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0xF0u8 as i8));
+                _mm256_or_si256(qx, bxhi)
+            }
+            2 => loadu(xb.add(2)),
+            4 => {
+                let t = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+                let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
+                _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(1)))
+            }
+            _ => {
+                let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                let table = _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1);
+                _mm256_shuffle_epi8(table, bytes_from_nibbles_32(xb.add(2)))
+            }
+        }
+    }
+}
+
+pub(crate) const fn q0_bytes(t: u8) -> usize {
+    match t {
+        0 | 3 => 18,
+        1 => 22,
+        4 => 17,
+        _ => 34,
+    }
+}
+
+/// `madd(1, maddubs(|x|, sign(y, x)))`: the 8 exact i32 lane sums of `x·y` (signed bytes).
+#[inline(always)]
+unsafe fn lanes_i8(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let dot = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
+        _mm256_madd_epi16(_mm256_set1_epi16(1), dot)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let bx = q0_bytes(T);
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        for ib in 0..nb {
+            let mut dy = [_mm256_setzero_ps(); RN];
+            for j in 0..RN {
+                dy[j] = _mm256_set1_ps(ld_f16(a[j].add(ib * 34)));
+            }
+            for i in 0..RM {
+                let xb = w[i].add(ib * bx);
+                let dx = _mm256_set1_ps(ld_f16(xb));
+                let qx = q0_values::<T>(xb);
+                let ax = _mm256_sign_epi8(qx, qx);
+                for j in 0..RN {
+                    let qy = loadu(a[j].add(ib * 34 + 2));
+                    let q = _mm256_cvtepi32_ps(lanes_i8(ax, qx, qy));
+                    // dx*dy rounded once, as the scalar `f16(x) * f16(y)`.
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy[j]), q, acc[i][j]);
+                }
+            }
+        }
+        hsum_all(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0_chain<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let bx = q0_bytes(T);
+    let mut acc = [[0f32; RN]; RM];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        for ib in 0..nb {
+            let mut qy = [_mm256_setzero_si256(); RN];
+            let mut dy = [0f32; RN];
+            for j in 0..RN {
+                let yb = a[j].add(ib * 34);
+                dy[j] = ld_f16(yb);
+                qy[j] = loadu(yb.add(2));
+            }
+            for i in 0..RM {
+                let xb = w[i].add(ib * bx);
+                let dx = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
+                let qx = q0_values::<T>(xb);
+                let ax = _mm256_sign_epi8(qx, qx);
+                for j in 0..RN {
+                    let sumi = hsum_i32(lanes_i8(ax, qx, qy[j]));
+                    acc[i][j] = (sumi as f32).mul_add(dx * dy[j], acc[i][j]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows: per
+/// block, the 8 weight rows are decoded once for all activation rows, and each activation
+/// row's 8 exact block sums `Σ q·q8` are reduced together (a `hadd` tree, integers) into
+/// one vector whose lanes follow the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`
+/// in 8 f32 lanes.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb` blocks; `w.len()` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const CHUNK: usize = 16;
+    let bx = q0_bytes(T);
+    let (nw, na) = (w.len(), a.len());
+    // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
+    // outputs (checked by `tile_at`).
+    unsafe {
+        for i0 in (0..nw).step_by(8) {
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(CHUNK);
+                let mut acc = [_mm256_setzero_ps(); CHUNK];
+                for ib in 0..nb {
+                    let mut qx = [_mm256_setzero_si256(); 8];
+                    let mut ax = [_mm256_setzero_si256(); 8];
+                    let mut dxs = [0f32; 8];
+                    for i in 0..8 {
+                        let xb = w[i0 + i].as_ptr().add(ib * bx);
+                        dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
+                        qx[i] = q0_values::<T>(xb);
+                        ax[i] = _mm256_sign_epi8(qx[i], qx[i]);
+                    }
+                    let dx = _mm256_loadu_ps(dxs.as_ptr());
+                    for j in 0..rn {
+                        let yb = a[j0 + j].as_ptr().add(ib * 34);
+                        let dy = _mm256_set1_ps(ld_f16(yb));
+                        let qy = loadu(yb.add(2));
+                        let mut l = [_mm256_setzero_si256(); 8];
+                        for i in 0..8 {
+                            l[i] = lanes_i8(ax[i], qx[i], qy);
+                        }
+                        let h01 = _mm256_hadd_epi32(l[0], l[1]);
+                        let h23 = _mm256_hadd_epi32(l[2], l[3]);
+                        let h45 = _mm256_hadd_epi32(l[4], l[5]);
+                        let h67 = _mm256_hadd_epi32(l[6], l[7]);
+                        let h03 = _mm256_hadd_epi32(h01, h23);
+                        let h47 = _mm256_hadd_epi32(h45, h67);
+                        let sums = _mm256_add_epi32(
+                            _mm256_permute2x128_si256(h03, h47, 0x20),
+                            _mm256_permute2x128_si256(h03, h47, 0x31),
+                        );
+                        // dx*dy rounded once, then one FMA: the scalar chain per lane.
+                        let d = _mm256_mul_ps(dx, dy);
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[j]);
+                    }
+                }
+                for j in 0..rn {
+                    _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), acc[j]);
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let bx = if T == 0 { 20 } else { 24 };
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    let mut summs = [[0f32; RN]; RM];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        for ib in 0..nb {
+            let mut qy = [_mm256_setzero_si256(); RN];
+            let mut dy = [0f32; RN];
+            let mut sy = [0f32; RN];
+            for j in 0..RN {
+                let yb = a[j].add(ib * 36);
+                dy[j] = ld_f16(yb);
+                sy[j] = ld_f16(yb.add(2));
+                qy[j] = loadu(yb.add(4));
+            }
+            for i in 0..RM {
+                let xb = w[i].add(ib * bx);
+                let dx = ld_f16(xb);
+                let mx = ld_f16(xb.add(2));
+                let qx = if T == 0 {
+                    bytes_from_nibbles_32(xb.add(4))
+                } else {
+                    let qh = xb.add(4).cast::<u32>().read_unaligned();
+                    let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                    _mm256_or_si256(bytes_from_nibbles_32(xb.add(8)), bxhi)
+                };
+                for j in 0..RN {
+                    summs[i][j] = mx.mul_add(sy[j], summs[i][j]);
+                    let dot = _mm256_maddubs_epi16(qx, qy[j]);
+                    let q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, dot));
+                    let d = _mm256_set1_ps(dx * dy[j]);
+                    acc[i][j] = if T == 0 {
+                        _mm256_fmadd_ps(d, q, acc[i][j])
+                    } else {
+                        _mm256_fmadd_ps(q, d, acc[i][j])
+                    };
+                }
+            }
+        }
+        let mut out = [[0f32; RN]; RM];
+        for i in 0..RM {
+            for j in 0..RN {
+                out[i][j] = hsum_float_8(acc[i][j]) + summs[i][j];
+            }
+        }
+        out
+    }
+}
+
+/// `q1` for 4 weight rows: scales and mins of the four rows converted together, `dx * dy`
+/// and the `m·s` sums computed as 4-lane vectors (the same f32 products and fused
+/// multiply-adds, lane by lane), each weight block unpacked once for the `RN` rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1_4xn<const T: u8, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; RN],
+) -> [[f32; RN]; 4] {
+    let bx = if T == 0 { 20 } else { 24 };
+    let mut acc = [[_mm256_setzero_ps(); RN]; 4];
+    let mut summs = [_mm_setzero_ps(); RN];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        for ib in 0..nb {
+            let off = ib * bx;
+            // d and m of each row, as one 32-bit pair per row.
+            let dm = _mm_set_epi32(
+                w[3].add(off).cast::<i32>().read_unaligned(),
+                w[2].add(off).cast::<i32>().read_unaligned(),
+                w[1].add(off).cast::<i32>().read_unaligned(),
+                w[0].add(off).cast::<i32>().read_unaligned(),
+            );
+            // [d0 m0 d1 m1 d2 m2 d3 m3] as f32; pick the d's and the m's.
+            let f = _mm256_cvtph_ps(dm);
+            let lo = _mm256_castps256_ps128(f);
+            let hi = _mm256_extractf128_ps(f, 1);
+            let dx = _mm_shuffle_ps(lo, hi, 0b10_00_10_00);
+            let mx = _mm_shuffle_ps(lo, hi, 0b11_01_11_01);
+            let mut x = [_mm256_setzero_si256(); 4];
+            for (i, xi) in x.iter_mut().enumerate() {
+                let xb = w[i].add(off);
+                *xi = if T == 0 {
+                    bytes_from_nibbles_32(xb.add(4))
+                } else {
+                    let qh = xb.add(4).cast::<u32>().read_unaligned();
+                    let bxhi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                    _mm256_or_si256(bytes_from_nibbles_32(xb.add(8)), bxhi)
+                };
+            }
+            for j in 0..RN {
+                let yb = a[j].add(ib * 36);
+                let dy = ld_f16(yb);
+                let sy = ld_f16(yb.add(2));
+                let qy = loadu(yb.add(4));
+                summs[j] = _mm_fmadd_ps(mx, _mm_set1_ps(sy), summs[j]);
+                let dd = _mm_mul_ps(dx, _mm_set1_ps(dy));
+                let dv = _mm256_set_m128(dd, dd);
+                let q0 =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[0], qy)));
+                acc[0][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 0), q0, acc[0][j]);
+                let q1 =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[1], qy)));
+                acc[1][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 85), q1, acc[1][j]);
+                let q2 =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[2], qy)));
+                acc[2][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 170), q2, acc[2][j]);
+                let q3 =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[3], qy)));
+                acc[3][j] = _mm256_fmadd_ps(_mm256_shuffle_ps(dv, dv, 255), q3, acc[3][j]);
+            }
+        }
+        let mut out = [[0f32; RN]; 4];
+        for j in 0..RN {
+            let mut sm = [0f32; 4];
+            _mm_storeu_ps(sm.as_mut_ptr(), summs[j]);
+            for i in 0..4 {
+                out[i][j] = hsum_float_8(acc[i][j]) + sm[i];
+            }
+        }
+        out
+    }
+}
+
+/// Q4_K repacked: `G == 0` gemv (one FMA per superblock), `G == 1` gemm (one per pair of
+/// sub-blocks).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k<const G: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let mut acc = [[0f32; RN]; RM];
+    let mut acc_min = [[0f32; RN]; RM];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        for ib in 0..nb {
+            let mut yd = [0f32; RN];
+            let mut q8s = [_mm_setzero_si128(); RN];
+            let mut yq = [std::ptr::null::<u8>(); RN];
+            for j in 0..RN {
+                (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
+            }
+            for i in 0..RM {
+                let xb = w[i].add(ib * 144);
+                let d = ld_f16(xb);
+                let dmin = ld_f16(xb.add(2));
+                let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(
+                    std::slice::from_raw_parts(xb.add(4), 12),
+                );
+                let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                let q4 = xb.add(16);
+                let mut scl = [_mm256_setzero_si256(); 8];
+                for s in 0..8 {
+                    scl[s] = _mm256_set1_epi16(i16::from(sc[s]));
+                }
+                for j in 0..RN {
+                    let imin = _mm_madd_epi16(mins, q8s[j]);
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    for sb in 0..4 {
+                        let bits = loadu(q4.add(32 * sb));
+                        let lo = _mm256_and_si256(bits, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                        let q8l = loadu(yq[j].add(64 * sb));
+                        let q8h = loadu(yq[j].add(64 * sb + 32));
+                        let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q8l), scl[2 * sb]);
+                        let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q8h), scl[2 * sb + 1]);
+                        p[sb] = _mm256_add_epi32(pl, ph);
+                    }
+                    q4k_accumulate::<G>(
+                        &p,
+                        imin,
+                        (d, dmin, yd[j]),
+                        &mut acc[i][j],
+                        &mut acc_min[i][j],
+                    );
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; RN]; RM];
+    for i in 0..RM {
+        for j in 0..RN {
+            out[i][j] = acc[i][j] - acc_min[i][j];
+        }
+    }
+    out
+}
+
+/// The tiled Q6_K kernel: per superblock `res = d_w*(float)s1`, `acc = fma(res, d_a, acc)`
+/// with `s1 = Σ scale·(q6-32)·q8` exact (as `Σ scale·q6·q8 - 32·Σ scale·bsum`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let mut acc = [[0f32; RN]; RM];
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        for ib in 0..nb {
+            let mut yd = [0f32; RN];
+            let mut q8sums = [_mm256_setzero_si256(); RN];
+            let mut yq = [std::ptr::null::<u8>(); RN];
+            for j in 0..RN {
+                let yb = a[j].add(ib * 292);
+                yd[j] = ld_f32(yb);
+                yq[j] = yb.add(4);
+                q8sums[j] = loadu(yb.add(260));
+            }
+            for i in 0..RM {
+                let xb = w[i].add(ib * 210);
+                let dw = ld_f16_last(xb.add(208));
+                let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                let scales_16 = _mm256_cvtepi8_epi16(scales);
+                let mut sumi = [_mm256_setzero_si256(); RN];
+                for h in 0..2 {
+                    let q4bits1 = loadu(xb.add(64 * h));
+                    let q4bits2 = loadu(xb.add(64 * h + 32));
+                    let q4bits_h = loadu(xb.add(128 + 32 * h));
+                    let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                    let q4h_1 =
+                        _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                    let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                    let q4h_3 =
+                        _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                    let q6 = [
+                        _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+                        _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15),
+                            q4h_2,
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15),
+                            q4h_3,
+                        ),
+                    ];
+                    let mut sh = [_mm256_setzero_si256(); 4];
+                    for k in 0..4 {
+                        sh[k] = q6k_scale_shuffle(scales, 4 * h + k);
+                    }
+                    for j in 0..RN {
+                        let q8 = yq[j].add(128 * h);
+                        for k in 0..4 {
+                            let p = _mm256_madd_epi16(
+                                sh[k],
+                                _mm256_maddubs_epi16(q6[k], loadu(q8.add(32 * k))),
+                            );
+                            sumi[j] = _mm256_add_epi32(sumi[j], p);
+                        }
+                    }
+                }
+                for j in 0..RN {
+                    let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
+                    let s1 = hsum_i32(_mm256_sub_epi32(sumi[j], sub));
+                    let res = dw * s1 as f32;
+                    acc[i][j] = res.mul_add(yd[j], acc[i][j]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`) or Q2_K (`G == 2`)
+/// kernel over the whole product: per weight row and superblock, the block is decoded
+/// once (values, the i16 scale of each 16 values) for all activation rows; per output the
+/// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
+/// summed), then `res = d_w * (float)s1`, for Q2_K `res = fma(-dmin_w, (float)s2, res)`
+/// with `s2 = Σ min·bsum`, and `acc = fma(res, d_a, acc)`, as
+/// [`crate::kernels::repack`]'s scalar kernels.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb` blocks of `t` (weights) or Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq_tiled<const G: u8>(
+    t: lamina_core::DType,
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    const CHUNK: usize = 16;
+    let (nw, na) = (w.len(), a.len());
+    let bx = t.type_size() as usize;
+    // SAFETY: rows hold `nb` blocks (the caller's contract).
+    unsafe {
+        for i in 0..nw {
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(CHUNK);
+                let mut acc = [0f32; CHUNK];
+                for ib in 0..nb {
+                    let xb = w[i].as_ptr().add(ib * bx);
+                    let mut v = [_mm256_setzero_si256(); 8];
+                    let mut sc = [_mm256_setzero_si256(); 8];
+                    let mut dmin = 0f32;
+                    let mut mins = _mm256_setzero_si256();
+                    let d = if G == 2 {
+                        let m3 = _mm256_set1_epi8(3);
+                        for s in 0..8 {
+                            let (j, k) = (s / 4, (s % 4) as i32);
+                            let bits = loadu(xb.add(16 + 32 * j));
+                            let sh = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k));
+                            v[s] = _mm256_and_si256(sh, m3);
+                            sc[s] = _mm256_set_m128i(
+                                _mm_set1_epi16(i16::from(*xb.add(2 * s + 1) & 15)),
+                                _mm_set1_epi16(i16::from(*xb.add(2 * s) & 15)),
+                            );
+                        }
+                        let m = _mm_loadu_si128(xb as *const __m128i);
+                        mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+                            _mm_srli_epi16(m, 4),
+                            _mm_set1_epi8(15),
+                        ));
+                        dmin = ld_f16_last(xb.add(82));
+                        ld_f16(xb.add(80))
+                    } else if G == 0 {
+                        let table = {
+                            let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                            _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1)
+                        };
+                        let sh = u32::from(xb.add(2).cast::<u16>().read_unaligned());
+                        for s in 0..8 {
+                            let lo = u32::from(*xb.add(4 + s / 2) >> (4 * (s % 2))) & 0xf;
+                            let ls = (lo | (((sh >> (2 * s)) & 3) << 4)) as i16 - 32;
+                            sc[s] = _mm256_set1_epi16(ls);
+                            let nib = bytes_from_nibbles_32(xb.add(8 + 16 * s));
+                            v[s] = _mm256_shuffle_epi8(table, nib);
+                        }
+                        ld_f16(xb)
+                    } else {
+                        let blk = std::slice::from_raw_parts(xb, bx);
+                        let (d, ls, vals) = crate::kernels::repack::iq_grid_tile(t, blk);
+                        for s in 0..8 {
+                            v[s] = loadu(vals.as_ptr().add(32 * s).cast::<u8>());
+                            sc[s] = _mm256_set_m128i(
+                                _mm_set1_epi16(ls[2 * s + 1] as i16),
+                                _mm_set1_epi16(ls[2 * s] as i16),
+                            );
+                        }
+                        d
+                    };
+                    let mut av = [_mm256_setzero_si256(); 8];
+                    for s in 0..8 {
+                        av[s] = if G == 2 {
+                            v[s]
+                        } else {
+                            _mm256_sign_epi8(v[s], v[s])
+                        };
+                    }
+                    for j in 0..rn {
+                        let yb = a[j0 + j].as_ptr().add(ib * 292);
+                        let yd = ld_f32(yb);
+                        let mut sumi = _mm256_setzero_si256();
+                        for s in 0..8 {
+                            let q8 = loadu(yb.add(4 + 32 * s));
+                            // Q2_K's values are unsigned already.
+                            let q8 = if G == 2 {
+                                q8
+                            } else {
+                                _mm256_sign_epi8(q8, v[s])
+                            };
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(av[s], q8), sc[s]);
+                            sumi = _mm256_add_epi32(sumi, p);
+                        }
+                        let s1 = hsum_i32(sumi);
+                        let mut res = d * s1 as f32;
+                        if G == 2 {
+                            let s2 = hsum_i32(_mm256_madd_epi16(mins, loadu(yb.add(260))));
+                            res = (-dmin).mul_add(s2 as f32, res);
+                        }
+                        acc[j] = res.mul_add(yd, acc[j]);
+                    }
+                }
+                for j in 0..rn {
+                    out[(j0 + j) * nw + i] = acc[j];
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+/// Group `l` of 8 values at `p`: f16 (`T == 0`) or f32, as f32.
+#[inline(always)]
+unsafe fn ld_f16_or_f32<const T: u8>(p: *const u8, l: usize) -> __m256 {
+    // SAFETY: group `l` is readable (the caller's contract); AVX/F16C enabled by the caller.
+    unsafe {
+        if T == 0 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * l) as *const __m128i))
+        } else {
+            _mm256_loadu_ps(p.add(32 * l) as *const f32)
+        }
+    }
+}
+
+/// tinyBLAS f16 (`T == 0`, 16 bytes per 8 values) or f32 (`T == 1`): one 8-lane FMA chain,
+/// then `hsum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ftiny<const T: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    w: [*const u8; RM],
+    a: [*const u8; RN],
+) -> [[f32; RN]; RM] {
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    // SAFETY: rows hold `nb` groups of 8 values (the caller's contract).
+    unsafe {
+        for l in 0..nb {
+            let mut vb = [_mm256_setzero_ps(); RN];
+            for j in 0..RN {
+                vb[j] = ld_f16_or_f32::<T>(a[j], l);
+            }
+            for i in 0..RM {
+                let va = ld_f16_or_f32::<T>(w[i], l);
+                for j in 0..RN {
+                    acc[i][j] = _mm256_fmadd_ps(va, vb[j], acc[i][j]);
+                }
+            }
+        }
+        hsum_all(acc)
+    }
+}
