@@ -125,7 +125,7 @@ fn check(n: usize, x: &[u8], y: &[u8], dtype: DType, k: Kernel) -> f32 {
 
 /// ggml's `keven_signs_q2xs` as u64: byte `j` of entry `s` is -1 where bit `j` of
 /// `ksigns_iq2xs[s]` (the 7 bits of `s` and their parity) is set, else +1.
-const KEVEN_SIGNS: [u64; 128] = {
+pub(crate) const KEVEN_SIGNS: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut s = 0;
     while s < 128 {
@@ -148,14 +148,14 @@ const KEVEN_SIGNS: [u64; 128] = {
 /// # Safety
 /// `p..p + 4` readable.
 #[inline(always)]
-unsafe fn rd32(p: *const u8) -> u32 {
+pub(crate) unsafe fn rd32(p: *const u8) -> u32 {
     // SAFETY: by the caller's contract.
     unsafe { u32::from_le_bytes(*(p as *const [u8; 4])) }
 }
 
 /// Four u64 lanes (`a[0]` lowest) as a vector.
 #[inline(always)]
-fn set4(a: [u64; 4]) -> __m256i {
+pub(crate) fn set4(a: [u64; 4]) -> __m256i {
     // SAFETY: `_mm256_set_epi64x` only moves values (AVX, enabled in every caller).
     unsafe { _mm256_set_epi64x(a[3] as i64, a[2] as i64, a[1] as i64, a[0] as i64) }
 }

@@ -147,6 +147,12 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
         TileKind::Iq4XsTiled => unsafe { iq_tiled::<0>(lamina_core::DType::IQ4_XS, nb, w, a, out) },
         TileKind::IqGridTiled(t) => unsafe { iq_tiled::<1>(t, nb, w, a, out) },
         TileKind::Q2KTiled => unsafe { iq_tiled::<2>(lamina_core::DType::Q2_K, nb, w, a, out) },
+        TileKind::Q45KTiled(false) => unsafe {
+            iq_tiled::<3>(lamina_core::DType::Q4_K, nb, w, a, out)
+        },
+        TileKind::Q45KTiled(true) => unsafe {
+            iq_tiled::<4>(lamina_core::DType::Q5_K, nb, w, a, out)
+        },
         TileKind::Q1(false) => run_tiles!(q1, 0, nb, w, a, out),
         TileKind::Q1(true) => run_tiles!(q1, 1, nb, w, a, out),
         // SAFETY (both): by this function's contract; the table limit holds.
@@ -1238,11 +1244,29 @@ unsafe fn q6k<const T: u8, const RM: usize, const RN: usize>(
     acc
 }
 
-/// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`) or Q2_K (`G == 2`)
-/// kernel over the whole product: per weight row and superblock, the block is decoded
+/// Lane `l`: the sum of the 8 i32 lanes of `v[l]` (integers: any order gives the same sum).
+#[inline(always)]
+unsafe fn hsum_i32x8(v: &[__m256i]) -> __m256i {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller; `v` holds 8 vectors.
+    unsafe {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        let h03 = _mm256_hadd_epi32(h01, h23);
+        let h47 = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(h03, h47, 0x20),
+            _mm256_permute2x128_si256(h03, h47, 0x31),
+        )
+    }
+}
+
+/// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`), Q2_K (`G == 2`), Q4_K
+/// (`G == 3`) or Q5_K (`G == 4`) kernel over the whole product: per weight row and superblock, the block is decoded
 /// once (values, the i16 scale of each 16 values) for all activation rows; per output the
 /// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
-/// summed), then `res = d_w * (float)s1`, for Q2_K `res = fma(-dmin_w, (float)s2, res)`
+/// summed), then `res = d_w * (float)s1`, for the K-quants `res = fma(-dmin_w, (float)s2, res)`
 /// with `s2 = Σ min·bsum`, and `acc = fma(res, d_a, acc)`, as
 /// [`crate::kernels::repack`]'s scalar kernels.
 ///
@@ -1272,7 +1296,43 @@ unsafe fn iq_tiled<const G: u8>(
                     let mut sc = [_mm256_setzero_si256(); 8];
                     let mut dmin = 0f32;
                     let mut mins = _mm256_setzero_si256();
-                    let d = if G == 2 {
+                    let d = if G == 3 || G == 4 {
+                        // Q4_K (3) / Q5_K (4): 8 sub-blocks of 32 unsigned values, 6-bit
+                        // scales and mins; each scale covers two 16-value halves, each min two
+                        // of the activation's 16-value sums.
+                        let (scales, mn) = crate::kernels::dot::q4k_scales_mins(
+                            std::slice::from_raw_parts(xb.add(4), 12),
+                        );
+                        let m4 = _mm256_set1_epi8(15);
+                        let qs = xb.add(if G == 4 { 48 } else { 16 });
+                        for s in 0..8 {
+                            let bits = loadu(qs.add(32 * (s / 2)));
+                            let nib = if s % 2 == 0 {
+                                _mm256_and_si256(bits, m4)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4)
+                            };
+                            v[s] = if G == 4 {
+                                // Bit `s` of each of the 32 `qh` bytes is the value's bit 4.
+                                let qh = loadu(xb.add(16));
+                                let hb = _mm256_and_si256(
+                                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32)),
+                                    _mm256_set1_epi8(1),
+                                );
+                                _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4))
+                            } else {
+                                nib
+                            };
+                            sc[s] = _mm256_set1_epi16(i16::from(scales[s]));
+                        }
+                        let mut m16 = [0i16; 16];
+                        for h in 0..16 {
+                            m16[h] = i16::from(mn[h / 2]);
+                        }
+                        mins = _mm256_loadu_si256(m16.as_ptr().cast());
+                        dmin = ld_f16(xb.add(2));
+                        ld_f16(xb)
+                    } else if G == 2 {
                         let m3 = _mm256_set1_epi8(3);
                         for s in 0..8 {
                             let (j, k) = (s / 4, (s % 4) as i32);
@@ -1305,6 +1365,25 @@ unsafe fn iq_tiled<const G: u8>(
                             v[s] = _mm256_shuffle_epi8(table, nib);
                         }
                         ld_f16(xb)
+                    } else if t == lamina_core::DType::IQ2_XXS {
+                        // `iq_grid_tile`'s IQ2_XXS values, decoded in vectors: per 32 values
+                        // four grid rows, their signs (the 7 bits and their parity), and one
+                        // scale `2s + 1` for both halves.
+                        use crate::kernels::x86::avx2::dot::{KEVEN_SIGNS, rd32, set4};
+                        use lamina_core::quant::IQ2XXS_GRID;
+                        for s in 0..8 {
+                            let a0 = rd32(xb.add(2 + 8 * s));
+                            let a1 = rd32(xb.add(6 + 8 * s));
+                            let mut g = [0u64; 4];
+                            let mut sg = [0u64; 4];
+                            for l in 0..4 {
+                                g[l] = IQ2XXS_GRID[((a0 >> (8 * l)) & 0xff) as usize];
+                                sg[l] = KEVEN_SIGNS[((a1 >> (7 * l)) & 127) as usize];
+                            }
+                            v[s] = _mm256_sign_epi8(set4(g), set4(sg));
+                            sc[s] = _mm256_set1_epi16((2 * (a1 >> 28) + 1) as i16);
+                        }
+                        ld_f16(xb) * 0.125
                     } else {
                         let blk = std::slice::from_raw_parts(xb, bx);
                         let (d, ls, vals) = crate::kernels::repack::iq_grid_tile(t, blk);
@@ -1319,20 +1398,25 @@ unsafe fn iq_tiled<const G: u8>(
                     };
                     let mut av = [_mm256_setzero_si256(); 8];
                     for s in 0..8 {
-                        av[s] = if G == 2 {
+                        av[s] = if G >= 2 {
                             v[s]
                         } else {
                             _mm256_sign_epi8(v[s], v[s])
                         };
                     }
+                    // Per activation row the i32 lanes of `s1` (and `s2`); the float steps
+                    // then run 8 rows at a time, lane `l` for row `l` (the scalar steps).
+                    let mut s1v = [_mm256_setzero_si256(); CHUNK];
+                    let mut s2v = [_mm256_setzero_si256(); CHUNK];
+                    let mut yds = [0f32; CHUNK];
                     for j in 0..rn {
                         let yb = a[j0 + j].as_ptr().add(ib * 292);
-                        let yd = ld_f32(yb);
+                        yds[j] = ld_f32(yb);
                         let mut sumi = _mm256_setzero_si256();
                         for s in 0..8 {
                             let q8 = loadu(yb.add(4 + 32 * s));
-                            // Q2_K's values are unsigned already.
-                            let q8 = if G == 2 {
+                            // Q2_K's, Q4_K's and Q5_K's values are unsigned already.
+                            let q8 = if G >= 2 {
                                 q8
                             } else {
                                 _mm256_sign_epi8(q8, v[s])
@@ -1340,13 +1424,22 @@ unsafe fn iq_tiled<const G: u8>(
                             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(av[s], q8), sc[s]);
                             sumi = _mm256_add_epi32(sumi, p);
                         }
-                        let s1 = hsum_i32(sumi);
-                        let mut res = d * s1 as f32;
-                        if G == 2 {
-                            let s2 = hsum_i32(_mm256_madd_epi16(mins, loadu(yb.add(260))));
-                            res = (-dmin).mul_add(s2 as f32, res);
+                        s1v[j] = sumi;
+                        if G >= 2 {
+                            s2v[j] = _mm256_madd_epi16(mins, loadu(yb.add(260)));
                         }
-                        acc[j] = res.mul_add(yd, acc[j]);
+                    }
+                    for g in (0..rn).step_by(8) {
+                        let s1 = hsum_i32x8(&s1v[g..g + 8]);
+                        let mut res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
+                        if G >= 2 {
+                            let s2 = hsum_i32x8(&s2v[g..g + 8]);
+                            res =
+                                _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(s2), res);
+                        }
+                        let yd = _mm256_loadu_ps(yds.as_ptr().add(g));
+                        let accp = acc.as_mut_ptr().add(g);
+                        _mm256_storeu_ps(accp, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(accp)));
                     }
                 }
                 for j in 0..rn {
