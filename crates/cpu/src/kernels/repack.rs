@@ -526,7 +526,7 @@ pub fn dot_q3_k_tiled(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// Q3_K's scale `i` (6 bits, minus 32).
-fn q3k_scale(sc: &[u8], i: usize) -> i32 {
+pub(crate) fn q3k_scale(sc: &[u8], i: usize) -> i32 {
     let aux: [u32; 3] = std::array::from_fn(|t| {
         u32::from_le_bytes([sc[4 * t], sc[4 * t + 1], sc[4 * t + 2], sc[4 * t + 3]])
     });

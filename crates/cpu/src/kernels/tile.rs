@@ -30,6 +30,8 @@ pub(crate) enum TileKind {
     Q2KTiled,
     /// The tiled Q4_K (`false`) or Q5_K (`true`) kernel per output.
     Q45KTiled(bool),
+    /// The tiled Q3_K kernel per output.
+    Q3KTiled,
     /// `ggml_vec_dot_q4_1_q8_1` (`false`) or `ggml_vec_dot_q5_1_q8_1` (`true`).
     Q1(bool),
     /// `ggml_gemv_q4_K_8x8_q8_K` per output.
@@ -59,6 +61,7 @@ impl TileKind {
             TileKind::Iq4XsTiled => DType::IQ4_XS,
             TileKind::Q2KTiled => DType::Q2_K,
             TileKind::Q45KTiled(q5) => [DType::Q4_K, DType::Q5_K][q5 as usize],
+            TileKind::Q3KTiled => DType::Q3_K,
             TileKind::IqGridTiled(t) => t,
             TileKind::Q1(q5) => [DType::Q4_1, DType::Q5_1][q5 as usize],
             TileKind::Q4KGemv | TileKind::Q4KGemm => DType::Q4_K,

@@ -166,7 +166,7 @@ pub(crate) fn table() -> KernelTable {
         (DType::Q6_K, q6_k_tiled, tiles!(TileKind::Q6KTiled)),
         (DType::Q4_K, q4_k_tiled, tiles!(TileKind::Q45KTiled(false))),
         (DType::Q5_K, q5_k_tiled, tiles!(TileKind::Q45KTiled(true))),
-        (DType::Q3_K, q3_k_tiled, None),
+        (DType::Q3_K, q3_k_tiled, tiles!(TileKind::Q3KTiled)),
         (DType::Q2_K, q2_k_tiled, tiles!(TileKind::Q2KTiled)),
         (DType::IQ4_XS, iq4_xs_tiled, tiles!(TileKind::Iq4XsTiled)),
     ];

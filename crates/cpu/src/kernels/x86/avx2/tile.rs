@@ -150,6 +150,7 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
         TileKind::Q45KTiled(false) => unsafe {
             iq_tiled::<3>(lamina_core::DType::Q4_K, nb, w, a, out)
         },
+        TileKind::Q3KTiled => unsafe { iq_tiled::<5>(lamina_core::DType::Q3_K, nb, w, a, out) },
         TileKind::Q45KTiled(true) => unsafe {
             iq_tiled::<4>(lamina_core::DType::Q5_K, nb, w, a, out)
         },
@@ -1263,7 +1264,7 @@ unsafe fn hsum_i32x8(v: &[__m256i]) -> __m256i {
 }
 
 /// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`), Q2_K (`G == 2`), Q4_K
-/// (`G == 3`) or Q5_K (`G == 4`) kernel over the whole product: per weight row and superblock, the block is decoded
+/// (`G == 3`), Q5_K (`G == 4`) or Q3_K (`G == 5`) kernel over the whole product: per weight row and superblock, the block is decoded
 /// once (values, the i16 scale of each 16 values) for all activation rows; per output the
 /// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
 /// summed), then `res = d_w * (float)s1`, for the K-quants `res = fma(-dmin_w, (float)s2, res)`
@@ -1296,7 +1297,34 @@ unsafe fn iq_tiled<const G: u8>(
                     let mut sc = [_mm256_setzero_si256(); 8];
                     let mut dmin = 0f32;
                     let mut mins = _mm256_setzero_si256();
-                    let d = if G == 3 || G == 4 {
+                    let d = if G == 5 {
+                        // Q3_K: 16 sub-blocks of 16 signed values (2 low bits, a high bit from
+                        // `hmask`, minus 4), 6-bit scales minus 32; no min.
+                        let hm = loadu(xb);
+                        for s in 0..8 {
+                            let (j, k) = (s / 4, (s % 4) as i32);
+                            let bits = loadu(xb.add(32 + 32 * j));
+                            let low = _mm256_and_si256(
+                                _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)),
+                                _mm256_set1_epi8(3),
+                            );
+                            let h = _mm256_and_si256(
+                                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * j as i32 + k)),
+                                _mm256_set1_epi8(1),
+                            );
+                            v[s] = _mm256_sub_epi8(
+                                _mm256_add_epi8(low, _mm256_slli_epi16(h, 2)),
+                                _mm256_set1_epi8(4),
+                            );
+                            let scales = std::slice::from_raw_parts(xb.add(96), 12);
+                            let q3s = crate::kernels::repack::q3k_scale;
+                            sc[s] = _mm256_set_m128i(
+                                _mm_set1_epi16(q3s(scales, 2 * s + 1) as i16),
+                                _mm_set1_epi16(q3s(scales, 2 * s) as i16),
+                            );
+                        }
+                        ld_f16(xb.add(108))
+                    } else if G == 3 || G == 4 {
                         // Q4_K (3) / Q5_K (4): 8 sub-blocks of 32 unsigned values, 6-bit
                         // scales and mins; each scale covers two 16-value halves, each min two
                         // of the activation's 16-value sums.
@@ -1398,7 +1426,7 @@ unsafe fn iq_tiled<const G: u8>(
                     };
                     let mut av = [_mm256_setzero_si256(); 8];
                     for s in 0..8 {
-                        av[s] = if G >= 2 {
+                        av[s] = if matches!(G, 2..=4) {
                             v[s]
                         } else {
                             _mm256_sign_epi8(v[s], v[s])
@@ -1416,7 +1444,7 @@ unsafe fn iq_tiled<const G: u8>(
                         for s in 0..8 {
                             let q8 = loadu(yb.add(4 + 32 * s));
                             // Q2_K's, Q4_K's and Q5_K's values are unsigned already.
-                            let q8 = if G >= 2 {
+                            let q8 = if matches!(G, 2..=4) {
                                 q8
                             } else {
                                 _mm256_sign_epi8(q8, v[s])
@@ -1425,14 +1453,14 @@ unsafe fn iq_tiled<const G: u8>(
                             sumi = _mm256_add_epi32(sumi, p);
                         }
                         s1v[j] = sumi;
-                        if G >= 2 {
+                        if matches!(G, 2..=4) {
                             s2v[j] = _mm256_madd_epi16(mins, loadu(yb.add(260)));
                         }
                     }
                     for g in (0..rn).step_by(8) {
                         let s1 = hsum_i32x8(&s1v[g..g + 8]);
                         let mut res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
-                        if G >= 2 {
+                        if matches!(G, 2..=4) {
                             let s2 = hsum_i32x8(&s2v[g..g + 8]);
                             res =
                                 _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(s2), res);
