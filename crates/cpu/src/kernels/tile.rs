@@ -7,7 +7,7 @@
 //! outputs also overlap, which a single dot product cannot do.
 //!
 //! AVX2, plus AVX-512 VNNI tiles for the Q0 and Q1 types (`avx512`), reached through the x86
-//! tiers' kernel tables ([`avx2_tiles`], [`avx512_tiles`]). A tile kernel may decline a shape
+//! tiers' kernel tables ([`x86_tiles`]). A tile kernel may decline a shape
 //! (returning `false`), and the caller then computes the outputs one at a time.
 
 use lamina_core::DType;
@@ -111,11 +111,12 @@ fn worth_it(kind: TileKind, na: usize) -> bool {
     na > 1 || matches!(kind, TileKind::Q0Chain(_))
 }
 
-/// The AVX2 tier's tiles: `out[j * w.len() + i]` = the output of weight row `w[i]` and
-/// activation row `acts[j]` (rows of `k` values); `false` (with `out` untouched) where a tile
-/// would not be faster.
+/// The x86 tiers' tiles: `out[j * w.len() + i]` = the output of weight row `w[i]` and
+/// activation row `acts[j]` (rows of `k` values), with the AVX-512 kernels where `AVX512` is
+/// set and they cover the shape ([`avx512::covers`]), else the AVX2 ones (the same bits either
+/// way); `false` (with `out` untouched) where a tile would not be faster.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2_tiles(
+pub(crate) fn x86_tiles<const AVX512: bool>(
     kind: TileKind,
     k: usize,
     w: &[&[u8]],
@@ -126,32 +127,13 @@ pub(crate) fn avx2_tiles(
         return false;
     }
     let nb = checked_blocks(kind, k, w, acts, out);
-    // SAFETY: reached only through the AVX2 and AVX-512 kernel tables, which exist only where
-    // AVX2/FMA/F16C are present; every row holds `nb` blocks (checked above).
-    unsafe { avx2::run(kind, nb, w, acts, out) };
-    true
-}
-
-/// The AVX-512 tier's tiles: its own kernels where [`avx512::covers`] the shape, else the
-/// AVX2 ones (the same bits either way).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx512_tiles(
-    kind: TileKind,
-    k: usize,
-    w: &[&[u8]],
-    acts: &[&[u8]],
-    out: &mut [f32],
-) -> bool {
-    if !worth_it(kind, acts.len()) {
-        return false;
-    }
-    let nb = checked_blocks(kind, k, w, acts, out);
-    if avx512::covers(kind, nb, w.len(), acts.len()) {
-        // SAFETY: reached only through the AVX-512 kernel table, which exists only where the
-        // tier is detected; every row holds `nb` blocks (checked above); `covers` holds.
+    if AVX512 && avx512::covers(kind, nb, w.len(), acts.len()) {
+        // SAFETY: `AVX512` is set only in the AVX-512 kernel table, which exists only where
+        // that tier is detected; every row holds `nb` blocks (checked above); `covers` holds.
         unsafe { avx512::run(kind, nb, w, acts, out) };
     } else {
-        // SAFETY: the AVX-512 tier includes AVX2/FMA/F16C; rows checked above.
+        // SAFETY: reached only through the AVX2 and AVX-512 kernel tables, which exist only
+        // where AVX2/FMA/F16C are present; every row holds `nb` blocks (checked above).
         unsafe { avx2::run(kind, nb, w, acts, out) };
     }
     true

@@ -13,7 +13,7 @@ use lamina_core::DType;
 
 use crate::kernels::generic::IQ_GRID;
 use crate::kernels::table::{DotFn, Kernel, KernelTable, TileFn};
-use crate::kernels::tile::{TileKind, avx2_tiles};
+use crate::kernels::tile::{TileKind, x86_tiles};
 use crate::kernels::{generic, matmul::as_f32, repack};
 
 /// Defines `fn $name(n, x, y) -> f32` running `$body` compiled with AVX2/FMA/F16C (the body's
@@ -57,7 +57,7 @@ with_fma! {
 /// `tiles!(Kind)`: the AVX2 tile kernel of one [`TileKind`], as a table entry.
 macro_rules! tiles {
     ($kind:expr) => {
-        Some((|k, w, a, out| avx2_tiles($kind, k, w, a, out)) as TileFn)
+        Some((|k, w, a, out| x86_tiles::<false>($kind, k, w, a, out)) as TileFn)
     };
 }
 

@@ -5,12 +5,12 @@ pub mod fattn;
 pub mod tile;
 
 use crate::kernels::table::{Kernel, KernelTable, TileFn};
-use crate::kernels::tile::{TileKind, avx512_tiles};
+use crate::kernels::tile::{TileKind, x86_tiles};
 use lamina_core::DType;
 
 macro_rules! tiles {
     ($kind:expr) => {
-        Some((|k, w, a, out| avx512_tiles($kind, k, w, a, out)) as TileFn)
+        Some((|k, w, a, out| x86_tiles::<true>($kind, k, w, a, out)) as TileFn)
     };
 }
 
