@@ -628,10 +628,8 @@ impl FlashPlan {
                 for tq in 0..rows {
                     let mrow = self.mask.row_f32(i0 + tq, 0, 0);
                     let mt = &mut mask[tq * TILE_KV..(tq + 1) * TILE_KV];
-                    for tk in 0..kv_tile {
-                        mt[tk] = slope * mask_value(mrow[ic + tk]);
-                        can_skip &= mt[tk] == f32::NEG_INFINITY;
-                    }
+                    can_skip &=
+                        fattn::mask_row_f16(&mrow[ic..ic + kv_tile], slope, &mut mt[..kv_tile]);
                     mt[kv_tile..].fill(f32::NEG_INFINITY);
                 }
                 if can_skip {
@@ -671,10 +669,7 @@ impl FlashPlan {
                 let mut skip = [false; TILE_Q];
                 for tq in 0..rows {
                     let row = &mut kq[tq * TILE_KV..(tq + 1) * TILE_KV];
-                    let mut tmax = f32::NEG_INFINITY;
-                    for &v in row.iter() {
-                        tmax = if tmax > v { tmax } else { v };
-                    }
+                    let tmax = fattn::row_max(row);
                     if tmax == f32::NEG_INFINITY {
                         skip[tq] = true;
                         continue;

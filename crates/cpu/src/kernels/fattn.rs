@@ -73,6 +73,51 @@ pub fn scale_f32(y: &mut [f32], v: f32) {
     }
 }
 
+/// `dst[i] = slope * f32(f16(src[i]))` (the mask as ggml's flash attention reads it: stored
+/// as f16); returns whether every `dst[i]` is -inf.
+pub fn mask_row_f16(src: &[f32], slope: f32, dst: &mut [f32]) -> bool {
+    let src = &src[..dst.len()];
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2/FMA/F16C present; `src` holds `dst.len()` values.
+        return unsafe { avx2::mask_row_f16(src, slope, dst) };
+    }
+    mask_row_f16_scalar(src, slope, dst)
+}
+
+/// Scalar [`mask_row_f16`].
+pub fn mask_row_f16_scalar(src: &[f32], slope: f32, dst: &mut [f32]) -> bool {
+    let mut all_masked = true;
+    for (o, &m) in dst.iter_mut().zip(src) {
+        *o = slope * fp16_to_fp32(super::fp32_to_fp16(m));
+        all_masked &= *o == f32::NEG_INFINITY;
+    }
+    all_masked
+}
+
+/// The fold `max = if max > v { max } else { v }` from -inf over `row`. Without NaNs and
+/// zeros the largest value is the same in any order, so lanes may fold it; a row whose
+/// result is a zero (whose sign the order picks) or that holds a NaN is folded in order.
+pub fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() && row.len() >= 8 {
+        // SAFETY: AVX2 present.
+        if let Some(m) = unsafe { avx2::row_max(row) } {
+            return m;
+        }
+    }
+    row_max_scalar(row)
+}
+
+/// Scalar [`row_max`]: the fold in order.
+pub fn row_max_scalar(row: &[f32]) -> f32 {
+    let mut tmax = f32::NEG_INFINITY;
+    for &v in row {
+        tmax = if tmax > v { tmax } else { v };
+    }
+    tmax
+}
+
 /// `simd_gemm`: `c[m×n] += a[m×k] · b[k×n]`, all row-major; `c[i][j]` is the FMA chain
 /// `c = fma(a[i][kk], b[kk][j], c)` for `kk = 0..k`.
 pub fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {

@@ -479,3 +479,58 @@ fn geometry_of_every_dot_type() {
     }
     assert_eq!(geometry(DType::Q8_K), None);
 }
+
+/// Flash attention's mask conversion and row maximum: the vector versions against the scalar
+/// ones, on rows of ±0, ±inf, NaN, values that round to f16 and values past its range.
+#[test]
+fn mask_rows_and_row_max_match_scalar() {
+    use super::fattn::{mask_row_f16, mask_row_f16_scalar, row_max, row_max_scalar};
+    let mut rng = Rng(0x3a5c_0ffe_e123_4567);
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        1e6,
+        -7e4,
+        65519.0,
+        1e-8,
+    ];
+    for case in 0..2000 {
+        let n = [8, 16, 64, 13, 71][case % 5];
+        let row: Vec<f32> = (0..n)
+            .map(|_| {
+                let r = rng.next();
+                match r % 7 {
+                    0 => specials[(r >> 8) as usize % specials.len()],
+                    1 if case % 9 == 0 => f32::NAN,
+                    _ => {
+                        (((r >> 16) as u32 as f32) / 2f32.powi(31) - 1.0)
+                            * [1.0, 100.0, 1e-3][case % 3]
+                    }
+                }
+            })
+            .collect();
+        let row = if case % 4 == 0 {
+            vec![f32::NEG_INFINITY; n]
+        } else {
+            row
+        };
+        let slope = [1.0, 0.5, -2.0][case % 3];
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        let fa = mask_row_f16(&row, slope, &mut a);
+        let fb = mask_row_f16_scalar(&row, slope, &mut b);
+        assert_eq!(fa, fb, "case {case}");
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "case {case}"
+            );
+        }
+        let (ma, mb) = (row_max(&row), row_max_scalar(&row));
+        assert!(
+            ma.to_bits() == mb.to_bits() || (ma.is_nan() && mb.is_nan()),
+            "case {case}"
+        );
+    }
+}

@@ -218,3 +218,60 @@ pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, 
         }
     }
 }
+
+/// [`crate::kernels::fattn::mask_row_f16`]: F16C's conversions (round to nearest even, as
+/// `fp32_to_fp16`), 8 values at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mask_row_f16(src: &[f32], slope: f32, dst: &mut [f32]) -> bool {
+    let n = dst.len();
+    // SAFETY: loads and stores of 8 values below `n / 8 * 8`; `src` holds `n` values.
+    unsafe {
+        let sl = _mm256_set1_ps(slope);
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        let mut i = 0;
+        while i + 8 <= n {
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            let v = _mm256_mul_ps(sl, _mm256_cvtph_ps(h));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+            all = _mm256_and_ps(all, _mm256_cmp_ps::<_CMP_EQ_OQ>(v, ninf));
+            i += 8;
+        }
+        let tail = crate::kernels::fattn::mask_row_f16_scalar(&src[i..], slope, &mut dst[i..]);
+        tail && _mm256_movemask_ps(all) == 0xff
+    }
+}
+
+/// [`crate::kernels::fattn::row_max`] in 8 lanes, or `None` where only the in-order fold
+/// gives the answer (a NaN in the row, or a zero result).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn row_max(row: &[f32]) -> Option<f32> {
+    let n = row.len();
+    // SAFETY: loads of 8 values below `n / 8 * 8`.
+    unsafe {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = _mm256_loadu_ps(row.as_ptr().add(i));
+            m = _mm256_max_ps(m, v);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            i += 8;
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            return None;
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        let mut tmax = _mm_cvtss_f32(h);
+        for &v in &row[i..] {
+            if v.is_nan() {
+                return None;
+            }
+            tmax = if tmax > v { tmax } else { v };
+        }
+        (tmax != 0.0).then_some(tmax)
+    }
+}
