@@ -4,8 +4,9 @@
 //! of the graph IR. The numeric kernels (`kernels`) replicate llama.cpp's x86 AVX2 CPU arithmetic
 //! bit for bit — activation quantizers, dot products and their accumulation order, the choice
 //! between ggml's vec_dot, repacked gemv/gemm and tinyBLAS paths, softmax/SiLU exp, the GELU
-//! table, RoPE — with AVX2 code where the CPU has it and a scalar emulation giving the same bits
-//! elsewhere (`LAMINA_FORCE_SCALAR=1` forces it).
+//! table, RoPE — with a kernel table per instruction set (scalar, AVX2, AVX-512, NEON), the
+//! best the CPU has chosen once, every tier giving the scalar emulation's bits
+//! (`LAMINA_FORCE_SCALAR=1` forces it, `LAMINA_CPU_ISA` caps the tier).
 
 mod device;
 mod exec;

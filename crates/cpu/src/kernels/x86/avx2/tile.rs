@@ -920,7 +920,7 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
     let bx = q0_bytes(T);
     let (nw, na) = (w.len(), a.len());
     // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
-    // outputs (checked by `tile_at`).
+    // outputs (checked by `tile::x86_tiles`).
     unsafe {
         for i0 in (0..nw).step_by(8) {
             let mut j0 = 0;
