@@ -579,7 +579,10 @@ impl Penalties {
         }
         for t in &mut cur.data {
             let count = self.counts.get(t.id as usize).copied().unwrap_or(0);
-            if count == 0 {
+            // A token already at -inf (masked by a grammar or a logit bias) stays there: a
+            // negative `repeat_penalty` would turn it into +inf (or 0 into NaN) and pick a
+            // token the grammar forbids (found by the `server_request` fuzzer as a 500).
+            if count == 0 || t.logit == f32::NEG_INFINITY {
                 continue;
             }
             // Multiply negative logits, divide positive ones: dividing a negative logit

@@ -219,3 +219,28 @@ async fn structured_random_requests_never_get_a_server_error() {
     assert!(by_status.keys().any(|&s| s == 200) && by_status.keys().any(|&s| s == 400));
     assert_eq!(get(addr, "/health").await.status, 200);
 }
+
+/// Found by the `server_request` fuzzer: with a negative `repeat_penalty` the penalties turned
+/// the grammar's -inf logits into +inf, the sampler picked a token the grammar forbids, and
+/// the request failed with a 500 ("the grammar does not allow token …"). Masked tokens stay
+/// masked now.
+#[tokio::test]
+async fn a_negative_repeat_penalty_keeps_the_grammar() {
+    let addr = start(256, 2, ServerConfig::default()).await;
+    for penalty in [-1.0, -0.5, 0.0] {
+        let body = json!({"prompt": "/v1/chat/completions", "json_schema": {"enum": ["tool", 256]},
+            "repeat_penalty": penalty, "max_tokens": 3, "n_predict": 3});
+        let raw = serde_json::to_vec(&body).unwrap();
+        let r = testing::request(
+            addr,
+            "POST",
+            "/completions",
+            &[("Content-Type", "application/json")],
+            &raw,
+        )
+        .await
+        .expect("the server answers");
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+    }
+    assert_eq!(get(addr, "/health").await.status, 200);
+}
