@@ -71,11 +71,6 @@ impl std::fmt::Debug for MatMul {
     }
 }
 
-/// The K and i-quant types ggml's tiled path takes.
-fn tiled_type(t: DType) -> bool {
-    repack::tiled_applies(t, false, 8)
-}
-
 impl MatMul {
     /// The plan, with `table`'s kernels, for `weight` rows of `k` values (`m` rows, 2-D unless `weight_2d` is false)
     /// times `n` activation rows per plane (`ne11`); `src1_contiguous` as ggml's
@@ -96,7 +91,7 @@ impl MatMul {
             DType::Q4_K if weight_2d && repack::q4_k_repacked(m) => {
                 (Path::Repacked, repack::q4_k_gemm_rows(n))
             }
-            t if tiled_type(t) && repack::tiled_applies(t, false, n) => (Path::Tiled, 0),
+            t if repack::tiled_applies(t, false, n) => (Path::Tiled, 0),
             DType::Q4_0 | DType::IQ4_NL if weight_2d && repack::q0_repacked(weight, m) => {
                 (Path::Repacked, 0)
             }
@@ -130,7 +125,7 @@ impl MatMul {
             DType::Q4_0 | DType::IQ4_NL if repacked && repack::q0_repacked(weight, m) => {
                 Path::Repacked
             }
-            t if tiled_type(t) && repack::tiled_applies(t, false, rows) => Path::Tiled,
+            t if repack::tiled_applies(t, false, rows) => Path::Tiled,
             DType::MXFP4 if repacked && repack::mxfp4_repacked(m) => Path::Repacked,
             _ => Path::VecDot,
         };
