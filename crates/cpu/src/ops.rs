@@ -659,6 +659,10 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     };
     let by_act_rows = n >= 2 * AR * ctx.nth && d.l.dtype == DType::F32 && d.l.rows_packed();
     if by_act_rows {
+        // Plans whose tiles gain from more activation rows take a batch of calls at once.
+        const WIDE: usize = 8 * CALL;
+        let wide = plan.wide_tiles() && mask.is_none();
+        let mut wide_out = [0f32; WR * WIDE];
         let jgroups = n.div_ceil(AR);
         let range = split(jgroups * planes, ctx.ith, ctx.nth);
         let mut t = range.start;
@@ -690,6 +694,31 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                 for i0 in (0..m).step_by(WR) {
                     let rm = WR.min(m - i0);
                     let w = wrows(i0, rm, i12, i13);
+                    if wide {
+                        // Consecutive calls on one side of the activation boundary as one
+                        // tile (no mask here: nothing is left out).
+                        let mut c = 0;
+                        while c < ncalls {
+                            let j0 = calls[c].0;
+                            let below = j0 < boundary;
+                            let mut acts = [&[] as &[u8]; WIDE];
+                            let (mut rn, mut k) = (0, 0);
+                            while c < ncalls && (calls[c].0 < boundary) == below {
+                                let (_, n, kc, a) = &calls[c];
+                                acts[rn..rn + n].copy_from_slice(&a[..*n]);
+                                (rn, k) = (rn + n, k.max(*kc));
+                                c += 1;
+                            }
+                            let out = &mut wide_out[..rm * rn];
+                            plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out);
+                            for j in 0..rn {
+                                // SAFETY: as below.
+                                let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
+                                copy_run(&mut row[i0..i0 + rm], &out[j * rm..(j + 1) * rm]);
+                            }
+                        }
+                        continue;
+                    }
                     for (j0, rn, k, acts) in &calls[..ncalls] {
                         let (j0, rn, k) = (*j0, *rn, *k);
                         let lead = masked_lead(i0, rm, j0, rn, i12, i13);
@@ -705,7 +734,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                             if j < lead {
                                 row.fill(0.0);
                             } else {
-                                row.copy_from_slice(&out[(j - lead) * rm..(j - lead + 1) * rm]);
+                                copy_run(row, &out[(j - lead) * rm..(j - lead + 1) * rm]);
                             }
                         }
                     }
@@ -748,6 +777,20 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             }
             j0 = end;
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, with full `WR`-wide runs as one fixed-size move: a tile's
+/// copy-out runs once per output row, and the general copy is a `memmove` call each time.
+#[inline(always)]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    const W: usize = 8;
+    match (
+        <&mut [f32; W]>::try_from(&mut *dst),
+        <&[f32; W]>::try_from(src),
+    ) {
+        (Ok(d), Ok(s)) => *d = *s,
+        _ => dst.copy_from_slice(src),
     }
 }
 

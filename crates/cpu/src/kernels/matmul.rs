@@ -243,6 +243,13 @@ impl MatMul {
         self.gemm_rows
     }
 
+    /// Whether [`MatMul::dot_tile`] gains from tiles of many more activation rows than usual:
+    /// the tiled K/i-quant kernels decode each weight block once per tile (all but Q6_K,
+    /// whose tiles are register-blocked).
+    pub fn wide_tiles(&self) -> bool {
+        self.path == Path::Tiled && self.weight != DType::Q6_K
+    }
+
     /// Outputs of weight rows `w` (each `k` values) against converted activation rows `acts`
     /// (rows `j0..j0 + acts.len()` of their plane): `out[j * w.len() + i]` is
     /// `self.dot(k, w[i], acts[j], j0 + j)`, bit for bit, computed in register-blocked tiles

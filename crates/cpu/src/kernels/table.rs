@@ -166,6 +166,7 @@ pub fn table_for(isa: Isa) -> &'static KernelTable {
 /// Bytes of a weight block, bytes of the activation values facing it (its `vec_dot_type`, in
 /// as many blocks as cover the weight block's values) and values per weight block (`None`: no
 /// quantized dot product).
+#[inline]
 pub const fn geometry(weight: DType) -> Option<(usize, usize, usize)> {
     match lamina_core::quant::vec_dot_type(weight) {
         Some(act) => {

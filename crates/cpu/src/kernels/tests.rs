@@ -297,7 +297,15 @@ fn tiles_match_scalar() {
         let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
         let k = k.next_multiple_of(qk);
         let wrow = dtype.row_size(k as u64).unwrap() as usize;
-        for (m, n) in [(8usize, 1usize), (12, 1), (8, 4), (16, 5), (9, 8), (8, 11)] {
+        for (m, n) in [
+            (8usize, 1usize),
+            (12, 1),
+            (8, 4),
+            (16, 5),
+            (9, 8),
+            (8, 11),
+            (8, 70),
+        ] {
             let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
             let w = match dtype {
                 DType::F16 => rng

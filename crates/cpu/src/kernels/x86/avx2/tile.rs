@@ -906,17 +906,21 @@ unsafe fn q0_chain<const T: u8, const RM: usize, const RN: usize>(
     acc
 }
 
-/// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows: per
-/// block, the 8 weight rows are decoded once for all activation rows, and each activation
-/// row's 8 exact block sums `Σ q·q8` are reduced together (a `hadd` tree, integers) into
-/// one vector whose lanes follow the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`
-/// in 8 f32 lanes.
+/// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows. Per block
+/// the 8 weight rows are decoded once for all activation rows and transposed: lane `i` of
+/// `wt[k]` holds row `i`'s values `4k..4k + 4`. An activation row's 4 values `4k..4k + 4`,
+/// broadcast, then meet all 8 rows at once (`maddubs(|wt|, sign(y, wt))`), so the 8 exact
+/// block sums `Σ q·q8` build up in the 8 lanes with no horizontal sums, and the lanes follow
+/// the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`. Q4_0 and MXFP4 sum the i16 pairs
+/// before widening (|q| ≤ 12: 8 pairs stay under 2^15), IQ4_NL widens each (|q| ≤ 127).
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; every row holds `nb` blocks; `w.len()` is a multiple of 8.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     const CHUNK: usize = 16;
+    // Activation rows that share each load of a transposed weight vector.
+    const R: usize = 4;
     let bx = q0_bytes(T);
     let (nw, na) = (w.len(), a.len());
     // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
@@ -929,36 +933,34 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 let mut acc = [_mm256_setzero_ps(); CHUNK];
                 for ib in 0..nb {
                     let mut qx = [_mm256_setzero_si256(); 8];
-                    let mut ax = [_mm256_setzero_si256(); 8];
                     let mut dxs = [0f32; 8];
                     for i in 0..8 {
                         let xb = w[i0 + i].as_ptr().add(ib * bx);
                         dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
                         qx[i] = q0_values::<T>(xb);
-                        ax[i] = _mm256_sign_epi8(qx[i], qx[i]);
+                    }
+                    let wt = transpose_8x8_i32(qx);
+                    let mut aw = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        aw[k] = _mm256_sign_epi8(wt[k], wt[k]);
                     }
                     let dx = _mm256_loadu_ps(dxs.as_ptr());
-                    for j in 0..rn {
-                        let yb = a[j0 + j].as_ptr().add(ib * 34);
-                        let dy = _mm256_set1_ps(ld_f16(yb));
-                        let qy = loadu(yb.add(2));
-                        let mut l = [_mm256_setzero_si256(); 8];
-                        for i in 0..8 {
-                            l[i] = lanes_i8(ax[i], qx[i], qy);
+                    let mut j = 0;
+                    while j < rn {
+                        let n = (rn - j).min(R);
+                        let mut yb = [std::ptr::null::<u8>(); R];
+                        for (r, p) in yb.iter_mut().enumerate() {
+                            *p = a[j0 + j + r.min(n - 1)].as_ptr().add(ib * 34);
                         }
-                        let h01 = _mm256_hadd_epi32(l[0], l[1]);
-                        let h23 = _mm256_hadd_epi32(l[2], l[3]);
-                        let h45 = _mm256_hadd_epi32(l[4], l[5]);
-                        let h67 = _mm256_hadd_epi32(l[6], l[7]);
-                        let h03 = _mm256_hadd_epi32(h01, h23);
-                        let h47 = _mm256_hadd_epi32(h45, h67);
-                        let sums = _mm256_add_epi32(
-                            _mm256_permute2x128_si256(h03, h47, 0x20),
-                            _mm256_permute2x128_si256(h03, h47, 0x31),
-                        );
-                        // dx*dy rounded once, then one FMA: the scalar chain per lane.
-                        let d = _mm256_mul_ps(dx, dy);
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[j]);
+                        let sums = chain8_sums::<T, R>(yb, &wt, &aw);
+                        for r in 0..n {
+                            let dy = _mm256_set1_ps(ld_f16(yb[r]));
+                            // dx*dy rounded once, then one FMA: the scalar chain per lane.
+                            let d = _mm256_mul_ps(dx, dy);
+                            acc[j + r] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), d, acc[j + r]);
+                        }
+                        j += n;
                     }
                 }
                 for j in 0..rn {
@@ -967,6 +969,68 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 j0 += rn;
             }
         }
+    }
+}
+
+/// Per activation block `yb[r]` (Q8_0), lane `i`: the exact `Σ q·q8` of weight row `i`
+/// (`wt`, `aw`: the transposed values and their magnitudes, see [`q0_chain8`]).
+#[inline(always)]
+unsafe fn chain8_sums<const T: u8, const R: usize>(
+    yb: [*const u8; R],
+    wt: &[__m256i; 8],
+    aw: &[__m256i; 8],
+) -> [__m256i; R] {
+    // SAFETY: each `yb[r]` is a readable Q8_0 block (the caller's contract); AVX2 enabled by
+    // the caller.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut s = [_mm256_setzero_si256(); R];
+        for k in 0..8 {
+            for r in 0..R {
+                let y = _mm256_set1_epi32(yb[r].add(2 + 4 * k).cast::<i32>().read_unaligned());
+                let p = _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(y, wt[k]));
+                s[r] = if T == 3 {
+                    _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones))
+                } else {
+                    _mm256_add_epi16(s[r], p)
+                };
+            }
+        }
+        if T != 3 {
+            for r in 0..R {
+                s[r] = _mm256_madd_epi16(s[r], ones);
+            }
+        }
+        s
+    }
+}
+
+/// The 8×8 transpose of 32-bit lanes: lane `i` of the result's vector `k` is lane `k` of
+/// `v[i]`.
+#[inline(always)]
+unsafe fn transpose_8x8_i32(v: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let mut t = [_mm256_setzero_si256(); 8];
+        for p in 0..4 {
+            t[2 * p] = _mm256_unpacklo_epi32(v[2 * p], v[2 * p + 1]);
+            t[2 * p + 1] = _mm256_unpackhi_epi32(v[2 * p], v[2 * p + 1]);
+        }
+        // u[h][m]: rows 4h..4h + 4, lanes m and m + 4 (in the two 128-bit halves).
+        let mut u = [[_mm256_setzero_si256(); 4]; 2];
+        for h in 0..2 {
+            let (t0, t1, t2, t3) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+            u[h][0] = _mm256_unpacklo_epi64(t0, t2);
+            u[h][1] = _mm256_unpackhi_epi64(t0, t2);
+            u[h][2] = _mm256_unpacklo_epi64(t1, t3);
+            u[h][3] = _mm256_unpackhi_epi64(t1, t3);
+        }
+        let mut r = [_mm256_setzero_si256(); 8];
+        for m in 0..4 {
+            r[m] = _mm256_permute2x128_si256(u[0][m], u[1][m], 0x20);
+            r[m + 4] = _mm256_permute2x128_si256(u[0][m], u[1][m], 0x31);
+        }
+        r
     }
 }
 
@@ -1263,13 +1327,236 @@ unsafe fn hsum_i32x8(v: &[__m256i]) -> __m256i {
     }
 }
 
+/// Per activation row `yp[t]` (a Q8_K block) the i32 lanes of `Σ_s sc[s]·(v[s]·q8)`, the
+/// weight block's values and scales in registers across the rows: `M == 0` unsigned weight
+/// values (`maddubs(v, q8)`), `M == 1` the sign trick (`maddubs(|v|, sign(q8, v))`, `av`
+/// holding |v|), `M == 2` weights offset to unsigned (`av = v + 64`, exact while `|v| ≤ 64`:
+/// no i16 pair saturates) and the offset taken back out through the activation's 16-value
+/// sums (`nsc64` holds `-64·scale` of each 16 values). Integers: the same sums.
+#[inline(always)]
+unsafe fn rows_i32<const M: u8, const N: usize>(
+    yp: [*const u8; N],
+    blk: &IqBlock,
+    live: bool,
+) -> [__m256i; N] {
+    let (v, av, sc) = (&blk.v, &blk.av, &blk.sc);
+    // SAFETY: each `yp[t]` is a readable Q8_K block (the caller's contract); AVX2 enabled by
+    // the caller.
+    unsafe {
+        let mut acc = [_mm256_setzero_si256(); N];
+        if !live {
+            return acc;
+        }
+        if M == 2 {
+            for t in 0..N {
+                acc[t] = _mm256_madd_epi16(blk.nsc64, loadu(yp[t].add(260)));
+            }
+        }
+        for s in 0..8 {
+            for t in 0..N {
+                let q8 = loadu(yp[t].add(4 + 32 * s));
+                let p = match M {
+                    0 => _mm256_maddubs_epi16(v[s], q8),
+                    1 => _mm256_maddubs_epi16(av[s], _mm256_sign_epi8(q8, v[s])),
+                    _ => _mm256_maddubs_epi16(av[s], q8),
+                };
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, sc[s]));
+            }
+        }
+        acc
+    }
+}
+
+/// One weight block of [`iq_tiled`] decoded: its values `v` (for `M == 1` and `M == 2` also
+/// `av`, see [`rows_i32`]), the i16 scale of each 16 values in the two halves of `sc[s]`
+/// (`nsc64`: `-64·scale`), the K-quants' mins (`mins`, `dmin`) and `d`.
+struct IqBlock {
+    v: [__m256i; 8],
+    av: [__m256i; 8],
+    sc: [__m256i; 8],
+    nsc64: __m256i,
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// Decodes block `xb` of type `t` for [`iq_tiled`]'s kernel `G`.
+#[inline(always)]
+unsafe fn iq_block<const G: u8>(t: lamina_core::DType, xb: *const u8, bx: usize) -> IqBlock {
+    // SAFETY: `xb` holds a block of `t` (`bx` bytes; the caller's contract); AVX2/F16C
+    // enabled by the caller.
+    unsafe {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        let mut dmin = 0f32;
+        let mut mins = _mm256_setzero_si256();
+        // The scale of each 16 values (Q3_K and the grid i-quants).
+        let mut ls16 = [0i16; 16];
+        let d = if G == 5 {
+            // Q3_K: 16 sub-blocks of 16 signed values (2 low bits, a high bit from
+            // `hmask`, minus 4), 6-bit scales minus 32; no min.
+            let hm = loadu(xb);
+            for s in 0..8 {
+                let (j, k) = (s / 4, (s % 4) as i32);
+                let bits = loadu(xb.add(32 + 32 * j));
+                let low = _mm256_and_si256(
+                    _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)),
+                    _mm256_set1_epi8(3),
+                );
+                let h = _mm256_and_si256(
+                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * j as i32 + k)),
+                    _mm256_set1_epi8(1),
+                );
+                v[s] = _mm256_sub_epi8(
+                    _mm256_add_epi8(low, _mm256_slli_epi16(h, 2)),
+                    _mm256_set1_epi8(4),
+                );
+                let scales = std::slice::from_raw_parts(xb.add(96), 12);
+                let q3s = crate::kernels::repack::q3k_scale;
+                ls16[2 * s] = q3s(scales, 2 * s) as i16;
+                ls16[2 * s + 1] = q3s(scales, 2 * s + 1) as i16;
+                sc[s] =
+                    _mm256_set_m128i(_mm_set1_epi16(ls16[2 * s + 1]), _mm_set1_epi16(ls16[2 * s]));
+            }
+            ld_f16(xb.add(108))
+        } else if G == 3 || G == 4 {
+            // Q4_K (3) / Q5_K (4): 8 sub-blocks of 32 unsigned values, 6-bit
+            // scales and mins; each scale covers two 16-value halves, each min two
+            // of the activation's 16-value sums.
+            let (scales, mn) =
+                crate::kernels::dot::q4k_scales_mins(std::slice::from_raw_parts(xb.add(4), 12));
+            let m4 = _mm256_set1_epi8(15);
+            let qs = xb.add(if G == 4 { 48 } else { 16 });
+            for s in 0..8 {
+                let bits = loadu(qs.add(32 * (s / 2)));
+                let nib = if s % 2 == 0 {
+                    _mm256_and_si256(bits, m4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4)
+                };
+                v[s] = if G == 4 {
+                    // Bit `s` of each of the 32 `qh` bytes is the value's bit 4.
+                    let qh = loadu(xb.add(16));
+                    let hb = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32)),
+                        _mm256_set1_epi8(1),
+                    );
+                    _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4))
+                } else {
+                    nib
+                };
+                sc[s] = _mm256_set1_epi16(i16::from(scales[s]));
+            }
+            let mut m16 = [0i16; 16];
+            for h in 0..16 {
+                m16[h] = i16::from(mn[h / 2]);
+            }
+            mins = _mm256_loadu_si256(m16.as_ptr().cast());
+            dmin = ld_f16(xb.add(2));
+            ld_f16(xb)
+        } else if G == 2 {
+            let m3 = _mm256_set1_epi8(3);
+            for s in 0..8 {
+                let (j, k) = (s / 4, (s % 4) as i32);
+                let bits = loadu(xb.add(16 + 32 * j));
+                let sh = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k));
+                v[s] = _mm256_and_si256(sh, m3);
+                sc[s] = _mm256_set_m128i(
+                    _mm_set1_epi16(i16::from(*xb.add(2 * s + 1) & 15)),
+                    _mm_set1_epi16(i16::from(*xb.add(2 * s) & 15)),
+                );
+            }
+            let m = _mm_loadu_si128(xb as *const __m128i);
+            mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(m, 4), _mm_set1_epi8(15)));
+            dmin = ld_f16_last(xb.add(82));
+            ld_f16(xb.add(80))
+        } else if G == 0 {
+            let table = {
+                let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1)
+            };
+            let sh = u32::from(xb.add(2).cast::<u16>().read_unaligned());
+            for s in 0..8 {
+                let lo = u32::from(*xb.add(4 + s / 2) >> (4 * (s % 2))) & 0xf;
+                let ls = (lo | (((sh >> (2 * s)) & 3) << 4)) as i16 - 32;
+                sc[s] = _mm256_set1_epi16(ls);
+                let nib = bytes_from_nibbles_32(xb.add(8 + 16 * s));
+                v[s] = _mm256_shuffle_epi8(table, nib);
+            }
+            ld_f16(xb)
+        } else if t == lamina_core::DType::IQ2_XXS {
+            // `iq_grid_tile`'s IQ2_XXS values, decoded in vectors: per 32 values
+            // four grid rows, their signs (the 7 bits and their parity), and one
+            // scale `2s + 1` for both halves.
+            use crate::kernels::x86::avx2::dot::{KEVEN_SIGNS, rd32, set4};
+            use lamina_core::quant::IQ2XXS_GRID;
+            for s in 0..8 {
+                let a0 = rd32(xb.add(2 + 8 * s));
+                let a1 = rd32(xb.add(6 + 8 * s));
+                let mut g = [0u64; 4];
+                let mut sg = [0u64; 4];
+                for l in 0..4 {
+                    g[l] = IQ2XXS_GRID[((a0 >> (8 * l)) & 0xff) as usize];
+                    sg[l] = KEVEN_SIGNS[((a1 >> (7 * l)) & 127) as usize];
+                }
+                v[s] = _mm256_sign_epi8(set4(g), set4(sg));
+                let l = (2 * (a1 >> 28) + 1) as i16;
+                (ls16[2 * s], ls16[2 * s + 1]) = (l, l);
+                sc[s] = _mm256_set1_epi16(l);
+            }
+            ld_f16(xb) * 0.125
+        } else {
+            let blk = std::slice::from_raw_parts(xb, bx);
+            let (d, ls, vals) = crate::kernels::repack::iq_grid_tile(t, blk);
+            for s in 0..8 {
+                v[s] = loadu(vals.as_ptr().add(32 * s).cast::<u8>());
+                ls16[2 * s] = ls[2 * s] as i16;
+                ls16[2 * s + 1] = ls[2 * s + 1] as i16;
+                sc[s] =
+                    _mm256_set_m128i(_mm_set1_epi16(ls16[2 * s + 1]), _mm_set1_epi16(ls16[2 * s]));
+            }
+            d
+        };
+        // The sign trick's |v| (IQ4_XS), or the values offset by 64 (the grid
+        // i-quants and Q3_K, |v| ≤ 64) and `-64·scale` per 16 values.
+        let mut av = [_mm256_setzero_si256(); 8];
+        let mut nsc64 = _mm256_setzero_si256();
+        for s in 0..8 {
+            if G == 0 {
+                av[s] = _mm256_sign_epi8(v[s], v[s]);
+            } else if matches!(G, 1 | 5) {
+                av[s] = _mm256_add_epi8(v[s], _mm256_set1_epi8(64));
+            }
+        }
+        if matches!(G, 1 | 5) {
+            nsc64 = _mm256_mullo_epi16(
+                _mm256_loadu_si256(ls16.as_ptr().cast()),
+                _mm256_set1_epi16(-64),
+            );
+        }
+        IqBlock {
+            v,
+            av,
+            sc,
+            nsc64,
+            mins,
+            d,
+            dmin,
+        }
+    }
+}
+
+/// Activation rows per pass of [`iq_tiled`]: their blocks stay in L1 (64 Q8_K blocks, 18.7
+/// KB) while every weight row of the call meets them.
+const IQ_ROWS: usize = 64;
+
 /// The tiled IQ4_XS (`G == 0`), grid i-quant (`G == 1`, type `t`), Q2_K (`G == 2`), Q4_K
-/// (`G == 3`), Q5_K (`G == 4`) or Q3_K (`G == 5`) kernel over the whole product: per weight row and superblock, the block is decoded
-/// once (values, the i16 scale of each 16 values) for all activation rows; per output the
-/// exact `s1 = Σ scale·v·q8` (`madd(maddubs(|v|, sign(q8, v)), scales)`, i32 lanes,
-/// summed), then `res = d_w * (float)s1`, for the K-quants `res = fma(-dmin_w, (float)s2, res)`
-/// with `s2 = Σ min·bsum`, and `acc = fma(res, d_a, acc)`, as
-/// [`crate::kernels::repack`]'s scalar kernels.
+/// (`G == 3`), Q5_K (`G == 4`) or Q3_K (`G == 5`) kernel over the whole product, per group of
+/// up to 8 weight rows and [`IQ_ROWS`] activation rows: per weight row and superblock the
+/// block is decoded once for all those activation rows; per output the exact
+/// `s1 = Σ scale·v·q8` (i32 lanes, see [`rows_i32`]), then `res = d_w * (float)s1`, for the
+/// K-quants `res = fma(-dmin_w, (float)s2, res)` with `s2 = Σ min·bsum`, and
+/// `acc = fma(res, d_a, acc)`, as [`crate::kernels::repack`]'s scalar kernels.
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; every row holds `nb` blocks of `t` (weights) or Q8_K.
@@ -1281,200 +1568,77 @@ unsafe fn iq_tiled<const G: u8>(
     a: &[&[u8]],
     out: &mut [f32],
 ) {
-    const CHUNK: usize = 16;
+    const WC: usize = 8;
     let (nw, na) = (w.len(), a.len());
     let bx = t.type_size() as usize;
     // SAFETY: rows hold `nb` blocks (the caller's contract).
     unsafe {
-        for i in 0..nw {
+        let mut i0 = 0;
+        while i0 < nw {
+            let rm = (nw - i0).min(WC);
             let mut j0 = 0;
             while j0 < na {
-                let rn = (na - j0).min(CHUNK);
-                let mut acc = [0f32; CHUNK];
+                let rn = (na - j0).min(IQ_ROWS);
+                // Per weight row, the outputs of activation rows j0.. (`+ 8`: whole groups).
+                let mut acc = [[0f32; IQ_ROWS + 8]; WC];
+                let mut yds = [0f32; IQ_ROWS + 8];
                 for ib in 0..nb {
-                    let xb = w[i].as_ptr().add(ib * bx);
-                    let mut v = [_mm256_setzero_si256(); 8];
-                    let mut sc = [_mm256_setzero_si256(); 8];
-                    let mut dmin = 0f32;
-                    let mut mins = _mm256_setzero_si256();
-                    let d = if G == 5 {
-                        // Q3_K: 16 sub-blocks of 16 signed values (2 low bits, a high bit from
-                        // `hmask`, minus 4), 6-bit scales minus 32; no min.
-                        let hm = loadu(xb);
-                        for s in 0..8 {
-                            let (j, k) = (s / 4, (s % 4) as i32);
-                            let bits = loadu(xb.add(32 + 32 * j));
-                            let low = _mm256_and_si256(
-                                _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k)),
-                                _mm256_set1_epi8(3),
-                            );
-                            let h = _mm256_and_si256(
-                                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * j as i32 + k)),
-                                _mm256_set1_epi8(1),
-                            );
-                            v[s] = _mm256_sub_epi8(
-                                _mm256_add_epi8(low, _mm256_slli_epi16(h, 2)),
-                                _mm256_set1_epi8(4),
-                            );
-                            let scales = std::slice::from_raw_parts(xb.add(96), 12);
-                            let q3s = crate::kernels::repack::q3k_scale;
-                            sc[s] = _mm256_set_m128i(
-                                _mm_set1_epi16(q3s(scales, 2 * s + 1) as i16),
-                                _mm_set1_epi16(q3s(scales, 2 * s) as i16),
-                            );
-                        }
-                        ld_f16(xb.add(108))
-                    } else if G == 3 || G == 4 {
-                        // Q4_K (3) / Q5_K (4): 8 sub-blocks of 32 unsigned values, 6-bit
-                        // scales and mins; each scale covers two 16-value halves, each min two
-                        // of the activation's 16-value sums.
-                        let (scales, mn) = crate::kernels::dot::q4k_scales_mins(
-                            std::slice::from_raw_parts(xb.add(4), 12),
-                        );
-                        let m4 = _mm256_set1_epi8(15);
-                        let qs = xb.add(if G == 4 { 48 } else { 16 });
-                        for s in 0..8 {
-                            let bits = loadu(qs.add(32 * (s / 2)));
-                            let nib = if s % 2 == 0 {
-                                _mm256_and_si256(bits, m4)
-                            } else {
-                                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4)
-                            };
-                            v[s] = if G == 4 {
-                                // Bit `s` of each of the 32 `qh` bytes is the value's bit 4.
-                                let qh = loadu(xb.add(16));
-                                let hb = _mm256_and_si256(
-                                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32)),
-                                    _mm256_set1_epi8(1),
-                                );
-                                _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4))
-                            } else {
-                                nib
-                            };
-                            sc[s] = _mm256_set1_epi16(i16::from(scales[s]));
-                        }
-                        let mut m16 = [0i16; 16];
-                        for h in 0..16 {
-                            m16[h] = i16::from(mn[h / 2]);
-                        }
-                        mins = _mm256_loadu_si256(m16.as_ptr().cast());
-                        dmin = ld_f16(xb.add(2));
-                        ld_f16(xb)
-                    } else if G == 2 {
-                        let m3 = _mm256_set1_epi8(3);
-                        for s in 0..8 {
-                            let (j, k) = (s / 4, (s % 4) as i32);
-                            let bits = loadu(xb.add(16 + 32 * j));
-                            let sh = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k));
-                            v[s] = _mm256_and_si256(sh, m3);
-                            sc[s] = _mm256_set_m128i(
-                                _mm_set1_epi16(i16::from(*xb.add(2 * s + 1) & 15)),
-                                _mm_set1_epi16(i16::from(*xb.add(2 * s) & 15)),
-                            );
-                        }
-                        let m = _mm_loadu_si128(xb as *const __m128i);
-                        mins = _mm256_cvtepu8_epi16(_mm_and_si128(
-                            _mm_srli_epi16(m, 4),
-                            _mm_set1_epi8(15),
-                        ));
-                        dmin = ld_f16_last(xb.add(82));
-                        ld_f16(xb.add(80))
-                    } else if G == 0 {
-                        let table = {
-                            let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
-                            _mm256_insertf128_si256(_mm256_castsi128_si256(t), t, 1)
-                        };
-                        let sh = u32::from(xb.add(2).cast::<u16>().read_unaligned());
-                        for s in 0..8 {
-                            let lo = u32::from(*xb.add(4 + s / 2) >> (4 * (s % 2))) & 0xf;
-                            let ls = (lo | (((sh >> (2 * s)) & 3) << 4)) as i16 - 32;
-                            sc[s] = _mm256_set1_epi16(ls);
-                            let nib = bytes_from_nibbles_32(xb.add(8 + 16 * s));
-                            v[s] = _mm256_shuffle_epi8(table, nib);
-                        }
-                        ld_f16(xb)
-                    } else if t == lamina_core::DType::IQ2_XXS {
-                        // `iq_grid_tile`'s IQ2_XXS values, decoded in vectors: per 32 values
-                        // four grid rows, their signs (the 7 bits and their parity), and one
-                        // scale `2s + 1` for both halves.
-                        use crate::kernels::x86::avx2::dot::{KEVEN_SIGNS, rd32, set4};
-                        use lamina_core::quant::IQ2XXS_GRID;
-                        for s in 0..8 {
-                            let a0 = rd32(xb.add(2 + 8 * s));
-                            let a1 = rd32(xb.add(6 + 8 * s));
-                            let mut g = [0u64; 4];
-                            let mut sg = [0u64; 4];
-                            for l in 0..4 {
-                                g[l] = IQ2XXS_GRID[((a0 >> (8 * l)) & 0xff) as usize];
-                                sg[l] = KEVEN_SIGNS[((a1 >> (7 * l)) & 127) as usize];
-                            }
-                            v[s] = _mm256_sign_epi8(set4(g), set4(sg));
-                            sc[s] = _mm256_set1_epi16((2 * (a1 >> 28) + 1) as i16);
-                        }
-                        ld_f16(xb) * 0.125
-                    } else {
-                        let blk = std::slice::from_raw_parts(xb, bx);
-                        let (d, ls, vals) = crate::kernels::repack::iq_grid_tile(t, blk);
-                        for s in 0..8 {
-                            v[s] = loadu(vals.as_ptr().add(32 * s).cast::<u8>());
-                            sc[s] = _mm256_set_m128i(
-                                _mm_set1_epi16(ls[2 * s + 1] as i16),
-                                _mm_set1_epi16(ls[2 * s] as i16),
-                            );
-                        }
-                        d
-                    };
-                    let mut av = [_mm256_setzero_si256(); 8];
-                    for s in 0..8 {
-                        av[s] = if matches!(G, 2..=4) {
-                            v[s]
-                        } else {
-                            _mm256_sign_epi8(v[s], v[s])
-                        };
-                    }
-                    // Per activation row the i32 lanes of `s1` (and `s2`); the float steps
-                    // then run 8 rows at a time, lane `l` for row `l` (the scalar steps).
-                    let mut s1v = [_mm256_setzero_si256(); CHUNK];
-                    let mut s2v = [_mm256_setzero_si256(); CHUNK];
-                    let mut yds = [0f32; CHUNK];
                     for j in 0..rn {
-                        let yb = a[j0 + j].as_ptr().add(ib * 292);
-                        yds[j] = ld_f32(yb);
-                        let mut sumi = _mm256_setzero_si256();
-                        for s in 0..8 {
-                            let q8 = loadu(yb.add(4 + 32 * s));
-                            // Q2_K's, Q4_K's and Q5_K's values are unsigned already.
-                            let q8 = if matches!(G, 2..=4) {
-                                q8
-                            } else {
-                                _mm256_sign_epi8(q8, v[s])
-                            };
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(av[s], q8), sc[s]);
-                            sumi = _mm256_add_epi32(sumi, p);
-                        }
-                        s1v[j] = sumi;
-                        if matches!(G, 2..=4) {
-                            s2v[j] = _mm256_madd_epi16(mins, loadu(yb.add(260)));
-                        }
+                        yds[j] = ld_f32(a[j0 + j].as_ptr().add(ib * 292));
                     }
-                    for g in (0..rn).step_by(8) {
-                        let s1 = hsum_i32x8(&s1v[g..g + 8]);
-                        let mut res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
-                        if matches!(G, 2..=4) {
-                            let s2 = hsum_i32x8(&s2v[g..g + 8]);
-                            res =
-                                _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(s2), res);
+                    for i in 0..rm {
+                        let blk = iq_block::<G>(t, w[i0 + i].as_ptr().add(ib * bx), bx);
+                        let mut g = 0;
+                        while g < rn {
+                            let n = (rn - g).min(8);
+                            // Rows past `n` repeat the last one (their lanes are not used).
+                            let mut yp = [std::ptr::null::<u8>(); 8];
+                            for (u, p) in yp.iter_mut().enumerate() {
+                                *p = a[j0 + g + u.min(n - 1)].as_ptr().add(ib * 292);
+                            }
+                            // The i32 lanes of `s1` (and `s2`) per activation row, 4 rows at a
+                            // time with the weights in registers; the float steps then run on
+                            // 8 rows, lane `l` for row `l` (the scalar steps).
+                            let mut r = [_mm256_setzero_si256(); 8];
+                            for h in 0..2 {
+                                let p4 = [yp[4 * h], yp[4 * h + 1], yp[4 * h + 2], yp[4 * h + 3]];
+                                let r4 = match G {
+                                    2..=4 => rows_i32::<0, 4>(p4, &blk, 4 * h < n),
+                                    0 => rows_i32::<1, 4>(p4, &blk, 4 * h < n),
+                                    _ => rows_i32::<2, 4>(p4, &blk, 4 * h < n),
+                                };
+                                r[4 * h..4 * h + 4].copy_from_slice(&r4);
+                            }
+                            let s1 = hsum_i32x8(&r);
+                            let mut res =
+                                _mm256_mul_ps(_mm256_set1_ps(blk.d), _mm256_cvtepi32_ps(s1));
+                            if matches!(G, 2..=4) {
+                                let mut s2v = [_mm256_setzero_si256(); 8];
+                                for u in 0..8 {
+                                    s2v[u] = _mm256_madd_epi16(blk.mins, loadu(yp[u].add(260)));
+                                }
+                                let s2 = hsum_i32x8(&s2v);
+                                res = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(-blk.dmin),
+                                    _mm256_cvtepi32_ps(s2),
+                                    res,
+                                );
+                            }
+                            let yd = _mm256_loadu_ps(yds.as_ptr().add(g));
+                            let accp = acc[i].as_mut_ptr().add(g);
+                            _mm256_storeu_ps(accp, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(accp)));
+                            g += 8;
                         }
-                        let yd = _mm256_loadu_ps(yds.as_ptr().add(g));
-                        let accp = acc.as_mut_ptr().add(g);
-                        _mm256_storeu_ps(accp, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(accp)));
                     }
                 }
-                for j in 0..rn {
-                    out[(j0 + j) * nw + i] = acc[j];
+                for i in 0..rm {
+                    for j in 0..rn {
+                        out[(j0 + j) * nw + i0 + i] = acc[i][j];
+                    }
                 }
                 j0 += rn;
             }
+            i0 += rm;
         }
     }
 }
