@@ -33,7 +33,11 @@ impl Rng {
 fn random_weights(rng: &mut Rng, dtype: DType, nblocks: usize) -> Vec<u8> {
     let bs = dtype.type_size() as usize;
     let mut w = rng.bytes(bs * nblocks);
-    for b in w.chunks_exact_mut(bs) {
+    for (n, b) in w.chunks_exact_mut(bs).enumerate() {
+        if dtype == DType::MXFP4 && n % 3 == 0 {
+            // The E8M0 scales below 2 (a subnormal half) and around them, every third block.
+            b[0] = (n / 3 % 4) as u8;
+        }
         let offs: &[usize] = match dtype {
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],

@@ -907,12 +907,13 @@ unsafe fn q0_chain<const T: u8, const RM: usize, const RN: usize>(
 }
 
 /// [`q0_chain`] for weight rows in groups of 8 and any number of activation rows. Per block
-/// the 8 weight rows are decoded once for all activation rows and transposed: lane `i` of
-/// `wt[k]` holds row `i`'s values `4k..4k + 4`. An activation row's 4 values `4k..4k + 4`,
-/// broadcast, then meet all 8 rows at once (`maddubs(|wt|, sign(y, wt))`), so the 8 exact
-/// block sums `Σ q·q8` build up in the 8 lanes with no horizontal sums, and the lanes follow
-/// the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`. Q4_0 and MXFP4 sum the i16 pairs
-/// before widening (|q| ≤ 12: 8 pairs stay under 2^15), IQ4_NL widens each (|q| ≤ 127).
+/// the 8 rows' packed values are transposed before they are decoded ([`q0_block8`]): lane
+/// `L` of `wt[k]` holds the values `4k..4k + 4` of row `ROWS[L]`. An activation row's 4
+/// values `4k..4k + 4`, broadcast, then meet all 8 rows at once (`maddubs(|wt|, sign(y,
+/// wt))`), so the 8 exact block sums `Σ q·q8` build up in lanes with no horizontal sums, and
+/// the lanes follow the 8 scalar chains `acc = fma((float)sumi, dx*dy, acc)`. Q4_0 and MXFP4
+/// sum the i16 pairs before widening (|q| ≤ 12: 8 pairs stay under 2^15), IQ4_NL widens each
+/// (|q| ≤ 127).
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; every row holds `nb` blocks; `w.len()` is a multiple of 8.
@@ -926,25 +927,29 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
     // SAFETY: rows hold `nb` blocks (the caller's contract); `out` holds `nw * na`
     // outputs (checked by `tile::x86_tiles`).
     unsafe {
+        // Output lane `i` is accumulator lane `ROWS_INV[i]`.
+        let to_rows = _mm256_loadu_si256(Q0_ROWS_INV.as_ptr().cast());
         for i0 in (0..nw).step_by(8) {
+            if na < R {
+                // A gemv streams the weights once: ask for the rows ahead.
+                for i in 0..8 {
+                    crate::kernels::prefetch_ahead(w[i0 + i]);
+                }
+            }
             let mut j0 = 0;
             while j0 < na {
                 let rn = (na - j0).min(CHUNK);
                 let mut acc = [_mm256_setzero_ps(); CHUNK];
                 for ib in 0..nb {
-                    let mut qx = [_mm256_setzero_si256(); 8];
-                    let mut dxs = [0f32; 8];
-                    for i in 0..8 {
-                        let xb = w[i0 + i].as_ptr().add(ib * bx);
-                        dxs[i] = if T == 4 { e8m0_half(*xb) } else { ld_f16(xb) };
-                        qx[i] = q0_values::<T>(xb);
+                    let mut xb = [std::ptr::null::<u8>(); 8];
+                    for (i, p) in xb.iter_mut().enumerate() {
+                        *p = w[i0 + i].as_ptr().add(ib * bx);
                     }
-                    let wt = transpose_8x8_i32(qx);
+                    let (dx, wt) = q0_block8::<T>(xb);
                     let mut aw = [_mm256_setzero_si256(); 8];
                     for k in 0..8 {
                         aw[k] = _mm256_sign_epi8(wt[k], wt[k]);
                     }
-                    let dx = _mm256_loadu_ps(dxs.as_ptr());
                     let mut j = 0;
                     while j < rn {
                         let n = (rn - j).min(R);
@@ -952,7 +957,14 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                         for (r, p) in yb.iter_mut().enumerate() {
                             *p = a[j0 + j + r.min(n - 1)].as_ptr().add(ib * 34);
                         }
-                        let sums = chain8_sums::<T, R>(yb, &wt, &aw);
+                        let mut sums = [_mm256_setzero_si256(); R];
+                        if n == R {
+                            sums = chain8_sums::<T, R>(yb, &wt, &aw);
+                        } else {
+                            for r in 0..n {
+                                sums[r] = chain8_sums::<T, 1>([yb[r]], &wt, &aw)[0];
+                            }
+                        }
                         for r in 0..n {
                             let dy = _mm256_set1_ps(ld_f16(yb[r]));
                             // dx*dy rounded once, then one FMA: the scalar chain per lane.
@@ -964,11 +976,97 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                     }
                 }
                 for j in 0..rn {
-                    _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), acc[j]);
+                    let v = _mm256_permutevar8x32_ps(acc[j], to_rows);
+                    _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + i0), v);
                 }
                 j0 += rn;
             }
         }
+    }
+}
+
+/// The weight row behind each lane of [`q0_block8`]'s vectors, and the lane of each row.
+const Q0_ROWS: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+const Q0_ROWS_INV: [i32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// One block of each of 8 rows (`xb[i]`) of Q4_0 (`T == 0`), IQ4_NL (3) or MXFP4 (4): the
+/// scales and `wt[k]`, lane `L` holding values `4k..4k + 4` of row `Q0_ROWS[L]`. The packed
+/// bytes are transposed first (4 bytes of a row hold values `4m..4m + 4` in their low
+/// nibbles and `16 + 4m..` in their high ones), then decoded 8 rows at a time.
+#[inline(always)]
+unsafe fn q0_block8<const T: u8>(xb: [*const u8; 8]) -> (__m256, [__m256i; 8]) {
+    // SAFETY: each `xb[i]` is a whole block (the caller's contract); AVX2/F16C enabled by the
+    // caller.
+    unsafe {
+        let qs = if T == 4 { 1 } else { 2 };
+        // The scales in vectors (`e8m0_half` / the f16 widening, lane by lane).
+        let r = |l: usize| xb[Q0_ROWS[l]];
+        let dx = if T == 4 {
+            let e = _mm256_set_epi32(
+                i32::from(*r(7)),
+                i32::from(*r(6)),
+                i32::from(*r(5)),
+                i32::from(*r(4)),
+                i32::from(*r(3)),
+                i32::from(*r(2)),
+                i32::from(*r(1)),
+                i32::from(*r(0)),
+            );
+            let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+            let big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            let is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+            _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, is_small))
+        } else {
+            let h = |l: usize| r(l).cast::<i16>().read_unaligned();
+            _mm256_cvtph_ps(_mm_set_epi16(
+                h(7),
+                h(6),
+                h(5),
+                h(4),
+                h(3),
+                h(2),
+                h(1),
+                h(0),
+            ))
+        };
+        // (No closures here: they would not inherit the caller's target features.)
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (p, vp) in v.iter_mut().enumerate() {
+            *vp = _mm256_loadu2_m128i(
+                xb[2 * p + 1].add(qs) as *const __m128i,
+                xb[2 * p].add(qs) as *const __m128i,
+            );
+        }
+        let [v01, v23, v45, v67] = v;
+        let a = _mm256_unpacklo_epi32(v01, v23);
+        let b = _mm256_unpackhi_epi32(v01, v23);
+        let c = _mm256_unpacklo_epi32(v45, v67);
+        let d = _mm256_unpackhi_epi32(v45, v67);
+        // x[m], lane L: row Q0_ROWS[L]'s bytes 4m..4m + 4.
+        let x = [
+            _mm256_unpacklo_epi64(a, c),
+            _mm256_unpackhi_epi64(a, c),
+            _mm256_unpacklo_epi64(b, d),
+            _mm256_unpackhi_epi64(b, d),
+        ];
+        let m4 = _mm256_set1_epi8(0x0f);
+        let table = match T {
+            4 => _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr().cast())),
+            _ => _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast())),
+        };
+        let mut wt = [_mm256_setzero_si256(); 8];
+        for m in 0..4 {
+            wt[m] = _mm256_and_si256(x[m], m4);
+            wt[m + 4] = _mm256_and_si256(_mm256_srli_epi16(x[m], 4), m4);
+        }
+        for n in wt.iter_mut() {
+            *n = if T == 0 {
+                _mm256_sub_epi8(*n, _mm256_set1_epi8(8))
+            } else {
+                _mm256_shuffle_epi8(table, *n)
+            };
+        }
+        (dx, wt)
     }
 }
 
@@ -1002,35 +1100,6 @@ unsafe fn chain8_sums<const T: u8, const R: usize>(
             }
         }
         s
-    }
-}
-
-/// The 8×8 transpose of 32-bit lanes: lane `i` of the result's vector `k` is lane `k` of
-/// `v[i]`.
-#[inline(always)]
-unsafe fn transpose_8x8_i32(v: [__m256i; 8]) -> [__m256i; 8] {
-    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
-    unsafe {
-        let mut t = [_mm256_setzero_si256(); 8];
-        for p in 0..4 {
-            t[2 * p] = _mm256_unpacklo_epi32(v[2 * p], v[2 * p + 1]);
-            t[2 * p + 1] = _mm256_unpackhi_epi32(v[2 * p], v[2 * p + 1]);
-        }
-        // u[h][m]: rows 4h..4h + 4, lanes m and m + 4 (in the two 128-bit halves).
-        let mut u = [[_mm256_setzero_si256(); 4]; 2];
-        for h in 0..2 {
-            let (t0, t1, t2, t3) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
-            u[h][0] = _mm256_unpacklo_epi64(t0, t2);
-            u[h][1] = _mm256_unpackhi_epi64(t0, t2);
-            u[h][2] = _mm256_unpacklo_epi64(t1, t3);
-            u[h][3] = _mm256_unpackhi_epi64(t1, t3);
-        }
-        let mut r = [_mm256_setzero_si256(); 8];
-        for m in 0..4 {
-            r[m] = _mm256_permute2x128_si256(u[0][m], u[1][m], 0x20);
-            r[m + 4] = _mm256_permute2x128_si256(u[0][m], u[1][m], 0x31);
-        }
-        r
     }
 }
 
