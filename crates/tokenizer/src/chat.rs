@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::io;
 
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
@@ -147,6 +147,181 @@ fn strip_generation_tags(source: &str) -> String {
         format!("{{%{} {body} {}%}}", &c[1], &c[3])
     })
     .into_owned()
+}
+
+/// The function that [`guard_namespace_sets`] wraps around every namespace assignment.
+const ACYCLIC_FN: &str = "__lamina_acyclic";
+
+/// Rewrites each `{% set NS.ATTR = EXPR %}` into `{% set NS.ATTR = __lamina_acyclic(NS,
+/// (EXPR)) %}`, keeping the tag's whitespace control. Namespaces are minijinja's only mutable
+/// values, so this is the only way a template can build a cycle (`{% set ns.x = [ns] %}`);
+/// printing, concatenating or comparing a cyclic value recurses until the stack overflows,
+/// which aborts the process. [`acyclic`] refuses the assignment instead. Comments, `{{ }}`
+/// and `{% raw %}` blocks are skipped; string literals are stepped over.
+fn guard_namespace_sets(src: &str) -> String {
+    let b = src.as_bytes();
+    // The end of the string literal starting at `i` (its closing quote + 1).
+    let string_end = |i: usize| {
+        let q = b[i];
+        let mut k = i + 1;
+        while k < b.len() && b[k] != q {
+            k += if b[k] == b'\\' { 2 } else { 1 };
+        }
+        (k + 1).min(b.len())
+    };
+    // The index of `close` at or after `i` outside string literals (or the end).
+    let find_close = |mut i: usize, close: &[u8]| {
+        while i < b.len() && !b[i..].starts_with(close) {
+            i = if b[i] == b'"' || b[i] == b'\'' {
+                string_end(i)
+            } else {
+                i + 1
+            };
+        }
+        i.min(b.len())
+    };
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let skip_ws = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let ident = |i: usize| {
+        let mut k = i;
+        while k < b.len() && is_ident(b[k]) {
+            k += 1;
+        }
+        (k > i && !b[i].is_ascii_digit()).then_some(k)
+    };
+    let mut out = String::with_capacity(src.len());
+    let (mut i, mut last) = (0, 0);
+    while i + 1 < b.len() {
+        if b[i..].starts_with(b"{#") {
+            i = find_close(i + 2, b"#}") + 2;
+            continue;
+        }
+        if b[i..].starts_with(b"{{") {
+            i = find_close(i + 2, b"}}") + 2;
+            continue;
+        }
+        if !b[i..].starts_with(b"{%") {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 2;
+        if j < b.len() && (b[j] == b'-' || b[j] == b'+') {
+            j += 1;
+        }
+        j = skip_ws(j);
+        let word_end = ident(j).unwrap_or(j);
+        let word = &src[j..word_end];
+        let tag_end = find_close(word_end, b"%}");
+        if word == "raw" {
+            // Everything up to `{% endraw %}` is text.
+            let mut k = tag_end;
+            loop {
+                k = match src[k.min(src.len())..].find("{%") {
+                    Some(o) => k + o,
+                    None => break i = b.len(),
+                };
+                let mut e = k + 2;
+                if e < b.len() && (b[e] == b'-' || b[e] == b'+') {
+                    e += 1;
+                }
+                e = skip_ws(e);
+                if src[e..].starts_with("endraw") {
+                    break i = find_close(e, b"%}") + 2;
+                }
+                k += 2;
+            }
+            continue;
+        }
+        i = tag_end + 2;
+        if word != "set" {
+            continue;
+        }
+        // `set NS . ATTR =` (not `==`), then the expression up to the tag's end.
+        let ns_start = skip_ws(word_end);
+        let Some(ns_end) = ident(ns_start) else {
+            continue;
+        };
+        let dot = skip_ws(ns_end);
+        if b.get(dot) != Some(&b'.') {
+            continue;
+        }
+        let Some(attr_end) = ident(skip_ws(dot + 1)) else {
+            continue;
+        };
+        let eq = skip_ws(attr_end);
+        if b.get(eq) != Some(&b'=') || b.get(eq + 1) == Some(&b'=') || tag_end >= b.len() {
+            continue;
+        }
+        let mut expr_end = tag_end;
+        if b[expr_end - 1] == b'-' || b[expr_end - 1] == b'+' {
+            expr_end -= 1;
+        }
+        out.push_str(&src[last..eq + 1]);
+        out.push_str(&format!(
+            " {ACYCLIC_FN}({}, ({})) ",
+            &src[ns_start..ns_end],
+            &src[eq + 1..expr_end]
+        ));
+        last = expr_end;
+    }
+    out.push_str(&src[last..]);
+    out
+}
+
+/// `value`, unless it holds `target` (a namespace about to receive it: a cycle). Identity is
+/// minijinja's equality (the same object, or an object of equal contents: the second refuses
+/// an assignment that would have been harmless, which no real template makes). Values are
+/// walked within a depth and a node budget: nothing cyclic can exist before this assignment.
+fn acyclic(target: Value, value: Value) -> Result<Value, Error> {
+    fn holds(v: &Value, target: &Value, depth: usize, budget: &mut usize) -> Result<bool, Error> {
+        if depth > 256 || *budget == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "value assigned to a namespace is nested too deeply",
+            ));
+        }
+        *budget -= 1;
+        if v.as_object().is_none() {
+            return Ok(false);
+        }
+        if v == target {
+            return Ok(true);
+        }
+        match v.kind() {
+            ValueKind::Seq => {
+                for item in v.try_iter()? {
+                    if holds(&item, target, depth + 1, budget)? {
+                        return Ok(true);
+                    }
+                }
+            }
+            ValueKind::Map => {
+                for key in v.try_iter()? {
+                    if holds(&v.get_item(&key)?, target, depth + 1, budget)? {
+                        return Ok(true);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+    if target.kind() != ValueKind::Map {
+        // Not a namespace: the assignment itself fails with minijinja's own error.
+        return Ok(value);
+    }
+    if holds(&value, &target, 0, &mut 200_000)? {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "cannot assign a value that holds the namespace to one of its attributes (a cycle)",
+        ));
+    }
+    Ok(value)
 }
 
 /// Python's notion: strings, lists, maps are iterable; none and undefined are not.
@@ -480,7 +655,9 @@ impl ChatTemplate {
         env.add_test("iterable", is_iterable);
         env.add_filter("length", length);
         env.add_filter("count", length);
-        env.add_template_owned(NAME, strip_generation_tags(&patch_source(source)))
+        env.add_function(ACYCLIC_FN, acyclic);
+        let compiled = guard_namespace_sets(&strip_generation_tags(&patch_source(source)));
+        env.add_template_owned(NAME, compiled)
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
         let mut t = ChatTemplate {
             env,
