@@ -745,10 +745,42 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         return;
     }
     let groups = m.div_ceil(WR);
-    for t in split(groups * planes, ctx.ith, ctx.nth) {
-        let i0 = (t % groups) * WR;
+    // A single activation row (token generation, no mask): several weight-row groups of one
+    // plane per call, so the per-call work (checks, dispatch) is spread over more rows; every
+    // output has the same kernel and bits either way.
+    const GEMV_GROUPS: usize = 8;
+    let per_call = if n == 1 && mask.is_none() {
+        GEMV_GROUPS
+    } else {
+        1
+    };
+    let mut gemv_out = [0f32; WR * GEMV_GROUPS];
+    let range = split(groups * planes, ctx.ith, ctx.nth);
+    let mut t = range.start;
+    while t < range.end {
+        let g0 = t % groups;
+        let g1 = groups.min(g0 + per_call).min(g0 + (range.end - t));
+        let i0 = g0 * WR;
         let i12 = (t / groups) % ne12;
         let i13 = t / (groups * ne12);
+        t += g1 - g0;
+        if per_call > 1 {
+            let rm = (g1 * WR).min(m) - i0;
+            let (p2, p3) = (i12 / r2, i13 / r3);
+            let mut w = [&[] as &[u8]; WR * GEMV_GROUPS];
+            for (i, row) in w.iter_mut().enumerate().take(rm) {
+                // SAFETY: row in range; weights are read-only during the node.
+                *row = unsafe { a.row(i0 + i, p2, p3) };
+            }
+            let out = &mut gemv_out[..rm];
+            let acts = arows(0, 1, i12, i13);
+            let k = plan.trimmed_k(k, &acts[..1]);
+            plan.dot_tile(k, &w[..rm], &acts[..1], 0, out);
+            // SAFETY: dst elements (i0..i0 + rm, 0, i12, i13) belong to tasks this thread
+            // runs only.
+            unsafe { d.set_run([i0, 0, i12, i13], out) };
+            continue;
+        }
         let rm = WR.min(m - i0);
         let w = wrows(i0, rm, i12, i13);
         let mut j0 = 0;
