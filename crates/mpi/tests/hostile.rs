@@ -203,6 +203,7 @@ fn a_serving_rank_survives_arbitrary_messages() {
     lamina_backend::set_wait_bound(Some(Duration::from_millis(100)));
     let valid = valid_messages();
     survives(&valid);
+    survives(&fuzz_huge_alloc());
     let mut rng = Rng(0x5EED_0001_0000_0018);
     let (mut sent, mut decodable) = (0, 0);
     for _ in 0..1500 {
@@ -223,6 +224,21 @@ fn a_serving_rank_survives_arbitrary_messages() {
     // Not a test of the decoder alone: many messages reach the server as requests.
     assert!(decodable * 3 > sent, "{decodable} of {sent} decodable");
     lamina_backend::set_wait_bound(None);
+}
+
+/// The `mpi_message` fuzzer's input of 2026-12-05 (the target's framing: u16 length, bytes):
+/// an `Alloc` of ~3·10^18 bytes. Under AddressSanitizer that aborts (its allocator refuses
+/// sizes over 1 TiB by default); in a normal build the allocation fails and the rank answers
+/// with an error and keeps serving.
+fn fuzz_huge_alloc() -> Vec<Vec<u8>> {
+    let mut data: &[u8] = include_bytes!("data/fuzz-huge-alloc.bin");
+    let mut batch = Vec::new();
+    while data.len() >= 2 && batch.len() < 64 {
+        let n = (u16::from_le_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
+        batch.push(data[2..2 + n].to_vec());
+        data = &data[2 + n..];
+    }
+    batch
 }
 
 /// Writes the fuzzer's seed corpus (`fuzz/seeds/mpi_message`): the valid messages as one
