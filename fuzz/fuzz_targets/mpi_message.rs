@@ -14,23 +14,13 @@ use lamina_backend::Device;
 use lamina_cpu::{CpuBackendReg, CpuConfig};
 use libfuzzer_sys::fuzz_target;
 
-fn batch(mut data: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    while data.len() >= 2 && out.len() < 64 {
-        let n = (u16::from_le_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
-        out.push(data[2..2 + n].to_vec());
-        data = &data[2 + n..];
-    }
-    out
-}
-
 fuzz_target!(|data: &[u8]| {
     static BOUND: Once = Once::new();
     // Waits a message starts (a signal that never comes) end as a hung peer's would.
     BOUND.call_once(|| lamina_backend::set_wait_bound(Some(Duration::from_millis(50))));
     let reg = CpuBackendReg::new(CpuConfig::default().with_threads(1)).unwrap();
     let device: Arc<dyn Device> = reg.cpu_devices()[0].clone();
-    if let Err(e) = lamina_mpi::testing::serving_rank_survives(&batch(data), vec![device]) {
+    if let Err(e) = lamina_mpi::testing::serving_rank_survives(&lamina_mpi::testing::framed_batch(data), vec![device]) {
         panic!("{e}");
     }
 });

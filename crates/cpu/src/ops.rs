@@ -620,13 +620,17 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     let boundary = plan.act_boundary().min(n);
     let mut out = [0f32; WR * CALL];
     // Weight rows i0..i0 + rm of plane (i12, i13), as an array.
-    let wrows = |i0: usize, rm: usize, i12: usize, i13: usize| -> [&[u8]; WR] {
+    let fill_wrows = |rows: &mut [&[u8]], i0: usize, i12: usize, i13: usize| {
         let (p2, p3) = (i12 / r2, i13 / r3);
-        let mut rows: [&[u8]; WR] = [&[]; WR];
-        for (i, row) in rows.iter_mut().enumerate().take(rm) {
-            // SAFETY: row in range; weights are read-only during the node.
+        for (i, row) in rows.iter_mut().enumerate() {
+            // SAFETY: row in range (the caller's `rows` ends at `m`); weights are read-only
+            // during the node.
             *row = unsafe { a.row(i0 + i, p2, p3) };
         }
+    };
+    let wrows = |i0: usize, rm: usize, i12: usize, i13: usize| -> [&[u8]; WR] {
+        let mut rows: [&[u8]; WR] = [&[]; WR];
+        fill_wrows(&mut rows[..rm], i0, i12, i13);
         rows
     };
     // Converted activation rows j0..j0 + rn of plane (i12, i13).
@@ -714,7 +718,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                             for j in 0..rn {
                                 // SAFETY: as below.
                                 let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
-                                copy_run(&mut row[i0..i0 + rm], &out[j * rm..(j + 1) * rm]);
+                                copy_run::<WR>(&mut row[i0..i0 + rm], &out[j * rm..(j + 1) * rm]);
                             }
                         }
                         continue;
@@ -734,7 +738,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                             if j < lead {
                                 row.fill(0.0);
                             } else {
-                                copy_run(row, &out[(j - lead) * rm..(j - lead + 1) * rm]);
+                                copy_run::<WR>(row, &out[(j - lead) * rm..(j - lead + 1) * rm]);
                             }
                         }
                     }
@@ -766,12 +770,8 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         t += g1 - g0;
         if per_call > 1 {
             let rm = (g1 * WR).min(m) - i0;
-            let (p2, p3) = (i12 / r2, i13 / r3);
             let mut w = [&[] as &[u8]; WR * GEMV_GROUPS];
-            for (i, row) in w.iter_mut().enumerate().take(rm) {
-                // SAFETY: row in range; weights are read-only during the node.
-                *row = unsafe { a.row(i0 + i, p2, p3) };
-            }
+            fill_wrows(&mut w[..rm], i0, i12, i13);
             let out = &mut gemv_out[..rm];
             let acts = arows(0, 1, i12, i13);
             let k = plan.trimmed_k(k, &acts[..1]);
@@ -812,11 +812,11 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     }
 }
 
-/// `dst.copy_from_slice(src)`, with full `WR`-wide runs as one fixed-size move: a tile's
-/// copy-out runs once per output row, and the general copy is a `memmove` call each time.
+/// `dst.copy_from_slice(src)`, with full `W`-wide runs (a whole weight-row group) as one
+/// fixed-size move: a tile's copy-out runs once per output row, and the general copy is a
+/// `memmove` call each time.
 #[inline(always)]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
-    const W: usize = 8;
+fn copy_run<const W: usize>(dst: &mut [f32], src: &[f32]) {
     match (
         <&mut [f32; W]>::try_from(&mut *dst),
         <&[f32; W]>::try_from(src),

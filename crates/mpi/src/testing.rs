@@ -13,6 +13,18 @@ use crate::wire::{Message, Reply, Request};
 /// The sequence number of the liveness probe (raw messages do not use it in practice).
 const PROBE: u64 = u64::MAX - 7;
 
+/// The fuzz target's framing: messages as a u16 length and that many bytes (a short last one
+/// takes what is left), at most 64 of them.
+pub fn framed_batch(mut data: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while data.len() >= 2 && out.len() < 64 {
+        let n = (u16::from_le_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
+        out.push(data[2..2 + n].to_vec());
+        data = &data[2 + n..];
+    }
+    out
+}
+
 /// Serves `devices` on rank 1 of a fresh in-process pair and sends it `batch` raw; then it must
 /// answer `Hello` (unless the batch told it to stop) and stop on `Shutdown`, without panicking.
 pub fn serving_rank_survives(

@@ -231,14 +231,7 @@ fn a_serving_rank_survives_arbitrary_messages() {
 /// sizes over 1 TiB by default); in a normal build the allocation fails and the rank answers
 /// with an error and keeps serving.
 fn fuzz_huge_alloc() -> Vec<Vec<u8>> {
-    let mut data: &[u8] = include_bytes!("data/fuzz-huge-alloc.bin");
-    let mut batch = Vec::new();
-    while data.len() >= 2 && batch.len() < 64 {
-        let n = (u16::from_le_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
-        batch.push(data[2..2 + n].to_vec());
-        data = &data[2 + n..];
-    }
-    batch
+    lamina_mpi::testing::framed_batch(include_bytes!("data/fuzz-huge-alloc.bin"))
 }
 
 /// Writes the fuzzer's seed corpus (`fuzz/seeds/mpi_message`): the valid messages as one
