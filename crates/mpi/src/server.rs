@@ -67,6 +67,10 @@ pub struct Server {
     devices: Vec<Arc<dyn Device>>,
     streams: Vec<Stream>,
     buffers: HashMap<u64, Buffer>,
+    /// Per buffer made by `Alloc`: its device and size. A peer's allocations on a device
+    /// together stay within that device's memory, so a hostile or confused front cannot make
+    /// this rank reserve more than the machine has.
+    allocated: HashMap<u64, (u32, usize)>,
     events: HashMap<u64, Event>,
     /// Model files opened for `WriteFromFile`, and the (path, size, hash) each was opened as.
     files: HashMap<u64, Arc<MappedModel>>,
@@ -88,6 +92,7 @@ impl Server {
             devices,
             streams,
             buffers: HashMap::new(),
+            allocated: HashMap::new(),
             events: HashMap::new(),
             files: HashMap::new(),
             file_ids: HashMap::new(),
@@ -141,11 +146,11 @@ impl Server {
         BufferSlice::new(b, s.offset, s.len).map_err(|e| e.to_string())
     }
 
-    fn keep_buffer(&mut self, b: Buffer) -> Reply {
+    fn keep_buffer(&mut self, b: Buffer) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.buffers.insert(id, b);
-        Reply::Buffer(id)
+        id
     }
 
     fn event(&self, id: u64) -> Result<Event, String> {
@@ -181,8 +186,22 @@ impl Server {
             Request::Shutdown => Reply::Unit,
             Request::Alloc { device, size } => {
                 let (dev, _) = self.device(device)?;
+                let total = dev.memory().total;
+                let live: u64 = (self.allocated.values())
+                    .filter(|(d, _)| *d == device)
+                    .map(|&(_, n)| n as u64)
+                    .sum();
+                if total > 0 && live.saturating_add(size as u64) > total {
+                    return Err(format!(
+                        "allocating {size} bytes on {} would exceed its memory: \
+                         {live} bytes allocated of {total}",
+                        dev.name()
+                    ));
+                }
                 let b = dev.buffer_type().alloc_buffer(size).map_err(e)?;
-                self.keep_buffer(b)
+                let id = self.keep_buffer(b);
+                self.allocated.insert(id, (device, size));
+                Reply::Buffer(id)
             }
             Request::MapFile {
                 device,
@@ -193,7 +212,7 @@ impl Server {
                 let file = open_model(self.node.rank(), &path, size, want)?;
                 let (dev, _) = self.device(device)?;
                 let b = dev.buffer_from_host_memory(Arc::new(file)).map_err(e)?;
-                self.keep_buffer(b)
+                Reply::Buffer(self.keep_buffer(b))
             }
             Request::OpenFile {
                 path,
@@ -226,6 +245,7 @@ impl Server {
             }
             Request::Free { buffer } => {
                 self.buffers.remove(&buffer);
+                self.allocated.remove(&buffer);
                 Reply::Unit
             }
             Request::Write { slice, data } => {

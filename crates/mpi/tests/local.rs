@@ -169,3 +169,30 @@ impl lamina_backend::HostMemory for FileBytes {
         Some(&self.1)
     }
 }
+
+#[test]
+fn a_rank_refuses_allocations_beyond_its_memory() {
+    let (_host, cluster) = cluster(2);
+    let remote = cluster.devices()[0].clone();
+    let total = remote.memory().total as usize;
+    if total == 0 {
+        return; // no /proc/meminfo: the rank reports no memory and cannot bound allocations
+    }
+    let bt = remote.buffer_type();
+    // One buffer larger than the machine: refused by the rank, which keeps serving.
+    let err = bt.alloc_buffer(total + 1).unwrap_err().to_string();
+    assert!(err.contains("would exceed its memory"), "{err}");
+    // Buffers that fit one at a time but not together: the second is refused until the
+    // first is freed. (Zero pages: the rank reserves address space, nothing is touched.)
+    let big = total / 8 * 5;
+    let first = bt.alloc_buffer(big).unwrap();
+    let err = bt.alloc_buffer(big).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{big} bytes allocated of {total}")),
+        "{err}"
+    );
+    drop(first);
+    let second = bt.alloc_buffer(big).unwrap();
+    assert_eq!(second.size(), big);
+    cluster.shutdown().unwrap();
+}
