@@ -614,6 +614,14 @@ impl<'a> DocBuilder<'a, '_> {
         } else if contains(schema, "exclusiveMaximum") {
             maximum = Self::get_bound(schema, "exclusiveMaximum", path, true)?.saturating_sub(1);
         }
+        // An empty range has no grammar: llama.cpp's digit ranges would come out inverted
+        // (`[5-3]`, or `[1-,]` beside others, which then admits numbers outside the bounds).
+        if minimum > maximum {
+            return fail(
+                path,
+                format!("no integer lies in the bounds (minimum {minimum} > maximum {maximum})"),
+            );
+        }
         Ok(self.push(SchemaNode::Integer { minimum, maximum }))
     }
 

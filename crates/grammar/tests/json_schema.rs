@@ -238,6 +238,46 @@ fn integer_bounds_edge_cases_do_not_panic() {
     assert!(g.starts_with("root ::= ([1-3])\n"), "{g}");
 }
 
+#[test]
+fn an_empty_integer_range_is_an_error() {
+    // Found by reading the fuzzer's grammars: bounds of -0.5 round inwards to 0 ≥ n ≥ -1,
+    // for which the digit ranges came out inverted (`[1-,]`) and the grammar admitted 0..9.
+    for (schema, bounds) in [
+        (
+            json!({"type": "integer", "minimum": -0.5, "maximum": -0.5}),
+            "0 > maximum -1",
+        ),
+        (
+            json!({"type": "integer", "minimum": 5, "maximum": 3}),
+            "5 > maximum 3",
+        ),
+        (
+            json!({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}),
+            "4 > maximum 3",
+        ),
+        (
+            json!({"type": "integer", "minimum": 1e300, "maximum": -1e300}),
+            "> maximum",
+        ),
+    ] {
+        let err = json_schema_to_grammar(&schema, &opts())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no integer lies in the bounds"),
+            "{schema}: {err}"
+        );
+        assert!(err.contains(bounds), "{schema}: {err}");
+    }
+    // One integer is a range.
+    let g = json_schema_to_grammar(
+        &json!({"type": "integer", "minimum": -1, "maximum": -1}),
+        &opts(),
+    )
+    .unwrap();
+    assert!(g.starts_with("root ::= (\"-\" (\"1\"))\n"), "{g}");
+}
+
 // ---- limits ----------------------------------------------------------------------
 
 #[test]
