@@ -345,8 +345,13 @@ fn tiles_match_scalar() {
             }
             let wr: Vec<&[u8]> = w.chunks_exact(wrow).collect();
             let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
-            for rm in 1..=m.min(8) {
-                for rn in 1..=n.min(4) {
+            // Every small tile, and a weight-row group against all the activation rows (what
+            // `mul_mat` hands the wide kernels: here up to 70 rows).
+            let tiles = (1..=m.min(8))
+                .flat_map(|rm| (1..=n.min(4)).map(move |rn| (rm, rn)))
+                .chain([(m.min(8), n)]);
+            for (rm, rn) in tiles {
+                {
                     for (i0, j0) in [(0, 0), (m - rm, n - rn)] {
                         let mut out = vec![0f32; rm * rn];
                         for isa in isas.iter().copied() {

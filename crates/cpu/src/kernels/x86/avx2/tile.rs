@@ -160,11 +160,18 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
         TileKind::Q4KGemv if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
             q4k_pairs::<0>(nb, w, a, out)
         },
+        TileKind::Q4KGemm if w.len().is_multiple_of(8) && a.len() > 1 => unsafe {
+            q4k_chain8(nb, w, a, out)
+        },
         TileKind::Q4KGemm if q4k_pairs_cover(nb, w.len(), a.len()) => unsafe {
             q4k_pairs::<1>(nb, w, a, out)
         },
         TileKind::Q4KGemv => run_tiles!(q4k, 0, nb, w, a, out),
         TileKind::Q4KGemm => run_tiles!(q4k, 1, nb, w, a, out),
+        // SAFETY: by this function's contract; `w.len()` is a multiple of 8.
+        TileKind::Q6KTiled if w.len().is_multiple_of(8) && a.len() > 1 => unsafe {
+            q6k_chain8(nb, w, a, out)
+        },
         TileKind::Q6KTiled => run_tiles!(q6k, 0, nb, w, a, out),
         TileKind::F16Tiny => run_tiles!(ftiny, 0, nb, w, a, out),
         TileKind::F32Tiny => run_tiles!(ftiny, 1, nb, w, a, out),
@@ -403,6 +410,373 @@ unsafe fn q4k_pairs<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 }
                 j0 += rn;
             }
+        }
+    }
+}
+
+/// One Q4_K superblock of 8 weight rows, transposed for [`q4k_chain8`]: lane `r` (32 bits)
+/// of a vector is weight row `r`.
+#[repr(C, align(32))]
+struct Q4kBlock8 {
+    /// `q[s][t]`: values `4t..4t + 4` of sub-block `s` of each row (bytes 0..15).
+    q: [[__m256i; 8]; 8],
+    /// Sub-block `s`'s scale of row `r` in i16 lanes `2r` and `2r + 1`.
+    scl: [__m256i; 8],
+    /// Sub-blocks `2k`, `2k + 1`: the mins of row `r` in i16 lanes `2r`, `2r + 1`.
+    mins: [__m256i; 4],
+    d: __m256,
+    dmin: __m256,
+}
+
+/// `v[r]` lane `t` → `out[t]` lane `r` (an 8×8 transpose of 32-bit lanes).
+#[inline(always)]
+unsafe fn transpose_8x8_epi32(v: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
+    unsafe {
+        let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+        let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+        let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+        let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+        let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+        let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+        let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+        let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+        let u0 = _mm256_unpacklo_epi64(t0, t2);
+        let u1 = _mm256_unpackhi_epi64(t0, t2);
+        let u2 = _mm256_unpacklo_epi64(t1, t3);
+        let u3 = _mm256_unpackhi_epi64(t1, t3);
+        let u4 = _mm256_unpacklo_epi64(t4, t6);
+        let u5 = _mm256_unpackhi_epi64(t4, t6);
+        let u6 = _mm256_unpacklo_epi64(t5, t7);
+        let u7 = _mm256_unpackhi_epi64(t5, t7);
+        [
+            _mm256_permute2x128_si256(u0, u4, 0x20),
+            _mm256_permute2x128_si256(u1, u5, 0x20),
+            _mm256_permute2x128_si256(u2, u6, 0x20),
+            _mm256_permute2x128_si256(u3, u7, 0x20),
+            _mm256_permute2x128_si256(u0, u4, 0x31),
+            _mm256_permute2x128_si256(u1, u5, 0x31),
+            _mm256_permute2x128_si256(u2, u6, 0x31),
+            _mm256_permute2x128_si256(u3, u7, 0x31),
+        ]
+    }
+}
+
+/// Decodes superblock `b` of the 8 weight rows `w` into `out`.
+#[inline(always)]
+unsafe fn decode_q4k8(w: [*const u8; 8], b: usize, out: &mut Q4kBlock8) {
+    // SAFETY: each row holds block `b` (the caller's contract); AVX2/F16C enabled by the
+    // caller.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let xb: [*const u8; 8] = std::array::from_fn(|r| w[r].add(b * 144));
+        for k in 0..4 {
+            // Row r's 32 bytes of sub-blocks 2k (low nibbles) and 2k + 1 (high), as 8 words.
+            let mut v = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                v[r] = loadu(xb[r].add(16 + 32 * k));
+            }
+            let t = transpose_8x8_epi32(v);
+            for (u, tu) in t.iter().enumerate() {
+                out.q[2 * k][u] = _mm256_and_si256(*tu, m4);
+                out.q[2 * k + 1][u] = _mm256_and_si256(_mm256_srli_epi16(*tu, 4), m4);
+            }
+        }
+        let mut sc = [[0i32; 8]; 8];
+        let mut mn = [[0i32; 8]; 4];
+        let mut d = [0u16; 8];
+        let mut dmin = [0u16; 8];
+        for r in 0..8 {
+            let (scr, mnr) = crate::kernels::dot::q4k_scales_mins_pub(std::slice::from_raw_parts(
+                xb[r].add(4),
+                12,
+            ));
+            for s in 0..8 {
+                sc[s][r] = i32::from(scr[s]) * 0x1_0001;
+            }
+            for k in 0..4 {
+                mn[k][r] = i32::from(mnr[2 * k]) | i32::from(mnr[2 * k + 1]) << 16;
+            }
+            d[r] = xb[r].cast::<u16>().read_unaligned();
+            dmin[r] = xb[r].add(2).cast::<u16>().read_unaligned();
+        }
+        for s in 0..8 {
+            out.scl[s] = _mm256_loadu_si256(sc[s].as_ptr().cast());
+        }
+        for k in 0..4 {
+            out.mins[k] = _mm256_loadu_si256(mn[k].as_ptr().cast());
+        }
+        out.d = _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast()));
+        out.dmin = _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr().cast()));
+    }
+}
+
+/// The repacked Q4_K gemm in groups of 8 weight rows with the rows in lanes (as llama.cpp's
+/// `ggml_gemm_q4_K_8x8_q8_K`): a broadcast 4-value slice of an activation row meets the 8
+/// rows' values in one `maddubs`, the 8 slices of a sub-block add up in i16 (|sum| ≤ 8 · 2
+/// · 15 · 128 < 2^15) and meet the rows' scales in one `madd`: no horizontal sums. Each lane
+/// then takes [`q4k2`]'s float steps (per sub-block pair: `fma(sum, d·yd)`, the mins
+/// likewise), so every output has the same bits. A block of the 8 rows is decoded once per
+/// call.
+///
+/// # Safety
+/// As [`run`]; `w.len()` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_chain8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const RN: usize = 4;
+    const JC: usize = 16;
+    let na = a.len();
+    let nw = w.len();
+    // SAFETY: the caller's contract (rows hold `nb` blocks).
+    unsafe {
+        let mut dec = std::mem::MaybeUninit::<Q4kBlock8>::uninit();
+        let dec = &mut *dec.as_mut_ptr();
+        for g in (0..nw).step_by(8) {
+            let wp: [*const u8; 8] = crate::kernels::tile::row_ptrs(w, g);
+            for j0 in (0..na).step_by(JC) {
+                let jn = (na - j0).min(JC);
+                let mut acc = [[_mm256_setzero_ps(); 2]; JC];
+                for b in 0..nb {
+                    decode_q4k8(wp, b, dec);
+                    let mut j = 0;
+                    while j < jn {
+                        let rn = (jn - j).min(RN);
+                        let ap: [*const u8; RN] =
+                            std::array::from_fn(|q| a[j0 + j + q.min(rn - 1)].as_ptr());
+                        let mut t = [acc[j], acc[j + 1], acc[j + 2], acc[j + 3]];
+                        match rn {
+                            1 => q4k8_block::<1>(dec, b, &ap, &mut t),
+                            2 => q4k8_block::<2>(dec, b, &ap, &mut t),
+                            3 => q4k8_block::<3>(dec, b, &ap, &mut t),
+                            _ => q4k8_block::<4>(dec, b, &ap, &mut t),
+                        }
+                        acc[j..j + rn].copy_from_slice(&t[..rn]);
+                        j += rn;
+                    }
+                }
+                for (j, aj) in acc.iter().enumerate().take(jn) {
+                    let o = out.as_mut_ptr().add((j0 + j) * nw + g);
+                    _mm256_storeu_ps(o, _mm256_sub_ps(aj[0], aj[1]));
+                }
+            }
+        }
+    }
+}
+
+/// One superblock of [`q4k_chain8`] for `N` activation rows: `acc[j] = [sum, min sum]`.
+#[inline(always)]
+unsafe fn q4k8_block<const N: usize>(
+    dec: &Q4kBlock8,
+    b: usize,
+    a: &[*const u8; 4],
+    acc: &mut [[__m256; 2]; 4],
+) {
+    // SAFETY: activation rows hold block `b` (the caller's contract); AVX2/FMA enabled by
+    // the caller.
+    unsafe {
+        let mut yq = [std::ptr::null::<u8>(); N];
+        let mut dd = [_mm256_setzero_ps(); N];
+        let mut ddm = [_mm256_setzero_ps(); N];
+        let mut q8s = [[0i32; 4]; N];
+        for j in 0..N {
+            let (yd, s, q) = q8k_act(a[j].add(b * 292));
+            yq[j] = q;
+            let ydv = _mm256_set1_ps(yd);
+            dd[j] = _mm256_mul_ps(dec.d, ydv);
+            ddm[j] = _mm256_mul_ps(dec.dmin, ydv);
+            _mm_storeu_si128(q8s[j].as_mut_ptr().cast(), s);
+        }
+        for k in 0..4 {
+            let mut si = [_mm256_setzero_si256(); N];
+            for s in 2 * k..2 * k + 2 {
+                let mut h = [_mm256_setzero_si256(); N];
+                for t in 0..8 {
+                    let wv = dec.q[s][t];
+                    for j in 0..N {
+                        let y = _mm256_set1_epi32(
+                            yq[j].add(32 * s + 4 * t).cast::<i32>().read_unaligned(),
+                        );
+                        h[j] = _mm256_add_epi16(h[j], _mm256_maddubs_epi16(wv, y));
+                    }
+                }
+                for j in 0..N {
+                    si[j] = _mm256_add_epi32(si[j], _mm256_madd_epi16(h[j], dec.scl[s]));
+                }
+            }
+            for j in 0..N {
+                acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[j]), dd[j], acc[j][0]);
+                let m = _mm256_madd_epi16(dec.mins[k], _mm256_set1_epi32(q8s[j][k]));
+                acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), ddm[j], acc[j][1]);
+            }
+        }
+    }
+}
+
+/// One Q6_K superblock of 8 weight rows, transposed for [`q6k_chain8`]: lane `r` (32 bits)
+/// of a vector is weight row `r`.
+#[repr(C, align(32))]
+struct Q6kBlock8 {
+    /// `q[c][t]`: values `32c + 4t..32c + 4t + 4` of each row, unsigned (0..63).
+    q: [[__m256i; 8]; 8],
+    /// Sub-block `s`'s scale of row `r` in i16 lanes `2r` and `2r + 1`.
+    scl: [__m256i; 16],
+    /// Sub-blocks `2p`, `2p + 1`: row `r`'s scales in i16 lanes `2r`, `2r + 1`.
+    pairs: [__m256i; 8],
+    d: __m256,
+}
+
+/// Decodes superblock `b` of the 8 weight rows `w` into `out`.
+#[inline(always)]
+unsafe fn decode_q6k8(w: [*const u8; 8], b: usize, out: &mut Q6kBlock8) {
+    // SAFETY: each row holds block `b` (the caller's contract); AVX2/F16C enabled by the
+    // caller.
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let xb: [*const u8; 8] = std::array::from_fn(|r| w[r].add(b * 210));
+        // Row r's values 32c.. (c = 4h + k) as `q6k` decodes them.
+        let mut rows = [[_mm256_setzero_si256(); 8]; 8];
+        for r in 0..8 {
+            for h in 0..2 {
+                let q4bits1 = loadu(xb[r].add(64 * h));
+                let q4bits2 = loadu(xb[r].add(64 * h + 32));
+                let q4bits_h = loadu(xb[r].add(128 + 32 * h));
+                let q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m3), 4);
+                let q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)), 2);
+                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                let q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)), 2);
+                rows[r][4 * h] = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                rows[r][4 * h + 1] = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                rows[r][4 * h + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+                rows[r][4 * h + 3] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+            }
+        }
+        for c in 0..8 {
+            out.q[c] = transpose_8x8_epi32(std::array::from_fn(|r| rows[r][c]));
+        }
+        let mut sc = [[0i32; 8]; 16];
+        let mut pr = [[0i32; 8]; 8];
+        let mut d = [0u16; 8];
+        for r in 0..8 {
+            let scales = xb[r].add(192).cast::<i8>();
+            for s in 0..16 {
+                let v = i32::from(*scales.add(s)) & 0xFFFF;
+                sc[s][r] = v | v << 16;
+            }
+            for p in 0..8 {
+                pr[p][r] = (i32::from(*scales.add(2 * p)) & 0xFFFF)
+                    | i32::from(*scales.add(2 * p + 1)) << 16;
+            }
+            d[r] = xb[r].add(208).cast::<u16>().read_unaligned();
+        }
+        for s in 0..16 {
+            out.scl[s] = _mm256_loadu_si256(sc[s].as_ptr().cast());
+        }
+        for p in 0..8 {
+            out.pairs[p] = _mm256_loadu_si256(pr[p].as_ptr().cast());
+        }
+        out.d = _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast()));
+    }
+}
+
+/// The tiled Q6_K product in groups of 8 weight rows with the rows in lanes, like
+/// [`q4k_chain8`]: a broadcast 4-value slice meets the 8 rows' unsigned values (0..63) in one
+/// `maddubs`, two slices add up in i16 (|sum| ≤ 2 · 2 · 63 · 128 < 2^15) and meet the
+/// rows' scales in a `madd`; the 32 · scale · bsum offset comes out once per block. Each lane
+/// then takes [`q6k`]'s float steps (`acc = fma(d · sum, yd, acc)`), so every output has
+/// the same bits. A block of the 8 rows is decoded once per call.
+///
+/// # Safety
+/// As [`run`]; `w.len()` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_chain8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const RN: usize = 4;
+    const JC: usize = 128;
+    let na = a.len();
+    let nw = w.len();
+    // SAFETY: the caller's contract (rows hold `nb` blocks).
+    unsafe {
+        let mut dec = std::mem::MaybeUninit::<Q6kBlock8>::uninit();
+        let dec = &mut *dec.as_mut_ptr();
+        let mut acc = [_mm256_setzero_ps(); JC];
+        for g in (0..nw).step_by(8) {
+            let wp: [*const u8; 8] = crate::kernels::tile::row_ptrs(w, g);
+            for j0 in (0..na).step_by(JC) {
+                let jn = (na - j0).min(JC);
+                acc[..jn].fill(_mm256_setzero_ps());
+                for b in 0..nb {
+                    decode_q6k8(wp, b, dec);
+                    let mut j = 0;
+                    while j < jn {
+                        let rn = (jn - j).min(RN);
+                        let ap: [*const u8; RN] =
+                            std::array::from_fn(|q| a[j0 + j + q.min(rn - 1)].as_ptr());
+                        let mut t = [acc[j], acc[j + 1], acc[j + 2], acc[j + 3]];
+                        match rn {
+                            1 => q6k8_block::<1>(dec, b, &ap, &mut t),
+                            2 => q6k8_block::<2>(dec, b, &ap, &mut t),
+                            3 => q6k8_block::<3>(dec, b, &ap, &mut t),
+                            _ => q6k8_block::<4>(dec, b, &ap, &mut t),
+                        }
+                        acc[j..j + rn].copy_from_slice(&t[..rn]);
+                        j += rn;
+                    }
+                }
+                for (j, aj) in acc.iter().enumerate().take(jn) {
+                    _mm256_storeu_ps(out.as_mut_ptr().add((j0 + j) * nw + g), *aj);
+                }
+            }
+        }
+    }
+}
+
+/// One superblock of [`q6k_chain8`] for `N` activation rows.
+#[inline(always)]
+unsafe fn q6k8_block<const N: usize>(
+    dec: &Q6kBlock8,
+    b: usize,
+    a: &[*const u8; 4],
+    acc: &mut [__m256; 4],
+) {
+    // SAFETY: activation rows hold block `b` (the caller's contract); AVX2/FMA enabled by
+    // the caller.
+    unsafe {
+        let mut yb = [std::ptr::null::<u8>(); N];
+        let mut si = [_mm256_setzero_si256(); N];
+        let mut corr = [_mm256_setzero_si256(); N];
+        for j in 0..N {
+            yb[j] = a[j].add(b * 292);
+        }
+        let y = |j: usize, i: usize| {
+            _mm256_set1_epi32(yb[j].add(4 + 4 * i).cast::<i32>().read_unaligned())
+        };
+        for c in 0..8 {
+            for half in 0..4 {
+                // Slices 2·half, 2·half + 1 of chunk c: sub-block 2c + half / 2.
+                let w0 = dec.q[c][2 * half];
+                let w1 = dec.q[c][2 * half + 1];
+                let scl = dec.scl[2 * c + half / 2];
+                for j in 0..N {
+                    let h = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w0, y(j, 8 * c + 2 * half)),
+                        _mm256_maddubs_epi16(w1, y(j, 8 * c + 2 * half + 1)),
+                    );
+                    si[j] = _mm256_add_epi32(si[j], _mm256_madd_epi16(h, scl));
+                }
+            }
+        }
+        for p in 0..8 {
+            for j in 0..N {
+                let bs = _mm256_set1_epi32(yb[j].add(260 + 4 * p).cast::<i32>().read_unaligned());
+                corr[j] = _mm256_add_epi32(corr[j], _mm256_madd_epi16(dec.pairs[p], bs));
+            }
+        }
+        for j in 0..N {
+            let s = _mm256_sub_epi32(si[j], _mm256_slli_epi32(corr[j], 5));
+            let res = _mm256_mul_ps(dec.d, _mm256_cvtepi32_ps(s));
+            acc[j] = _mm256_fmadd_ps(res, _mm256_set1_ps(ld_f32(yb[j])), acc[j]);
         }
     }
 }
