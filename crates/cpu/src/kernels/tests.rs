@@ -127,7 +127,7 @@ fn quantizers_simd_match_scalar() {
 #[test]
 fn q8_k_quantizers_simd_match_scalar() {
     let mut rng = Rng(0x0dd_ba11_cafe_f00d);
-    for case in 0..6 {
+    for case in 0..8 {
         let mut x = rng.vec(3 * 256, 4.0);
         match case {
             // The largest magnitude twice, negative first.
@@ -152,6 +152,22 @@ fn q8_k_quantizers_simd_match_scalar() {
             5 => {
                 x[5] = 11.0;
                 x[6] = f32::NAN;
+            }
+            // Infinities (a scale of 0 or -0: inf · 0 is NaN) and subnormals.
+            6 => {
+                x[9] = f32::INFINITY;
+                x[300] = f32::NEG_INFINITY;
+                x[600] = 1e-40;
+            }
+            // Halfway products (scale ±1: ties round to even), both signs.
+            7 => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = (i % 100) as f32 - 49.5;
+                }
+                x[0] = 127.0;
+                x[256] = -127.0;
+                x[512] = 127.0;
+                x[513] = -127.0;
             }
             _ => {}
         }
