@@ -241,18 +241,23 @@ unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
         }
         // The group's weight blocks as unsigned bytes, decoded once for all the call's
         // activation rows.
-        let mut dec: std::mem::MaybeUninit<[[__m256i; MAX_BLOCKS]; RM]> =
+        // Per row and block: the signed values, then `128·Σ` of each lane's 4 values.
+        let mut dec: std::mem::MaybeUninit<[[[__m256i; 2]; MAX_BLOCKS]; RM]> =
             std::mem::MaybeUninit::uninit();
-        let dec = dec.as_mut_ptr().cast::<__m256i>();
+        let dec = dec.as_mut_ptr().cast::<[__m256i; 2]>();
+        let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
+        let bias = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
         for g in 0..w.len() / RM {
             let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
             for (i, row) in rows.iter().enumerate() {
                 for b in 0..nb {
-                    dec.add(i * MAX_BLOCKS + b)
-                        .write(q0_unsigned::<T>(row.add(b * bx)));
+                    let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
+                    let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
+                    dec.add(i * MAX_BLOCKS + b).write([x, corr]);
                 }
             }
-            let mut wp = [std::ptr::null::<__m256i>(); RM];
+            let mut wp = [std::ptr::null::<[__m256i; 2]>(); RM];
             for (i, p) in wp.iter_mut().enumerate() {
                 *p = dec.add(i * MAX_BLOCKS).cast_const();
             }
@@ -940,15 +945,16 @@ macro_rules! fmadd_bcast {
 }
 
 /// `RM` weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
-/// weight blocks decoded to unsigned bytes `u = x + o` (`o` = 8 or 16; `w` points at them):
-/// `maddubs(u, y)` needs no sign fix-up, and the lane's `o·Σy`, formed once per activation
-/// block for the `RM` rows, is taken off. The lane sums are the same exact integers (no
-/// pair sum saturates: `31·128·2 < 2^15`), so the FMA chain, with the same products
-/// `dx·dy` (from the scale tables), gives the same bits.
+/// weight blocks decoded once per call to their signed values `x` and each lane's `128·Σx`
+/// (`w` points at the pairs): the activation bytes offset to unsigned, `y + 128`, meet the
+/// values in one `maddubs` with no sign fix-up, and the offset's part, which depends on the
+/// weights alone, is taken off. The lane sums are the same exact integers (no pair sum
+/// saturates: `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from
+/// the scale tables), gives the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
     nb: usize,
-    w: [*const __m256i; RM],
+    w: [*const [__m256i; 2]; RM],
     a: [*const u8; RN],
     sw: &[__m128],
     sa: [&[f32]; RN],
@@ -957,7 +963,7 @@ unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
     // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
     unsafe {
         let ones = _mm256_set1_epi16(1);
-        let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
+        let bias = _mm256_set1_epi8(-128);
         // dds[16 * c + 4 * j + i] = dx_i · dy_j of block `ib + c` (RN <= 4), written before
         // it is read.
         let mut dds = std::mem::MaybeUninit::<[f32; 16 * CHUNK]>::uninit();
@@ -972,16 +978,15 @@ unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
                 }
             }
             let dd = dds.add(16 * (ib % CHUNK)).cast_const();
-            let mut u = [_mm256_setzero_si256(); RM];
-            for (i, ui) in u.iter_mut().enumerate() {
-                *ui = _mm256_load_si256(w[i].add(ib));
+            let mut x = [[_mm256_setzero_si256(); 2]; RM];
+            for (i, xi) in x.iter_mut().enumerate() {
+                *xi = *w[i].add(ib);
             }
             for j in 0..RN {
-                let y = loadu(a[j].add(ib * 34 + 2));
-                let corr = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ov, y));
+                let y = _mm256_xor_si256(loadu(a[j].add(ib * 34 + 2)), bias);
                 for i in 0..RM {
-                    let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u[i], y));
-                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, corr));
+                    let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[i][0]));
+                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, x[i][1]));
                     fmadd_bcast!(acc[i][j], q, &*dd.add(4 * j + i));
                 }
             }
