@@ -159,8 +159,8 @@ fn q8_k_4x8(x: &[f32], out: &mut [u8]) {
                 _mm256_storeu_si256(q.add(32 * c).cast(), p);
             }
         }
-        let (qs, bsums) = ob[4..].split_at_mut(256);
-        crate::kernels::quantize::q8_k_bsums(qs, bsums);
+        // SAFETY: AVX2 enabled here; the block's quants and bsums.
+        unsafe { quantize::q8_k_bsums(ob.as_ptr().add(4), ob.as_mut_ptr().add(260)) };
     }
     // SAFETY: as in `with_fma!`; the same operations (no `mul_add`, so nothing is
     // contracted), with SSE4.1 rounding instead of a libm call.

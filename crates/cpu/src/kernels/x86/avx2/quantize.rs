@@ -31,12 +31,82 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
             // scalar scan finds it; `max` is its first element, as there.
             let (amax, _) = unsafe { crate::kernels::x86::absmax(xb) };
             let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
-            crate::kernels::quantize::quantize_q8_k_block(xb, ob, amax, max);
+            if amax == 0.0 {
+                crate::kernels::quantize::quantize_q8_k_block(xb, ob, amax, max);
+            } else {
+                // SAFETY: AVX2 enabled here; whole blocks.
+                unsafe { q8_k_block(xb, ob, max) };
+            }
         }
+    }
+    /// `quantize_q8_k_block` (amax ≠ 0) in vectors: `nearest_int`'s magic-number rounding
+    /// for every value (what the scalar code's two branches both compute), `min(127)`, and
+    /// the low byte (`as i8`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_k_block(xb: &[f32], ob: &mut [u8], max: f32) {
+        let iscale = -127.0 / max;
+        // SAFETY: 256 values in `xb`, 292 bytes in `ob` (the caller's chunks).
+        unsafe {
+            let mul = _mm256_set1_ps(iscale);
+            let magic = _mm256_set1_ps(12_582_912.0);
+            let mant = _mm256_set1_epi32(0x007f_ffff);
+            let half = _mm256_set1_epi32(0x0040_0000);
+            let top = _mm256_set1_epi32(127);
+            let low = _mm256_set1_epi32(0xFF);
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let q = ob.as_mut_ptr().add(4);
+            for c in 0..8 {
+                let mut n = [_mm256_setzero_si256(); 4];
+                for (v, nv) in n.iter_mut().enumerate() {
+                    let p = _mm256_mul_ps(_mm256_loadu_ps(xb.as_ptr().add(32 * c + 8 * v)), mul);
+                    let bits = _mm256_castps_si256(_mm256_add_ps(p, magic));
+                    let i = _mm256_sub_epi32(_mm256_and_si256(bits, mant), half);
+                    *nv = _mm256_and_si256(_mm256_min_epi32(i, top), low);
+                }
+                let b = _mm256_packus_epi16(
+                    _mm256_packus_epi32(n[0], n[1]),
+                    _mm256_packus_epi32(n[2], n[3]),
+                );
+                _mm256_storeu_si256(q.add(32 * c).cast(), _mm256_permutevar8x32_epi32(b, order));
+            }
+            q8_k_bsums(q, ob.as_mut_ptr().add(260));
+        }
+        ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
     // SAFETY: as in `quantize_row_q8_0`; the same operations as the scalar code (there is
     // no `mul_add` in it, so nothing is contracted).
     unsafe { fast(x, out) }
+}
+
+/// A Q8_K block's 16 sums of 16 quants (`quantize::q8_k_bsums`) from the 256 quants at `q`
+/// into the 32 bytes at `out`.
+///
+/// # Safety
+/// AVX2 present; 256 readable bytes at `q`, 32 writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_k_bsums(q: *const u8, out: *mut u8) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        // Per 32 quants: 8 sums of 4 (`maddubs(1, q)` pairs, then `madd` pairs).
+        let mut s = [_mm256_setzero_si256(); 8];
+        for (c, sc) in s.iter_mut().enumerate() {
+            let v = _mm256_loadu_si256(q.add(32 * c).cast());
+            *sc = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
+        }
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut half = [_mm256_setzero_si256(); 2];
+        for (h, hv) in half.iter_mut().enumerate() {
+            let s = &s[4 * h..4 * h + 4];
+            // Lane c (c < 4): the first 16 of chunk c; lane 4 + c: its second 16.
+            let t = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            *hv = _mm256_permutevar8x32_epi32(t, order);
+        }
+        // |sum| ≤ 16 · 128: the saturating pack is exact.
+        let packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(half[0], half[1]), 0b11_01_10_00);
+        _mm256_storeu_si256(out.cast(), packed);
+    }
 }
 
 /// Port of the AVX2 branch of `quantize_row_q8_0` / `quantize_row_q8_1`.
