@@ -208,8 +208,22 @@ fn softmax_impl(
         }
     }
     let mut max = f32::NEG_INFINITY;
-    for &v in y.iter() {
-        max = if max > v { max } else { v };
+    // Without NaNs the scan's result is the largest value (a zero's sign, which the order
+    // would pick, changes no `exp(v - max)`), which vectors find 8 at a time.
+    #[cfg(target_arch = "x86_64")]
+    let scanned = simd && {
+        // SAFETY: `simd` is set only where AVX2 is present (`softmax_row_sink`).
+        let (m, nan) = unsafe { crate::kernels::x86::max_f32(y) };
+        max = m;
+        !nan
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let scanned = false;
+    if !scanned {
+        max = f32::NEG_INFINITY;
+        for &v in y.iter() {
+            max = if max > v { max } else { v };
+        }
     }
     // Sinks: `max = MAX(max, sk)`, and `expf(sk - max)` joins the sum after the row's.
     if let Some(s) = sink {

@@ -284,6 +284,39 @@ fn activations_simd_match_scalar() {
     }
 }
 
+/// The vector maximum in `softmax_row` against the scalar scan: maxima of +0 and -0 in
+/// either order, NaNs (where the scan's order decides), infinities, fully masked rows, and
+/// lengths off the 8-lane grid.
+#[test]
+fn softmax_maximum_cases_match_scalar() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng(0x50f7_3a11_0000_0001);
+    for n in [1usize, 7, 8, 9, 33, 100] {
+        for case in 0..6 {
+            let mut x: Vec<f32> = rng.vec(n, 2.0).iter().map(|v| -v.abs()).collect();
+            let mut mask = vec![0f32; n];
+            match case {
+                1 => {
+                    x[n / 2] = -0.0;
+                    x[n - 1] = 0.0;
+                }
+                2 => {
+                    x[0] = 0.0;
+                    x[n - 1] = -0.0;
+                }
+                3 => x[n / 3] = f32::NAN,
+                4 => x[n - 1] = f32::INFINITY,
+                5 => mask.fill(f32::NEG_INFINITY),
+                _ => {}
+            }
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            softmax_row(&x, 1.0, Some(&mask), 1.0, &mut a);
+            act::scalar::softmax_row(&x, 1.0, Some(&mask), 1.0, &mut b);
+            assert_eq!(bits(&a), bits(&b), "softmax n={n} case {case}");
+        }
+    }
+}
+
 #[test]
 fn v_expf_lane_is_accurate() {
     for i in -1600..1700 {

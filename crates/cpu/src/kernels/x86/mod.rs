@@ -77,6 +77,37 @@ pub unsafe fn absmax(x: &[f32]) -> (f32, bool) {
     }
 }
 
+/// The largest of `x` (at least `-inf`), and whether `x` holds a NaN (then the caller's
+/// order-dependent scalar scan decides).
+///
+/// # Safety
+/// AVX present.
+#[inline(always)]
+pub unsafe fn max_f32(x: &[f32]) -> (f32, bool) {
+    // SAFETY: reads within `x`; AVX enabled by the caller.
+    unsafe {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm256_setzero_ps();
+        let chunks = x.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            m = _mm256_max_ps(v, m);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        let mut best = _mm_cvtss_f32(h);
+        let mut any_nan = _mm256_movemask_ps(nan) != 0;
+        for &v in tail {
+            any_nan |= v.is_nan();
+            best = if best > v { best } else { v };
+        }
+        (best, any_nan)
+    }
+}
+
 /// Q6_K scales `2i` and `2i + 1` of the 16 in `scales`, each in 8 i16 lanes.
 #[inline(always)]
 pub unsafe fn q6k_scale_shuffle(scales: __m128i, i: usize) -> __m256i {
