@@ -1145,20 +1145,24 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
             let kq_k = p.kq.trimmed_k(head_k, qrows);
             let scores = work.f32s(scores_off, (rn + 1) * n_kv);
             let (scores, spare) = scores.split_at_mut(rn * n_kv);
+            // Per query row, the span of cells its mask leaves open: a group of cells outside
+            // it for the leading rows (a causal mask above the diagonal, a sliding window
+            // before it) is not computed. (Cells hidden inside a span are computed and then
+            // masked, as llama.cpp computes them all.)
+            let mut spans = [None; ATTN_ROWS];
+            for (j, span) in spans.iter_mut().enumerate().take(rn) {
+                *span = kernels::unmasked_span(&mk.row_f32(j0 + j, 0, 0)[..n_kv]);
+            }
             for i0 in (0..n_kv).step_by(WR) {
                 let rm = WR.min(n_kv - i0);
                 let mut w: [&[u8]; WR] = [&[]; WR];
                 for (i, row) in w.iter_mut().enumerate().take(rm) {
                     *row = k.row(i0 + i, hkv, 0);
                 }
-                let mut lead = 0;
-                while lead < rn
-                    && mk.row_f32(j0 + lead, 0, 0)[i0..i0 + rm]
-                        .iter()
-                        .all(|&m| m == f32::NEG_INFINITY)
-                {
-                    lead += 1;
-                }
+                let lead = spans[..rn]
+                    .iter()
+                    .take_while(|s| s.is_none_or(|(a, b)| i0 + rm <= a || b <= i0))
+                    .count();
                 let nc = rn - lead;
                 p.kq.dot_tile(
                     kq_k,

@@ -135,6 +135,53 @@ pub fn simd_available() -> bool {
     matches!(isa(), Isa::Avx2 | Isa::Avx512)
 }
 
+/// The range of `row` outside which every value is `-inf`: (index of the first other value,
+/// one past the last), or `None` when the whole row is `-inf` (a mask row: columns outside
+/// the range are hidden). Eight values at a time where the CPU has AVX2.
+pub fn unmasked_span(row: &[f32]) -> Option<(usize, usize)> {
+    let hidden = |v: &f32| *v == f32::NEG_INFINITY;
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(row: &[f32]) -> Option<(usize, usize)> {
+            use std::arch::x86_64::*;
+            /// Whether a group of 8 holds a value other than `-inf`. (A function, not a
+            /// closure: inlined here, it takes this function's target features.)
+            #[inline(always)]
+            fn open(c: &[f32]) -> bool {
+                // SAFETY: 8 values at `c` (whole chunks); AVX enabled by the caller.
+                unsafe {
+                    let v = _mm256_loadu_ps(c.as_ptr());
+                    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+                    _mm256_movemask_ps(_mm256_cmp_ps(v, ninf, _CMP_NEQ_UQ)) != 0
+                }
+            }
+            let n8 = row.len() / 8 * 8;
+            let hidden = |v: &f32| *v == f32::NEG_INFINITY;
+            // First: whole groups of 8, then within the group (or the tail).
+            let g = row[..n8]
+                .chunks_exact(8)
+                .position(open)
+                .map_or(n8, |g| 8 * g);
+            let first = g + row[g..].iter().position(|v| !hidden(v))?;
+            let tail_last = row[n8..].iter().rposition(|v| !hidden(v));
+            let last = match tail_last {
+                Some(i) => n8 + i,
+                None => {
+                    let g = row[..n8].chunks_exact(8).rposition(open)?;
+                    8 * g + row[8 * g..8 * g + 8].iter().rposition(|v| !hidden(v))?
+                }
+            };
+            Some((first, last + 1))
+        }
+        // SAFETY: AVX2 present (`simd_available`).
+        return unsafe { fast(row) };
+    }
+    let first = row.iter().position(|v| !hidden(v))?;
+    let last = row.iter().rposition(|v| !hidden(v))?;
+    Some((first, last + 1))
+}
+
 /// How far ahead of the weight row being read [`prefetch_ahead`] fetches. Token generation
 /// streams every weight once; on some machines (seen: an Intel Xeon VM) the hardware
 /// prefetcher leaves a row-at-a-time dot waiting on memory (SmolLM2 Q4_1 tg128 at one

@@ -23,6 +23,10 @@ impl Rng {
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
     }
+    /// A value in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
     /// A finite f16 of magnitude ~`scale`.
     fn f16(&mut self, scale: f32) -> [u8; 2] {
         fp32_to_fp16(self.f32() * scale).to_le_bytes()
@@ -313,6 +317,43 @@ fn softmax_maximum_cases_match_scalar() {
             softmax_row(&x, 1.0, Some(&mask), 1.0, &mut a);
             act::scalar::softmax_row(&x, 1.0, Some(&mask), 1.0, &mut b);
             assert_eq!(bits(&a), bits(&b), "softmax n={n} case {case}");
+        }
+    }
+}
+
+/// `unmasked_span` against its definition: causal and sliding-window rows, holes, fully
+/// hidden rows, NaNs (not hidden), lengths off the 8-lane grid.
+#[test]
+fn unmasked_span_matches_its_definition() {
+    let mut rng = Rng(0x5ba0_0000_0000_0002);
+    for n in [0usize, 1, 7, 8, 9, 16, 31, 64, 100] {
+        for case in 0..40 {
+            let (a, b) = (rng.below(n + 1), rng.below(n + 1));
+            let (a, b) = (a.min(b), a.max(b));
+            let mut row: Vec<f32> = (0..n)
+                .map(|i| {
+                    if (a..b).contains(&i) {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            if case % 3 == 1 && b > a + 2 {
+                row[a + 1] = f32::NEG_INFINITY; // a hole inside the span
+            }
+            if case % 7 == 2 && n > 0 {
+                let i = rng.below(n);
+                row[i] = f32::NAN;
+            }
+            let first = row.iter().position(|&v| v != f32::NEG_INFINITY);
+            let last = row.iter().rposition(|&v| v != f32::NEG_INFINITY);
+            let want = first.zip(last).map(|(f, l)| (f, l + 1));
+            assert_eq!(
+                super::unmasked_span(&row),
+                want,
+                "n={n} case {case}: {row:?}"
+            );
         }
     }
 }
