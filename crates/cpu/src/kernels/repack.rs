@@ -51,10 +51,10 @@ pub(crate) fn scan_amax(xb: &[f32]) -> f32 {
     amax
 }
 
-/// One block of [`quantize_row_q8_k_4x8`], given the block's `amax`.
+/// The 4x8 quantizer's (iscale, d) for a block of largest magnitude `amax`, which the block
+/// holds as a positive value when `positive_max`.
 #[inline(always)]
-pub(crate) fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
-    let positive_max = xb.contains(&amax);
+pub(crate) fn q8_k_4x8_scales(amax: f32, positive_max: bool) -> (f32, f32) {
     let iscale = if amax == 0.0 {
         0.0
     } else if positive_max {
@@ -62,7 +62,13 @@ pub(crate) fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
     } else {
         127.0 / amax
     };
-    let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+    (iscale, if amax != 0.0 { 1.0 / iscale } else { 0.0 })
+}
+
+/// One block of [`quantize_row_q8_k_4x8`], given the block's `amax`.
+#[inline(always)]
+pub(crate) fn quantize_q8_k_4x8_block(xb: &[f32], ob: &mut [u8], amax: f32) {
+    let (iscale, d) = q8_k_4x8_scales(amax, xb.contains(&amax));
     let (db, rest) = ob.split_at_mut(4);
     let (qs, bsums) = rest.split_at_mut(256);
     for (q, &v) in qs.iter_mut().zip(xb) {

@@ -128,15 +128,7 @@ fn q8_k_4x8(x: &[f32], out: &mut [u8]) {
                     _mm256_cmp_ps(_mm256_loadu_ps(xp.add(8 * c)), target, _CMP_EQ_OQ),
                 );
             }
-            let positive_max = _mm256_movemask_ps(hit) != 0;
-            let iscale = if amax == 0.0 {
-                0.0
-            } else if positive_max {
-                -127.0 / amax
-            } else {
-                127.0 / amax
-            };
-            let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+            let (iscale, d) = repack::q8_k_4x8_scales(amax, _mm256_movemask_ps(hit) != 0);
             ob[..4].copy_from_slice(&d.to_le_bytes());
             let mul = _mm256_set1_ps(iscale);
             let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
