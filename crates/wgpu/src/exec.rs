@@ -321,12 +321,27 @@ fn encode(
             };
             k.glu(enc, op, src(0)?, src(1)?, dst)?
         }
-        Op::FlashAttnExt { scale, softcap, .. } => {
+        Op::FlashAttnExt {
+            scale,
+            softcap,
+            kv_chunks,
+            ..
+        } => {
             let mask = match t.src[3] {
                 Some(m) => Some(tensor_ref(graph, m, buffers)?),
                 None => None,
             };
-            k.flash_attn(enc, src(0)?, src(1)?, src(2)?, mask, dst, scale, softcap)?
+            k.flash_attn(
+                enc,
+                src(0)?,
+                src(1)?,
+                src(2)?,
+                mask,
+                dst,
+                scale,
+                softcap,
+                kv_chunks,
+            )?
         }
         Op::GetRows => k.get_rows(enc, src(0)?, src(1)?, dst)?,
         Op::SetRows => k.set_rows(enc, src(0)?, src(1)?, dst)?,
@@ -335,6 +350,11 @@ fn encode(
         Op::MulMat => {
             let w = src(0)?;
             let x = src(1)?;
+            if let Some(plan) = k.exact_plan(&w, &x) {
+                let scratch = gpu.create_buffer(plan.bytes)?;
+                k.mul_mat_exact(enc, w, x, &scratch, dst, plan)?;
+                return Ok(());
+            }
             // The CPU converts activations to its dot products' type first (f16, Q8_0/Q8_1,
             // Q8_K); multiplying the same rounded values keeps the two within float rounding.
             let mode = match lamina_core::quant::vec_dot_type(

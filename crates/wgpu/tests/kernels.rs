@@ -1098,6 +1098,7 @@ fn flash_attn_gqa_mask_softcap() {
                 ld.t(&bd),
                 scale,
                 softcap,
+                1,
             )
             .unwrap();
             k.submit(e);
@@ -1130,11 +1131,13 @@ fn flash_attn_gqa_mask_softcap() {
             let want = r::attention(&q, &round(&kc), &round(&vc), dims, mref, scale, softcap);
             let got = read(c, &ld, &bd);
             assert!(got.iter().all(|v| v.is_finite()), "NaN in flash_attn");
+            // The kernel repeats the CPU's rounding (an f16 accumulator for f16 V), not this
+            // f32 reference: ggml's flash-attention limit. `backend_ops` checks the bits.
             check(
                 &format!("flash_attn d={d} {kvdt:?} mask={use_mask} softcap={softcap}"),
                 &got,
                 &want,
-                1e-9,
+                5e-4,
             );
         }
     }

@@ -1,5 +1,5 @@
 //! SmolLM2 and Gemma 3 on the GPU backend (lavapipe in CI): fully offloaded, the logits are
-//! within NMSE 1e-4 of the CPU's and the greedy tokens agree; two virtual GPU devices give
+//! within NMSE 1e-4 of the CPU's (on lavapipe: the same bits) and the greedy tokens agree; two virtual GPU devices give
 //! bit-identical logits to one; a CPU+GPU layer split matches too. Skips (passes with a note)
 //! on a machine without an adapter.
 
@@ -127,18 +127,18 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
     e / n.max(f64::MIN_POSITIVE)
 }
 
-/// Most NMSE of any position's logits against the CPU. The GPU rounds activations as the
-/// CPU does for f16, Q8_0 and Q8_K dot products, which makes Gemma 3's first prompt rows agree
-/// to 1e-14; what is left (Q4_1's f16-rounded block sums, the CPU's repacked Q4_K rows, f16
-/// rounding of products) measures up to 2.4e-3 here. The issue asks for 1e-4: not yet met.
-const MAX_NMSE: f64 = 1e-2;
+/// Most NMSE of any position's logits against the CPU: the issue's 1e-4. On lavapipe the GPU
+/// repeats the CPU's arithmetic (the exact matrix products, libm's expf/sinf/cosf, f16
+/// subnormals, fused multiply-adds) and the logits must be the same bits; other adapters may
+/// divide with Vulkan's 2.5-ulp division.
+const MAX_NMSE: f64 = 1e-4;
 
 /// A position's greedy choice must agree unless the CPU's top two are closer than this many
 /// times the RMS of the position's logit differences (a near-tie, which the differences can
 /// flip).
 const NEAR_TIE: f64 = 4.0;
 
-fn compare(name: &str, what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
+fn compare(name: &str, what: &str, got: &[Vec<f32>], want: &[Vec<f32>], exact: bool) {
     let errors: Vec<f64> = got.iter().zip(want).map(|(g, w)| nmse(g, w)).collect();
     let shown: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
     eprintln!("{name} {what}: NMSE per position {}", shown.join(" "));
@@ -147,6 +147,10 @@ fn compare(name: &str, what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
             e <= MAX_NMSE,
             "{name} {what}: position {i}: NMSE {e:e} against the CPU"
         );
+        if exact {
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name} {what}: position {i}: not the CPU's bits");
+        }
         let rms = (g
             .iter()
             .zip(w)
@@ -170,10 +174,11 @@ fn check(name: &str) {
         return;
     };
     let Some(one) = gpus(1) else { return };
+    let exact = one[0].description().contains("llvmpipe");
     let off = FlashAttn::Off;
     let (want, tokens) = run(load(&path, cpu(), vec![cpu()], None), None, off);
     let (got, _) = run(load(&path, cpu(), one.clone(), None), Some(&tokens), off);
-    compare(name, "1 GPU", &got, &want);
+    compare(name, "1 GPU", &got, &want, exact);
 
     let Some(two) = gpus(2) else { return };
     let (split, _) = run(load(&path, cpu(), two, None), Some(&tokens), off);
@@ -188,13 +193,13 @@ fn check(name: &str) {
         Some(&tokens),
         off,
     );
-    compare(name, "CPU+GPU", &mixed, &want);
+    compare(name, "CPU+GPU", &mixed, &want, exact);
 
     // Fused attention on both.
     let on = FlashAttn::On;
     let (want_fa, _) = run(load(&path, cpu(), vec![cpu()], None), Some(&tokens), on);
     let (got_fa, _) = run(load(&path, cpu(), one, None), Some(&tokens), on);
-    compare(name, "1 GPU, flash attention", &got_fa, &want_fa);
+    compare(name, "1 GPU, flash attention", &got_fa, &want_fa, exact);
 }
 
 #[test]

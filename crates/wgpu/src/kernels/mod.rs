@@ -10,7 +10,7 @@ mod ops;
 mod shaders;
 mod tensor;
 
-pub use ops::{Kernels, MatMulPath, MatVecConfig, RopeMode, UnaryOp};
+pub use ops::{ExactPlan, Kernels, MatMulPath, MatVecConfig, RopeMode, UnaryOp};
 pub use shaders::FA_MAX_D;
 pub use tensor::{DType, TensorRef};
 

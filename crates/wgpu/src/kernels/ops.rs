@@ -14,7 +14,9 @@ pub enum UnaryOp {
 impl UnaryOp {
     fn expr(self, v: &str) -> String {
         match self {
-            UnaryOp::Silu => format!("silu({v})"),
+            // ggml_vec_silu_f32 per row: `ggml_v_silu` on groups of 8, libm's expf (here the
+            // shader's exp) on the last ne0 % 8.
+            UnaryOp::Silu => format!("select(silu({v}), v_silu({v}), i0 < ne0 / 8u * 8u)"),
             UnaryOp::Gelu => format!("gelu({v})"),
         }
     }
@@ -29,13 +31,38 @@ pub enum RopeMode {
     Neox,
 }
 
+/// How the exact path runs one quantized product ([`Kernels::exact_plan`]). The CPU backend
+/// computes each output with llama.cpp's AVX2 arithmetic (integer block sums, then f32 FMAs in
+/// a fixed order); a GPU kernel that sums in another order parts from it by an ulp here and
+/// there, and an ulp can flip a later f16 or Q8 rounding, which Gemma 3 amplifies ~10× a layer
+/// (logits 1e-3 apart). The exact path repeats the CPU's activation quantizer and per-output
+/// arithmetic instead, one invocation per output: slower on a real GPU than the mat-vec and
+/// tiled kernels, which `LAMINA_WGPU_FAST_MATMUL=1` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactPlan {
+    /// [`shaders::quantize_act`]'s mode.
+    pub mode: u32,
+    /// [`shaders::mul_mat_exact`]'s kernel variant.
+    pub variant: u32,
+    /// Q4_K repacked: activation rows taken by the gemm kernel (the rest by gemv).
+    pub gemm_cols: u32,
+    /// Words of one quantized activation row.
+    pub row_words: u64,
+    /// Bytes of the quantized activations.
+    pub bytes: u64,
+}
+
 /// Which mul_mat kernel to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatMulPath {
-    /// Mat-vec for `N <= Kernels::MATVEC_MAX_N`, tiled otherwise.
+    /// f32/f16 weights: [`MatMulPath::CpuOrder`]; others: mat-vec for
+    /// `N <= Kernels::MATVEC_MAX_N`, tiled otherwise.
     Auto,
     MatVec,
     Tiled,
+    /// f32/f16 weights only: each output summed in the CPU backend's order
+    /// ([`shaders::fmatmul`]).
+    CpuOrder,
 }
 
 const PARAM_SLOT: u64 = (PARAMS_WORDS * 4) as u64;
@@ -93,6 +120,7 @@ impl ParamArena {
 }
 
 /// A bound window of a buffer: `[base, base + size)`.
+#[derive(Clone)]
 struct Bind {
     buf: wgpu::Buffer,
     base: u64,
@@ -108,6 +136,8 @@ pub struct Kernels {
     device: wgpu::Device,
     queue: wgpu::Queue,
     subgroups: bool,
+    /// Quantized products by the exact path where it has a kernel ([`ExactPlan`]).
+    exact: bool,
     storage_align: u64,
     max_binding: u64,
     pipelines: HashMap<String, wgpu::ComputePipeline>,
@@ -191,6 +221,7 @@ impl Kernels {
             device: device.clone(),
             queue: queue.clone(),
             subgroups: device.features().contains(wgpu::Features::SUBGROUP),
+            exact: std::env::var_os("LAMINA_WGPU_FAST_MATMUL").is_none_or(|v| v != "1"),
             storage_align: limits.min_storage_buffer_offset_alignment.max(4) as u64,
             max_binding: limits.max_storage_buffer_binding_size,
             pipelines: HashMap::new(),
@@ -331,7 +362,7 @@ impl Kernels {
         params: &[u32],
         groups: Groups,
     ) -> Result<()> {
-        if params.len() > PARAMS_WORDS {
+        if params.len() > shaders::OPAQUE_WORD {
             return Err(Error::Invalid("too many params".into()));
         }
         let pipeline = self.pipeline(key, src)?;
@@ -522,7 +553,8 @@ impl Kernels {
         expect(&dst, "dst", &[DType::F32])?;
         same_shape(&src, &dst, "round_activations")?;
         let block = match mode {
-            0 | 1 => 32,
+            0 => 1,
+            1 => 32,
             2 => 256,
             _ => return Err(Error::Invalid(format!("rounding mode {mode}"))),
         };
@@ -766,8 +798,6 @@ impl Kernels {
         let (bd, od) = self.bind_el(dst)?;
         let mut p = self.row_params(src, dst, os, od)?;
         p.push(eps.to_bits());
-        // Word 22: the zero of `opaque`.
-        p.resize(23, 0);
         let sg = self.subgroups;
         let key = format!("norm_{rms}_{sg}");
         let g = grid(src.nrows(), 1)?;
@@ -849,8 +879,6 @@ impl Kernels {
                 (bm, None)
             }
         };
-        // Word 22: a zero the shader cannot see is zero (see `OPAQUE`).
-        p.push(0);
         let sg = self.subgroups;
         let key = format!("soft_max_{}_{sg}", mdt.map(|d| d.tag()).unwrap_or("none"));
         let g = grid(src.nrows(), 1)?;
@@ -993,26 +1021,24 @@ impl Kernels {
             }
             return Ok(());
         }
-        let (bw, ow) = self.bind(&src0)?;
-        let (bx, ox) = self.bind_el(&src1)?;
-        let (bd, od) = self.bind_el(&dst)?;
-        let (xs, ds) = (strides(&src1)?, strides(&dst)?);
+        let (bw, bx, bd, mut p) = self.mm_params(&src0, &src1, &dst)?;
         let batches = src1.ne[2] * src1.ne[3];
         let dt = src0.dtype;
         let (qk, _, subs) = shaders::matvec_geometry(dt);
-        let mut p = vec![k as u32, m as u32, n as u32, src1.ne[2] as u32, 0];
-        p.push((src1.ne[2] / src0.ne[2]) as u32);
-        p.push((src1.ne[3] / src0.ne[3]) as u32);
-        p.push(u32_of(ow, "offset")?);
-        for i in 1..4 {
-            p.push(u32_of(src0.nb[i], "src0 stride")?);
-        }
-        p.push(ox);
-        p.extend(&xs[1..]);
-        p.push(od);
-        p.extend(&ds[1..]);
         p.push(u32_of(k / qk as u64 * subs as u64, "K")?);
+        let float_weights = matches!(dt, DType::F32 | DType::F16);
         let use_vec = match path {
+            MatMulPath::Auto if float_weights => {
+                return self.fmatmul(enc, dt, [bw, bx, bd], p, &src1, [m, n, k, batches]);
+            }
+            MatMulPath::CpuOrder if float_weights => {
+                return self.fmatmul(enc, dt, [bw, bx, bd], p, &src1, [m, n, k, batches]);
+            }
+            MatMulPath::CpuOrder => {
+                return Err(Error::Invalid(format!(
+                    "mul_mat: the CPU-order path takes f32/f16 weights, not {dt:?}"
+                )));
+            }
             MatMulPath::Auto => n <= Self::MATVEC_MAX_N,
             MatMulPath::MatVec => true,
             MatMulPath::Tiled => false,
@@ -1055,11 +1081,217 @@ impl Kernels {
         }
     }
 
+    /// The bindings (weights, activations, destination) and parameters P[0..19] shared by the
+    /// matmul kernels (the layout of `shaders::MM_INDEX`); shapes already checked.
+    fn mm_params(
+        &self,
+        src0: &TensorRef,
+        src1: &TensorRef,
+        dst: &TensorRef,
+    ) -> Result<(Bind, Bind, Bind, Vec<u32>)> {
+        let (bw, ow) = self.bind(src0)?;
+        let (bx, ox) = self.bind_el(src1)?;
+        let (bd, od) = self.bind_el(dst)?;
+        let (xs, ds) = (strides(src1)?, strides(dst)?);
+        let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
+        let mut p = vec![k as u32, m as u32, n as u32, src1.ne[2] as u32, 0];
+        p.push((src1.ne[2] / src0.ne[2]) as u32);
+        p.push((src1.ne[3] / src0.ne[3]) as u32);
+        p.push(u32_of(ow, "offset")?);
+        for i in 1..4 {
+            p.push(u32_of(src0.nb[i], "src0 stride")?);
+        }
+        p.push(ox);
+        p.extend(&xs[1..]);
+        p.push(od);
+        p.extend(&ds[1..]);
+        Ok((bw, bx, bd, p))
+    }
+
+    /// Whether quantized products take the exact path (the default; see [`ExactPlan`]).
+    pub fn set_exact(&mut self, on: bool) {
+        self.exact = on;
+    }
+
+    /// The exact path's plan for `src0 · src1`, or `None` where it has no kernel (Q5_K, and
+    /// Q4_0 in llama.cpp's repacked layout): those products take the fast kernels.
+    pub fn exact_plan(&self, src0: &TensorRef, src1: &TensorRef) -> Option<ExactPlan> {
+        if !self.exact {
+            return None;
+        }
+        let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
+        let weight_2d = src0.ne[2] == 1 && src0.ne[3] == 1;
+        // ggml-cpu's kernel choice (`lamina-cpu`'s `MatMul::plan`): Q4_K repacked when its
+        // rows come in eights, the tiled K-quant kernels from 8 activation rows, vec_dot else.
+        let (mode, variant, gemm_cols) = match src0.dtype {
+            DType::Q4_0 if weight_2d && m.is_multiple_of(8) => return None,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (1, 0, 0),
+            DType::Q4_1 => (2, 0, 0),
+            DType::Q6_K => (3, u32::from(n >= 8), 0),
+            DType::Q4_K if weight_2d && m.is_multiple_of(8) => {
+                (4, 2, if n > 3 { n - n % 4 } else { 0 })
+            }
+            DType::Q4_K => (3, u32::from(n >= 8), 0),
+            _ => return None,
+        };
+        let block = src0.dtype.block_elems();
+        if !k.is_multiple_of(block) {
+            return None;
+        }
+        let row_words = k / block * shaders::act_words(mode) as u64;
+        Some(ExactPlan {
+            mode,
+            variant,
+            gemm_cols: u32::try_from(gemm_cols).ok()?,
+            row_words,
+            bytes: row_words
+                .checked_mul(src1.nelements() / k)?
+                .checked_mul(4)?,
+        })
+    }
+
+    /// `dst = src0 · src1` by the exact path: `src1` quantized into `scratch` (at least
+    /// `plan.bytes`), then one invocation per output.
+    pub fn mul_mat_exact(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        src0: TensorRef,
+        src1: TensorRef,
+        scratch: &wgpu::Buffer,
+        dst: TensorRef,
+        plan: ExactPlan,
+    ) -> Result<()> {
+        src0.check("src0")?;
+        expect(&src1, "src1", &[DType::F32])?;
+        expect(&dst, "dst", &[DType::F32])?;
+        let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
+        if src1.ne[0] != k
+            || dst.ne != [m, n, src1.ne[2], src1.ne[3]]
+            || src0.ne[2] == 0
+            || src0.ne[3] == 0
+            || !src1.ne[2].is_multiple_of(src0.ne[2])
+            || !src1.ne[3].is_multiple_of(src0.ne[3])
+            || src1.nb[0] != 4
+            || dst.nb[0] != 4
+            || scratch.size() < plan.bytes
+        {
+            return Err(Error::Invalid(format!(
+                "mul_mat_exact: src0 {:?} src1 {:?} dst {:?} mismatch",
+                src0.ne, src1.ne, dst.ne
+            )));
+        }
+        if dst.nelements() == 0 {
+            return Ok(());
+        }
+        let q = TensorRef::contiguous(scratch, 0, DType::I32, [plan.bytes / 4, 1, 1, 1]);
+        let (bs, os) = self.bind_el(&src1)?;
+        let (bq, _) = self.bind(&q)?;
+        let blocks = src1.nelements() / src0.dtype.block_elems();
+        let mut pq = vec![u32_of(blocks, "blocks")?];
+        pq.extend(ne32(&src1));
+        pq.push(os);
+        pq.extend(strides(&src1)?);
+        pq.push(plan.mode);
+        pq.push(plan.gemm_cols);
+        self.dispatch(
+            enc,
+            "quantize_act",
+            shaders::quantize_act,
+            &[bs, bq.clone()],
+            &pq,
+            grid(blocks, 256)?,
+        )?;
+        // Weights too big for one binding: one dispatch per row range.
+        for (r0, rows) in self.row_chunks(&src0)? {
+            let w = src0.view(r0 * src0.nb[1], [k, rows, src0.ne[2], src0.ne[3]], src0.nb);
+            let d = dst.view(r0 * 4, [rows, n, dst.ne[2], dst.ne[3]], dst.nb);
+            self.mul_mat_exact_rows(enc, w, &src1, bq.clone(), d, plan)?;
+        }
+        Ok(())
+    }
+
+    /// [`Kernels::mul_mat_exact`]'s product over activations already quantized into `bq`.
+    fn mul_mat_exact_rows(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        src0: TensorRef,
+        src1: &TensorRef,
+        bq: Bind,
+        dst: TensorRef,
+        plan: ExactPlan,
+    ) -> Result<()> {
+        let (m, n) = (src0.ne[1], src1.ne[1]);
+        let (bw, _, bd, mut p) = self.mm_params(&src0, src1, &dst)?;
+        p.push(u32_of(plan.row_words, "activation row")?);
+        p.push(plan.gemm_cols);
+        p.push(0);
+        let g = [
+            u32_of(m.div_ceil(64), "M")?,
+            u32_of(n.div_ceil(4), "N")?,
+            u32_of(src1.ne[2] * src1.ne[3], "batches")?,
+        ];
+        if g.iter().any(|&v| v > 65535) {
+            return Err(Error::Unsupported("mul_mat: grid too large".into()));
+        }
+        let dt = src0.dtype;
+        let key = format!("mul_mat_exact_{}_{}", dt.tag(), plan.variant);
+        let variant = plan.variant;
+        self.dispatch(
+            enc,
+            &key,
+            || shaders::mul_mat_exact(dt, variant),
+            &[bw, bq, bd],
+            &p,
+            g,
+        )
+    }
+
+    /// The dispatch of [`shaders::fmatmul`]: `p` holds the shared matmul parameters (P[0..20]);
+    /// `mkn` is (M, N, K, batches). The CPU's choice of kernel decides the order: tinyBLAS when
+    /// N >= 2, K % 8 == 0, M % 4 == 0 (and, for f32 weights, contiguous activations).
+    fn fmatmul(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        dt: DType,
+        binds: [Bind; 3],
+        mut p: Vec<u32>,
+        src1: &TensorRef,
+        [m, n, k, batches]: [u64; 4],
+    ) -> Result<()> {
+        let contiguous = {
+            let mut next = 4;
+            (0..4).all(|i| {
+                let ok = src1.ne[i] == 1 || src1.nb[i] == next;
+                next *= src1.ne[i];
+                ok
+            })
+        };
+        let tiny = n >= 2
+            && k.is_multiple_of(8)
+            && m.is_multiple_of(4)
+            && (dt == DType::F16 || contiguous);
+        p.truncate(20);
+        p.push(0);
+        let cols = if tiny { 4 } else { 1 };
+        let g = [
+            u32_of(m.div_ceil(8), "M")?,
+            u32_of(n.div_ceil(cols), "N")?,
+            u32_of(batches, "batches")?,
+        ];
+        if g.iter().any(|&v| v > 65535) {
+            return Err(Error::Unsupported("mul_mat: grid too large".into()));
+        }
+        let key = format!("fmatmul_{}_{tiny}", dt.tag());
+        self.dispatch(enc, &key, || shaders::fmatmul(dt, tiny), &binds, &p, g)
+    }
+
     /// Fused attention (ggml flash_attn_ext without ALiBi): q f32 [D, n_q, H],
     /// k/v f16 or f32 [D, n_kv, H_kv] (row-contiguous views), mask f16/f32
     /// [n_kv, >= n_q, 1 or H] or None, dst f32 [D, H, n_q] (ggml's permuted output).
     /// `s = softcap * tanh(q.k * scale / softcap)` when softcap > 0, else `q.k * scale`;
-    /// GQA: head h reads kv head `h / (H / H_kv)`. Fully masked rows give zeros.
+    /// GQA: head h reads kv head `h / (H / H_kv)`. Fully masked rows give zeros. `kv_chunks`:
+    /// the CPU's thread count, which cuts a one-query step over 512 or more cells into chunks
+    /// (ggml's split-KV path; see `shaders::flash_attn`).
     #[allow(clippy::too_many_arguments)]
     pub fn flash_attn(
         &mut self,
@@ -1071,6 +1303,7 @@ impl Kernels {
         dst: TensorRef,
         scale: f32,
         softcap: f32,
+        kv_chunks: u32,
     ) -> Result<()> {
         expect(&q, "q", &[DType::F32])?;
         expect(&k, "k", &[DType::F16, DType::F32])?;
@@ -1149,9 +1382,16 @@ impl Kernels {
         };
         p.push(scale_eff.to_bits());
         p.push(softcap.max(0.0).to_bits());
-        let (kdt, sg) = (k.dtype, self.subgroups);
+        // ggml-cpu's split-KV path: a one-token step over 512 or more cells, in `kv_chunks`
+        // chunks (its thread count).
+        p.push(if n_q == 1 && n_kv >= 512 {
+            kv_chunks.max(1)
+        } else {
+            1
+        });
+        let kdt = k.dtype;
         let key = format!(
-            "flash_attn_{}_{}_{sg}",
+            "flash_attn_{}_{}",
             kdt.tag(),
             mdt.map(|t| t.tag()).unwrap_or("none")
         );
@@ -1162,7 +1402,7 @@ impl Kernels {
         self.dispatch(
             enc,
             &key,
-            || shaders::flash_attn(kdt, mdt, sg),
+            || shaders::flash_attn(kdt, mdt),
             &[bq, bk, bv, bm, bd],
             &p,
             g,

@@ -28,9 +28,26 @@ fn gelu_exact(x: f32) -> f32 {
 fn gelu(x: f32) -> f32 {
     if (x <= -10.0) { return 0.0; }
     if (x >= 10.0) { return x; }
-    return quantizeToF16(gelu_exact(quantizeToF16(x)));
+    return f16r(gelu_exact(f16r(x)));
 }
 fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+// f16 conversions that keep subnormals (quantizeToF16, pack2x16float and unpack2x16float may
+// flush them, and lavapipe does; the CPU's F16C instructions do not): the f16 value of the
+// low 16 bits of `h`, the f16 bits of `x` rounded to nearest even, and `x` rounded to f16.
+fn f16_of(h: u32) -> f32 {
+    if ((h & 0x7c00u) == 0u) {
+        let m = f32(h & 0x3ffu) * 5.9604644775390625e-8;
+        return select(m, -m, (h & 0x8000u) != 0u);
+    }
+    return unpack2x16float(h & 0xffffu)[0];
+}
+fn f16_bits(x: f32) -> u32 {
+    if (abs(x) < 6.103515625e-05) {
+        return u32(round(abs(x) * 16777216.0)) | ((bitcast<u32>(x) >> 16u) & 0x8000u);
+    }
+    return pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
+}
+fn f16r(x: f32) -> f32 { return f16_of(f16_bits(x)); }
 "#;
 
 fn storage(binding: u32, name: &str) -> String {
@@ -43,7 +60,7 @@ fn input(binding: u32, name: &str, dt: DType) -> String {
     match dt {
         DType::F16 => {
             s += &format!(
-                "fn ld_{name}(e: u32) -> f32 {{ return unpack2x16float({name}[e >> 1u])[e & 1u]; }}\n"
+                "fn ld_{name}(e: u32) -> f32 {{ return f16_of({name}[e >> 1u] >> ((e & 1u) * 16u)); }}\n"
             )
         }
         DType::I32 => {
@@ -62,7 +79,7 @@ fn output(binding: u32, name: &str, dt: DType) -> String {
             "@group(0) @binding({binding}) var<storage, read_write> {name}: array<atomic<u32>>;\n\
              fn st_{name}(e: u32, v: f32) {{\n\
                let sh = (e & 1u) * 16u;\n\
-               let h = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;\n\
+               let h = f16_bits(v);\n\
                atomicAnd(&{name}[e >> 1u], ~(0xffffu << sh));\n\
                atomicOr(&{name}[e >> 1u], h << sh);\n\
              }}\n"
@@ -172,12 +189,22 @@ const ELEM_INDEX: &str = r#"
     let i0 = g % ne0; let t1 = g / ne0; let i1 = t1 % ne1; let t2 = t1 / ne1; let i2 = t2 % ne2; let i3 = t2 / ne2;
 "#;
 
+/// `v_silu` and what it needs, for an expression that uses it.
+fn silu_helpers(expr: &str) -> String {
+    if expr.contains("v_silu") {
+        format!("{EXACT}{V_EXPF}")
+    } else {
+        String::new()
+    }
+}
+
 /// Binary op with broadcast of `b` (ggml add/mul rule) or a GLU `expr`.
 pub fn binary(expr: &str) -> String {
     let mut s = params_decl(3) + COMMON;
     s += &input(0, "a", DType::F32);
     s += &input(1, "b", DType::F32);
     s += &output(2, "d", DType::F32);
+    s += &silu_helpers(expr);
     s += &entry(256, false);
     s += ELEM_INDEX;
     s += r#"
@@ -194,6 +221,7 @@ pub fn map(expr: &str, src: DType, dst: DType) -> String {
     let mut s = params_decl(2) + COMMON;
     s += &input(0, "s", src);
     s += &output(1, "d", dst);
+    s += &silu_helpers(expr);
     s += &entry(256, false);
     s += ELEM_INDEX;
     s += r#"
@@ -237,7 +265,7 @@ fn w_u32(a: u32) -> u32 {
     if (sh == 0u) { return lo; }
     return (lo >> sh) | (w[i + 1u] << (32u - sh));
 }
-fn w_f16(a: u32) -> f32 { return unpack2x16float(w[a >> 2u])[(a >> 1u) & 1u]; }
+fn w_f16(a: u32) -> f32 { return f16_of(w[a >> 2u] >> (((a >> 1u) & 1u) * 16u)); }
 fn w_f32(a: u32) -> f32 { return bitcast<f32>(w[a >> 2u]); }
 fn byte_of(v: u32, i: u32) -> u32 { return (v >> (8u * i)) & 0xffu; }
 // ggml get_scale_min_k4; scales start at b + 4.
@@ -592,6 +620,516 @@ pub fn matvec(dt: DType, subgroups: bool, cfg: MatVecConfig, nc: u32) -> String 
     s
 }
 
+/// Word of every parameter slot that is always 0 (the arena zeroes unused words; no op has 64
+/// parameters): `opaque` xors with it.
+pub const OPAQUE_WORD: usize = PARAMS_WORDS - 1;
+
+/// Exact f32 arithmetic for shaders that must reproduce the CPU's bits:
+/// * `opaque(x)`: `x ^ 0` with the 0 from parameter word 63, a value the compiler cannot reason
+///   about, so `(a + b) - a` is not folded to `b` (which would drop an error term);
+/// * `two_sum(a, b)`: `a + b` and its rounding error;
+/// * `fma_x(a, b, c)`: `a·b + c` rounded once, whatever the device's `fma()` does (WGSL lets it
+///   round the product first, and lavapipe does). Dekker's product `a·b = p + e` (12-bit halves,
+///   every partial product exact), then Boldo and Melquiond's sum with an inner rounding to
+///   odd: `(t, u) = TwoSum(c, p)`, `z = t + RO(u + e)` is `a·b + c` rounded to nearest
+///   (binary32, no underflow). Non-finite or huge operands take `a·b + c`.
+const EXACT: &str = r#"
+fn opaque(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ pu(63u)); }
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = opaque(a + b);
+    let bb = opaque(s - a);
+    return vec2<f32>(s, (a - opaque(s - bb)) + (b - bb));
+}
+fn split12(a: f32) -> vec2<f32> {
+    let t = opaque(4097.0 * a);
+    let hi = opaque(t - opaque(t - a));
+    return vec2<f32>(hi, a - hi);
+}
+fn fma_x(a: f32, b: f32, c: f32) -> f32 {
+    let p = opaque(a * b);
+    if (!(abs(p) < 1.0e30) || !(abs(c) < 1.0e30) || !(abs(a) < 1.0e30) || !(abs(b) < 1.0e30)) {
+        return p + c;
+    }
+    let sa = split12(a);
+    let sb = split12(b);
+    let e = ((opaque(sa.x * sb.x) - p) + opaque(sa.x * sb.y) + opaque(sa.y * sb.x)) + opaque(sa.y * sb.y);
+    let t = two_sum(c, p);
+    // Round to odd: the sum truncated toward zero, its last bit set when inexact.
+    let v = two_sum(t.y, e);
+    var odd = v.x;
+    if (v.y != 0.0) {
+        var bits = bitcast<u32>(v.x);
+        if ((v.x > 0.0) != (v.y > 0.0)) { bits = bits - 1u; }
+        odd = bitcast<f32>(bits | 1u);
+    }
+    return t.x + odd;
+}
+"#;
+
+/// Float mat-mat in the CPU backend's order (f32/f16 weights; f16 activations already rounded
+/// to f16 values). The CPU's sums are not associative-safe to regroup: a one-ulp difference in
+/// an attention score or a KQ·V sum can flip a later f16 or Q8 rounding, and Gemma 3's logits
+/// then part from the CPU's by 1e-3. So each output is formed as llama.cpp's AVX2 kernels form
+/// it (see `lamina-cpu`'s `kernels::fdot`):
+/// * `tiny` (tinyBLAS: N ≥ 2, K % 8 == 0, M % 4 == 0): 8 lanes, lane i an FMA chain over
+///   k ≡ i (mod 8), then `hsum` as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)). A workgroup is
+///   8 lanes × 8 rows × 4 columns.
+/// * otherwise (`ggml_vec_dot_f32/f16`): 32 lanes (four 8-lane accumulators over steps of 32),
+///   `GGML_F32x8_REDUCE`, then the K % 32 leftovers: an FMA chain for f32, a double sum of
+///   f32 products for f16 (here a two-float sum). A workgroup is 32 lanes × 8 rows.
+///
+/// Grid: x = row groups of 8, y = column groups, z = batches.
+pub fn fmatmul(dt: DType, tiny: bool) -> String {
+    let mut s = params_decl(3) + COMMON;
+    s += &weights(0, dt);
+    s += &input(1, "x", DType::F32);
+    s += "fn xf(e: u32) -> f32 { return bitcast<f32>(x[e]); }\n";
+    s += &output(2, "d", DType::F32);
+    s += EXACT;
+    s += "var<workgroup> lanes: array<f32, 256>;\n";
+    s += &entry(256, false);
+    s += &MM_INDEX.replace("BZ", "wid.z");
+    let (lanes, cols) = if tiny { (8u32, 4u32) } else { (32, 1) };
+    s += &format!(
+        r#"
+    let lane = lid % {lanes}u;
+    let o = lid / {lanes}u;
+    let row = wid.x * 8u + o % 8u;
+    let col = wid.y * {cols}u + o / 8u;
+    let live = row < M && col < N;
+    let wrow = wbat + row * pu(8u);
+    let xcol = xbat + col * pu(12u);
+    let np = K & ~{lanes_mask}u;
+    var acc = 0.0;
+    if (live) {{
+        for (var l = lane; l < np; l += {lanes}u) {{ acc = fma_x(dq_w(wrow, l), xf(xcol + l), acc); }}
+    }}
+    lanes[lid] = acc;
+    workgroupBarrier();
+    if (!live || lane != 0u) {{ return; }}
+    let b = lid;
+"#,
+        lanes_mask = if tiny { 7 } else { 31 },
+    );
+    s += if tiny {
+        r#"
+    let r = ((lanes[b] + lanes[b + 4u]) + (lanes[b + 2u] + lanes[b + 6u]))
+        + ((lanes[b + 1u] + lanes[b + 5u]) + (lanes[b + 3u] + lanes[b + 7u]));
+"#
+    } else {
+        r#"
+    var s0: array<f32, 8>;
+    for (var l = 0u; l < 8u; l++) {
+        let a = lanes[b + l] + lanes[b + 16u + l];
+        let c = lanes[b + 8u + l] + lanes[b + 24u + l];
+        s0[l] = a + c;
+    }
+    var r = ((s0[0] + s0[4]) + (s0[1] + s0[5])) + ((s0[2] + s0[6]) + (s0[3] + s0[7]));
+"#
+    };
+    if !tiny {
+        s += if dt == DType::F16 {
+            r#"
+    var hi = r;
+    var lo = 0.0;
+    for (var l = np; l < K; l++) {
+        let p = dq_w(wrow, l) * xf(xcol + l);
+        let t = opaque(hi + p);
+        let bb = opaque(t - hi);
+        lo = lo + ((hi - (t - bb)) + (p - bb));
+        hi = t;
+    }
+    r = hi + lo;
+"#
+        } else {
+            "    for (var l = np; l < K; l++) { r = fma_x(dq_w(wrow, l), xf(xcol + l), r); }\n"
+        };
+    }
+    s += "    st_d(dbat + col * pu(16u) + row, r);\n}\n";
+    s
+}
+
+/// Words per activation block in the exact path's quantized layout ([`quantize_act`]):
+/// Q8_0/Q8_1 `[d, s, 8 words of 4 i8]` (d and s the f16 values as f32), Q8_K
+/// `[d, 64 words of 4 i8, 16 bsums as i32]`.
+pub fn act_words(mode: u32) -> u32 {
+    if mode >= 3 { 81 } else { 10 }
+}
+
+/// Quantizes activations as ggml-cpu does before an integer dot product, into the exact path's
+/// word layout: mode 1 Q8_0, 2 Q8_1 (ggml's AVX2 quantizer; `s = f16(d·Σq)`), 3 Q8_K
+/// (`quantize_row_q8_K_ref`), 4 Q8_K with rows `i1 < P11` quantized as
+/// `ggml_quantize_mat_q8_K_4x8` does (the scale's sign from whether `+max|x|` occurs) and the
+/// rest as mode 3. One invocation per block; rows are whole blocks, stored densely
+/// (row `i1 + ne1·(i2 + ne2·i3)`).
+pub fn quantize_act() -> String {
+    let mut s = params_decl(2) + COMMON;
+    s += &input(0, "s", DType::F32);
+    s += &storage(1, "q");
+    s += &entry(256, false);
+    s += r#"
+    let g = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (g >= pu(0u)) { return; }
+    let mode = pu(10u);
+    var bs = 32u;
+    if (mode >= 3u) { bs = 256u; }
+    let nb0 = pu(1u) / bs; let ne1 = pu(2u); let ne2 = pu(3u);
+    let ib = g % nb0; let t1 = g / nb0; let i1 = t1 % ne1; let t2 = t1 / ne1; let i2 = t2 % ne2; let i3 = t2 / ne2;
+    let sb = pu(5u) + i1 * pu(7u) + i2 * pu(8u) + i3 * pu(9u);
+    let s0 = pu(6u);
+    let first = ib * bs;
+    let wpb = select(10u, 81u, mode >= 3u);
+    let qb = (t1 * nb0 + ib) * wpb;
+    if (mode <= 2u) {
+        var amax = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            let a = abs(ld_s(sb + (first + j) * s0));
+            amax = select(a, amax, amax > a);
+        }
+        let d = amax / 127.0;
+        var id = 0.0;
+        if (amax != 0.0) { id = 127.0 / amax; }
+        var sum = 0i;
+        for (var w = 0u; w < 8u; w++) {
+            var word = 0u;
+            for (var i = 0u; i < 4u; i++) {
+                let r = round(ld_s(sb + (first + 4u * w + i) * s0) * id);
+                // x86's conversion: NaN and out-of-range values become i32::MIN.
+                var v = -2147483647i - 1i;
+                if (r >= -2147483648.0 && r < 2147483648.0) { v = i32(r); }
+                sum += v;
+                word |= (u32(clamp(v, -128i, 127i)) & 0xffu) << (8u * i);
+            }
+            q[qb + 2u + w] = word;
+        }
+        q[qb] = bitcast<u32>(f16r(d));
+        q[qb + 1u] = bitcast<u32>(f16r(d * f32(sum)));
+        return;
+    }
+    var amax = 0.0;
+    var mx = 0.0;
+    var amax4 = 0.0;
+    for (var j = 0u; j < 256u; j++) {
+        let v = ld_s(sb + (first + j) * s0);
+        let a = abs(v);
+        if (a > amax) { amax = a; mx = v; }
+        amax4 = select(a, amax4, amax4 > a);
+    }
+    var iscale = 0.0;
+    var d = 0.0;
+    let four = mode == 4u && i1 < pu(11u);
+    if (four) {
+        var positive = false;
+        for (var j = 0u; j < 256u; j++) {
+            if (ld_s(sb + (first + j) * s0) == amax4) { positive = true; }
+        }
+        if (amax4 != 0.0) {
+            iscale = select(127.0 / amax4, -127.0 / amax4, positive);
+            d = 1.0 / iscale;
+        }
+    } else if (amax != 0.0) {
+        iscale = -127.0 / mx;
+        d = 1.0 / iscale;
+    }
+    var bsum = 0i;
+    for (var w = 0u; w < 64u; w++) {
+        var word = 0u;
+        for (var i = 0u; i < 4u; i++) {
+            let r = round(iscale * ld_s(sb + (first + 4u * w + i) * s0));
+            var v: i32;
+            if (four) {
+                v = -2147483647i - 1i;
+                if (r >= -2147483648.0 && r < 2147483648.0) { v = i32(r); }
+                v = clamp(v, -128i, 127i);
+            } else {
+                // |r| <= 127 for every finite block (|v| <= amax); the reference keeps min(n, 127).
+                v = extractBits(min(i32(clamp(r, -2147483648.0, 2147483520.0)), 127i), 0u, 8u);
+            }
+            bsum += v;
+            word |= (u32(v) & 0xffu) << (8u * i);
+        }
+        q[qb + 1u + w] = word;
+        if (w % 4u == 3u) {
+            q[qb + 65u + w / 4u] = bitcast<u32>(bsum);
+            bsum = 0i;
+        }
+    }
+    q[qb] = bitcast<u32>(d);
+}
+"#;
+    s
+}
+
+/// Integer and lane helpers of the exact path.
+const EXACT_COMMON: &str = r#"
+fn ay(ab: u32, e: u32) -> i32 { return extractBits(bitcast<i32>(a[ab + (e >> 2u)]), (e & 3u) * 8u, 8u); }
+fn hsum8(v: array<f32, 8>) -> f32 {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+// Q4_K's 6-bit scale and min of sub-block j (block at byte b).
+fn smk4(b: u32, j: u32) -> vec2<i32> {
+    let q = b + 4u;
+    if (j < 4u) {
+        return vec2<i32>(i32(w_u8(q + j) & 63u), i32(w_u8(q + j + 4u) & 63u));
+    }
+    let sc = (w_u8(q + j + 4u) & 0xfu) | ((w_u8(q + j - 4u) >> 6u) << 4u);
+    let m = (w_u8(q + j + 4u) >> 4u) | ((w_u8(q + j) >> 6u) << 4u);
+    return vec2<i32>(i32(sc), i32(m));
+}
+// Q6_K's value (0..63) of chunk k (0..3) of half j (0..1), byte b (0..31).
+fn q6(wb: u32, j: u32, k: u32, b: u32) -> i32 {
+    let l1 = w_u8(wb + 64u * j + b);
+    let l2 = w_u8(wb + 64u * j + 32u + b);
+    let h = w_u8(wb + 128u + 32u * j + b);
+    var v: u32;
+    switch k {
+        case 0u: { v = (l1 & 15u) | ((h & 3u) << 4u); }
+        case 1u: { v = (l2 & 15u) | ((h & 12u) << 2u); }
+        case 2u: { v = (l1 >> 4u) | (h & 48u); }
+        default: { v = (l2 >> 4u) | ((h & 192u) >> 2u); }
+    }
+    return i32(v);
+}
+"#;
+
+/// One output's dot product in the exact path: `dot(wrow, arow, col)` for weight type `dt`
+/// and kernel `variant` (Q4_K: 0 vec_dot, 1 tiled, 2 repacked; Q6_K: 0 vec_dot, 1 tiled).
+fn exact_dot(dt: DType, variant: u32) -> String {
+    let q0 = |bb: u32, val: &str| {
+        format!(
+            r#"
+fn wq(wb: u32, j: u32) -> i32 {{ {val} }}
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {{
+    var acc: array<f32, 8>;
+    for (var b = 0u; b < nblk; b++) {{
+        let wb = wrow + b * {bb}u; let ab = arow + b * 10u;
+        let d = w_f16(wb) * bitcast<f32>(a[ab]);
+        for (var l = 0u; l < 8u; l++) {{
+            var s = 0i;
+            for (var i = 0u; i < 4u; i++) {{ s += wq(wb, 4u * l + i) * ay(ab + 2u, 4u * l + i); }}
+            acc[l] = fma_x(d, f32(s), acc[l]);
+        }}
+    }}
+    return hsum8(acc);
+}}
+"#
+        )
+    };
+    match (dt, variant) {
+        (DType::Q4_0, _) => q0(
+            18,
+            "let v = w_u8(wb + 2u + j % 16u); return i32(select(v & 15u, v >> 4u, j >= 16u)) - 8i;",
+        ),
+        (DType::Q5_0, _) => q0(
+            22,
+            "let v = w_u8(wb + 6u + j % 16u); let n = select(v & 15u, v >> 4u, j >= 16u); \
+             return i32(n | (((w_u32(wb + 2u) >> j) & 1u) << 4u)) - 16i;",
+        ),
+        (DType::Q8_0, _) => q0(34, "return w_i8(wb + 2u + j);"),
+        (DType::Q4_1, _) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc: array<f32, 8>;
+    var summs = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 20u; let ab = arow + b * 10u;
+        summs = fma_x(w_f16(wb + 2u), bitcast<f32>(a[ab + 1u]), summs);
+        let d = w_f16(wb) * bitcast<f32>(a[ab]);
+        for (var l = 0u; l < 8u; l++) {
+            var s = 0i;
+            for (var i = 0u; i < 4u; i++) {
+                let j = 4u * l + i;
+                let v = w_u8(wb + 4u + j % 16u);
+                s += i32(select(v & 15u, v >> 4u, j >= 16u)) * ay(ab + 2u, j);
+            }
+            acc[l] = fma_x(d, f32(s), acc[l]);
+        }
+    }
+    return hsum8(acc) + summs;
+}
+"#
+        .into(),
+        (DType::Q6_K, 0) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc: array<f32, 8>;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 210u; let ab = arow + b * 81u;
+        let d = bitcast<f32>(a[ab]) * w_f16(wb + 208u);
+        var sumi: array<i32, 8>;
+        for (var j = 0u; j < 2u; j++) {
+            for (var k = 0u; k < 4u; k++) {
+                let is = 4u * j + k;
+                for (var l = 0u; l < 8u; l++) {
+                    let sc = w_i8(wb + 192u + 2u * is + select(0u, 1u, l >= 4u));
+                    var v = 0i;
+                    for (var i = 0u; i < 4u; i++) {
+                        v += q6(wb, j, k, 4u * l + i) * ay(ab + 1u, 128u * j + 32u * k + 4u * l + i);
+                    }
+                    sumi[l] += sc * v;
+                }
+            }
+        }
+        for (var l = 0u; l < 8u; l++) {
+            let bs = bitcast<i32>(a[ab + 65u + 2u * l]) * w_i8(wb + 192u + 2u * l)
+                + bitcast<i32>(a[ab + 66u + 2u * l]) * w_i8(wb + 193u + 2u * l);
+            acc[l] = fma_x(d, f32(sumi[l] - (bs << 5u)), acc[l]);
+        }
+    }
+    return hsum8(acc);
+}
+"#
+        .into(),
+        (DType::Q6_K, _) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 210u; let ab = arow + b * 81u;
+        var s1 = 0i;
+        for (var j = 0u; j < 2u; j++) {
+            for (var k = 0u; k < 4u; k++) {
+                for (var i = 0u; i < 32u; i++) {
+                    let idx = 128u * j + 32u * k + i;
+                    s1 += w_i8(wb + 192u + idx / 16u) * (q6(wb, j, k, i) - 32i) * ay(ab + 1u, idx);
+                }
+            }
+        }
+        let res = w_f16(wb + 208u) * f32(s1);
+        acc = fma_x(res, bitcast<f32>(a[ab]), acc);
+    }
+    return acc;
+}
+"#
+        .into(),
+        (DType::Q4_K, 0) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc: array<f32, 8>;
+    var acc_m: array<f32, 4>;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 144u; let ab = arow + b * 81u;
+        let yd = bitcast<f32>(a[ab]);
+        let d = yd * w_f16(wb);
+        let dmin = -yd * w_f16(wb + 2u);
+        for (var l = 0u; l < 4u; l++) {
+            let m0 = smk4(wb, 2u * l).y; let m1 = smk4(wb, 2u * l + 1u).y;
+            let q0 = bitcast<i32>(a[ab + 65u + 4u * l]) + bitcast<i32>(a[ab + 66u + 4u * l]);
+            let q1 = bitcast<i32>(a[ab + 67u + 4u * l]) + bitcast<i32>(a[ab + 68u + 4u * l]);
+            acc_m[l] = fma_x(dmin, f32(m0 * q0 + m1 * q1), acc_m[l]);
+        }
+        var sumi: array<i32, 8>;
+        for (var j = 0u; j < 4u; j++) {
+            let sl = smk4(wb, 2u * j).x; let sh = smk4(wb, 2u * j + 1u).x;
+            for (var l = 0u; l < 8u; l++) {
+                var pl = 0i; var ph = 0i;
+                for (var i = 0u; i < 4u; i++) {
+                    let v = w_u8(wb + 16u + 32u * j + 4u * l + i);
+                    pl += i32(v & 15u) * ay(ab + 1u, 64u * j + 4u * l + i);
+                    ph += i32(v >> 4u) * ay(ab + 1u, 64u * j + 32u + 4u * l + i);
+                }
+                sumi[l] += sl * pl + sh * ph;
+            }
+        }
+        for (var l = 0u; l < 8u; l++) { acc[l] = fma_x(d, f32(sumi[l]), acc[l]); }
+    }
+    let m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+    return hsum8(acc) + m;
+}
+"#
+        .into(),
+        (DType::Q4_K, 1) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 144u; let ab = arow + b * 81u;
+        var s1 = 0i; var s2 = 0i;
+        for (var sub = 0u; sub < 8u; sub++) {
+            let j = sub / 2u; let hi = sub % 2u == 1u;
+            var dt = 0i;
+            for (var i = 0u; i < 32u; i++) {
+                let v = w_u8(wb + 16u + 32u * j + i);
+                dt += i32(select(v & 15u, v >> 4u, hi)) * ay(ab + 1u, 32u * sub + i);
+            }
+            let sm = smk4(wb, sub);
+            s1 += sm.x * dt;
+            s2 += sm.y * (bitcast<i32>(a[ab + 65u + 2u * sub]) + bitcast<i32>(a[ab + 66u + 2u * sub]));
+        }
+        let r0 = w_f16(wb) * f32(s1);
+        let res = fma_x(-w_f16(wb + 2u), f32(s2), r0);
+        acc = fma_x(res, bitcast<f32>(a[ab]), acc);
+    }
+    return acc;
+}
+"#
+        .into(),
+        _ => r#"
+// ggml_gemv_q4_K_8x8_q8_K (columns >= P20) and ggml_gemm_q4_K_8x8_q8_K (columns < P20).
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    let gemm = col < pu(20u);
+    var acc = 0.0; var acc_min = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 144u; let ab = arow + b * 81u;
+        let yd = bitcast<f32>(a[ab]);
+        var iacc: array<i32, 4>; var imin: array<i32, 4>;
+        for (var sb = 0u; sb < 4u; sb++) {
+            var lo = 0i; var hi = 0i;
+            for (var i = 0u; i < 32u; i++) {
+                let v = w_u8(wb + 16u + 32u * sb + i);
+                lo += i32(v & 15u) * ay(ab + 1u, 64u * sb + i);
+                hi += i32(v >> 4u) * ay(ab + 1u, 64u * sb + 32u + i);
+            }
+            let s0 = smk4(wb, 2u * sb); let s1 = smk4(wb, 2u * sb + 1u);
+            iacc[sb] = s0.x * lo + s1.x * hi;
+            let p0 = bitcast<i32>(a[ab + 65u + 4u * sb]) + bitcast<i32>(a[ab + 66u + 4u * sb]);
+            let p1 = bitcast<i32>(a[ab + 67u + 4u * sb]) + bitcast<i32>(a[ab + 68u + 4u * sb]);
+            imin[sb] = s0.y * p0 + s1.y * p1;
+        }
+        if (gemm) {
+            let d = w_f16(wb) * yd; let dmin = w_f16(wb + 2u) * yd;
+            for (var sb = 0u; sb < 4u; sb++) {
+                acc = fma_x(f32(iacc[sb]), d, acc);
+                acc_min = fma_x(f32(imin[sb]), dmin, acc_min);
+            }
+        } else {
+            let sum = iacc[0] + iacc[1] + iacc[2] + iacc[3];
+            let smin = imin[0] + imin[1] + imin[2] + imin[3];
+            acc = fma_x(f32(sum), w_f16(wb) * yd, acc);
+            acc_min = fma_x(f32(smin), w_f16(wb + 2u) * yd, acc_min);
+        }
+    }
+    return acc - acc_min;
+}
+"#
+        .into(),
+    }
+}
+
+/// The exact path's matrix product: one invocation per output (64 weight rows × 4 activation
+/// rows per workgroup), each computing its dot product with llama.cpp's AVX2 arithmetic for
+/// the CPU backend's choice of kernel (see [`exact_dot`]), over activations quantized by
+/// [`quantize_act`]. Grid: x = row groups of 64, y = column groups of 4, z = batches.
+/// P[19] = words per activation row, P[20] = Q4_K's gemm columns.
+pub fn mul_mat_exact(dt: DType, variant: u32) -> String {
+    let mut s = params_decl(3) + COMMON;
+    s += &weights(0, dt);
+    s += &storage(1, "a");
+    s += &output(2, "d", DType::F32);
+    s += EXACT_COMMON;
+    s += EXACT;
+    s += &exact_dot(dt, variant);
+    s += &entry(256, false);
+    s += &MM_INDEX.replace("BZ", "wid.z");
+    s += &format!(
+        r#"
+    let row = wid.x * 64u + lid % 64u;
+    let col = wid.y * 4u + lid / 64u;
+    if (row >= M || col >= N) {{ return; }}
+    let arow = ((i12 + ne12 * i13) * N + col) * pu(19u);
+    st_d(dbat + col * pu(16u) + row, dot(wbat + row * pu(8u), arow, col, K / {qk}u));
+}}
+"#,
+        qk = dt.block_elems()
+    );
+    s
+}
+
 /// Output tile edge of the tiled mat-mat kernel.
 pub const MM_TILE: u64 = 128;
 
@@ -707,6 +1245,7 @@ pub fn norm(rms: bool, subgroups: bool) -> String {
     s += &format!(
         "var<workgroup> dh: array<f32, {ROW_WG}>;\nvar<workgroup> dl: array<f32, {ROW_WG}>;\nvar<workgroup> mean_s: f32;\n"
     );
+    s += EXACT;
     s += V_EXPF;
     s += &entry(ROW_WG, subgroups);
     s += ROW_INDEX;
@@ -738,7 +1277,7 @@ pub fn norm(rms: bool, subgroups: bool) -> String {
         let l = dl[0] - (h - dh[0]);
         let n = f32(ne0);
         let q = h / n;
-        mean_s = q + (fma(-q, n, h) + l) / n;
+        mean_s = q + (fma_x(-q, n, h) + l) / n;
     }
     workgroupBarrier();
     let sc = 1.0 / sqrt(mean_s + pf(13u));
@@ -766,37 +1305,30 @@ pub fn norm(rms: bool, subgroups: bool) -> String {
 
 /// soft_max(x * scale + mask) per row; mask row = (i1 % m1, i2 % m2, i3 % m3).
 /// ggml's AVX2 `ggml_v_expf` (the ARM optimized-routines polynomial), lane for lane as the CPU
-/// runs it, and an exact two-float sum.
+/// runs it (its FMAs by [`EXACT`]'s `fma_x`, which must come first), and `ggml_v_silu`.
 const V_EXPF: &str = r#"
-// A value the compiler cannot reason about: `x ^ 0`, the 0 from word 22 of the parameters, so
-// `(a + b) - a` is not folded to `b` (which would drop the error term).
-fn opaque(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ pu(22u)); }
-fn two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = opaque(a + b);
-    let bb = opaque(s - a);
-    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
-}
 fn v_expf(x: f32) -> f32 {
-    // The CPU's `z = fma(x, 1/ln2, 0x1.8p23); n = z - 0x1.8p23` rounds x/ln2 to an integer;
-    // written so, a shader compiler may fold `(a + r) - r` to `a`, so round directly (the same
-    // but for products within an ulp of a half) and build the exponent bits from n.
-    let n = round(x * bitcast<f32>(0x3fb8aa3bu));
-    let b = fma(-n, bitcast<f32>(0x35bfbe8eu), fma(-n, bitcast<f32>(0x3f317200u), x));
-    let e = bitcast<u32>(i32(clamp(n, -1.0e6, 1.0e6))) << 23u;
+    let r = bitcast<f32>(0x4b400000u);
+    let z = fma_x(x, bitcast<f32>(0x3fb8aa3bu), r);
+    let n = opaque(z) - r;
+    let b = fma_x(-n, bitcast<f32>(0x35bfbe8eu), fma_x(-n, bitcast<f32>(0x3f317200u), x));
+    let e = bitcast<u32>(z) << 23u;
     let k = bitcast<f32>(e + 0x3f800000u);
     let u = b * b;
-    let j = fma(
-        fma(fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
-            fma(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
+    let j = fma_x(
+        fma_x(fma_x(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+            fma_x(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
         u, bitcast<f32>(0x3f7ffff6u) * b);
-    if (!(abs(n) > 126.0)) { return fma(j, k, k); }
+    if (!(abs(n) > 126.0)) { return fma_x(j, k, k); }
     var g = 0u;
     if (n <= 0.0) { g = 0x82000000u; }
     let s1 = bitcast<f32>(g + 0x7f000000u);
     let s2 = bitcast<f32>(e - g);
     if (abs(n) > 192.0) { return s1 * s1; }
-    return fma(s2, j, s2) * s1;
+    return fma_x(s2, j, s2) * s1;
 }
+// One lane of ggml_v_silu.
+fn v_silu(x: f32) -> f32 { return x / (1.0 + v_expf(0.0 - x)); }
 "#;
 
 pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
@@ -808,6 +1340,7 @@ pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
     s += &format!(
         "var<workgroup> dh: array<f32, {ROW_WG}>;\nvar<workgroup> dl: array<f32, {ROW_WG}>;\nvar<workgroup> inv_s: f32;\n"
     );
+    s += EXACT;
     s += V_EXPF;
     s += &entry(ROW_WG, subgroups);
     s += ROW_INDEX;
@@ -875,7 +1408,7 @@ pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
         let h = opaque(dh[0] + dl[0]);
         let l = dl[0] - (h - dh[0]);
         let q = 1.0 / h;
-        let r = fma(-q, h, 1.0) - q * l;
+        let r = fma_x(-q, h, 1.0) - q * l;
         inv_s = q + q * r;
     }
     workgroupBarrier();
@@ -889,12 +1422,264 @@ pub fn soft_max(mask: Option<DType>, subgroups: bool) -> String {
     s
 }
 
+/// `x` as a WGSL literal (Rust's shortest round-trip digits; `bitcast` is not a constant
+/// expression).
+fn f32_lit(x: f32) -> String {
+    format!("{x:?}")
+}
+
+/// `d` as a double-float `vec2<f32>(hi, lo)` literal (hi + lo = d to 48 bits).
+fn df_lit(d: f64) -> String {
+    let hi = d as f32;
+    let lo = (d - hi as f64) as f32;
+    format!("vec2<f32>({}, {})", f32_lit(hi), f32_lit(lo))
+}
+
+/// Double-float arithmetic (`vec2<f32>(hi, lo)`, 48 bits) for shaders that repeat a libm
+/// function's double arithmetic; needs [`EXACT`].
+const DF: &str = r#"
+fn df_norm(h: f32, l: f32) -> vec2<f32> { let s = opaque(h + l); return vec2<f32>(s, l - opaque(s - h)); }
+fn two_prod(a: f32, b: f32) -> vec2<f32> {
+    let p = opaque(a * b);
+    let sa = split12(a); let sb = split12(b);
+    return vec2<f32>(p, ((opaque(sa.x * sb.x) - p) + opaque(sa.x * sb.y) + opaque(sa.y * sb.x)) + opaque(sa.y * sb.y));
+}
+fn df_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let s = two_sum(a.x, b.x);
+    let t = two_sum(a.y, b.y);
+    let u = df_norm(s.x, s.y + t.x);
+    return df_norm(u.x, u.y + t.y);
+}
+fn df_mul(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let p = two_prod(a.x, b.x);
+    return df_norm(p.x, p.y + (a.x * b.y + a.y * b.x));
+}
+"#;
+
+/// glibc's `expf` (the 2017 Arm algorithm of x86-64 glibc 2.27+: `k = round(x·32/ln2)`,
+/// `2^(k/32)` from a table, a cubic in double), its double arithmetic in double-float: glibc's
+/// bits but where its double result lies within ~2^-47 of a rounding boundary. The CPU's flash
+/// attention takes libm `expf`. Needs [`EXACT`] and [`DF`].
+fn libm_expf() -> String {
+    const TAB: [u64; 32] = [
+        0x3ff0000000000000,
+        0x3fefd9b0d3158574,
+        0x3fefb5586cf9890f,
+        0x3fef9301d0125b51,
+        0x3fef72b83c7d517b,
+        0x3fef54873168b9aa,
+        0x3fef387a6e756238,
+        0x3fef1e9df51fdee1,
+        0x3fef06fe0a31b715,
+        0x3feef1a7373aa9cb,
+        0x3feedea64c123422,
+        0x3feece086061892d,
+        0x3feebfdad5362a27,
+        0x3feeb42b569d4f82,
+        0x3feeab07dd485429,
+        0x3feea47eb03a5585,
+        0x3feea09e667f3bcd,
+        0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187,
+        0x3feea589994cce13,
+        0x3feeace5422aa0db,
+        0x3feeb737b0cdc5e5,
+        0x3feec49182a3f090,
+        0x3feed503b23e255d,
+        0x3feee89f995ad3ad,
+        0x3feeff76f2fb5e47,
+        0x3fef199bdd85529c,
+        0x3fef3720dcef9069,
+        0x3fef5818dcfba487,
+        0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da,
+        0x3fefd0765b6e4540,
+    ];
+    // tab[i] + (i << 47) is 2^(i/32) as a double.
+    let t: Vec<String> = (0..32u64)
+        .map(|i| df_lit(f64::from_bits(TAB[i as usize] + (i << 47))))
+        .collect();
+    let n = 32f64;
+    format!(
+        r#"
+const EXP_T = array<vec2<f32>, 32>({t});
+const EXP_C0 = {c0};
+const EXP_C1 = {c1};
+const EXP_C2 = {c2};
+const EXP_INVLN2N = {inv};
+fn libm_expf(x: f32) -> f32 {{
+    let abstop = (bitcast<u32>(x) >> 20u) & 0x7ffu;
+    if (abstop >= 0x42bu) {{
+        if (bitcast<u32>(x) == 0xff800000u) {{ return 0.0; }}
+        if (abstop >= 0x7f8u) {{ return x + x; }}
+        if (x > 88.72283172607421875) {{ return bitcast<f32>(0x7f800000u); }}
+        if (x < -103.972076416015625) {{ return 0.0; }}
+    }}
+    // z = x·32/ln2 = k + r, k the nearest integer.
+    let z = df_mul(vec2<f32>(x, 0.0), EXP_INVLN2N);
+    var k = round(z.x);
+    var r = df_add(vec2<f32>(z.x - k, 0.0), vec2<f32>(z.y, 0.0));
+    if (r.x > 0.5) {{ k = k + 1.0; r = df_add(r, vec2<f32>(-1.0, 0.0)); }}
+    if (r.x < -0.5) {{ k = k - 1.0; r = df_add(r, vec2<f32>(1.0, 0.0)); }}
+    let ki = i32(k);
+    let zz = df_add(df_mul(EXP_C0, r), EXP_C1);
+    let y1 = df_add(df_mul(EXP_C2, r), vec2<f32>(1.0, 0.0));
+    let y = df_mul(df_add(df_mul(zz, df_mul(r, r)), y1), EXP_T[u32(ki & 31i)]);
+    let e = ki >> 5u;
+    return ldexp(ldexp(y.x + y.y, e - e / 2i), e / 2i);
+}}
+"#,
+        t = t.join(", "),
+        c0 = df_lit(f64::from_bits(0x3fac6af84b912394) / n / n / n),
+        c1 = df_lit(f64::from_bits(0x3fcebfce50fac4f3) / n / n),
+        c2 = df_lit(f64::from_bits(0x3fe62e42ff0c52d6) / n),
+        inv = df_lit(f64::from_bits(0x3ff71547652b82fe) * n),
+    )
+}
+
+/// glibc's `sinf`/`cosf` (the 2018 Arm algorithm that x86-64 glibc 2.28+ runs: a one-step
+/// reduction below 120, a 4/π table above, polynomials in double), with its double arithmetic
+/// in double-float (48 bits): the float results are glibc's but where its double result lies
+/// within ~2^-47 of a rounding boundary. The CPU backend's RoPE calls libm `cosf`/`sinf` as
+/// llama.cpp does; a shader's `cos`/`sin` give other bits (lavapipe: half of them). Needs
+/// [`EXACT`].
+fn libm_sincos() -> String {
+    // glibc's `__sincosf_table[0]`: c0..c4, s1..s3 (entry 1 negates c0..c4).
+    let table: [f64; 8] = [
+        f64::from_bits(0x3ff0000000000000),
+        f64::from_bits(0xbfdffffffd0c621c),
+        f64::from_bits(0x3fa55553e1068f19),
+        f64::from_bits(0xbf56c087e89a359d),
+        f64::from_bits(0x3ef99343027bf8c3),
+        f64::from_bits(0xbfc555545995a603),
+        f64::from_bits(0x3f81107605230bc4),
+        f64::from_bits(0xbf2994eb3774cf24),
+    ];
+    let hpi = f64::from_bits(0x3ff921fb54442d18);
+    let h1 = hpi as f32;
+    let h2 = (hpi - h1 as f64) as f32;
+    let h3 = (hpi - h1 as f64 - h2 as f64) as f32;
+    let mut s = String::from(
+        r#"
+fn top12(x: f32) -> u32 { return (bitcast<u32>(x) >> 20u) & 0x7ffu; }
+// 32 x 32 -> 64-bit product (lo, hi).
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+    let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    let lo = (p00 & 0xffffu) | (mid << 16u);
+    let hi = p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
+    return vec2<u32>(lo, hi);
+}
+const INV_PIO4 = array<u32, 24>(0xa2u, 0xa2f9u, 0xa2f983u, 0xa2f9836eu, 0xf9836e4eu, 0x836e4e44u,
+    0x6e4e4415u, 0x4e441529u, 0x441529fcu, 0x1529fc27u, 0x29fc2757u, 0xfc2757d1u, 0x2757d1f5u,
+    0x57d1f534u, 0xd1f534ddu, 0xf534ddc0u, 0x34ddc0dbu, 0xddc0db62u, 0xc0db6295u, 0xdb629599u,
+    0x6295993cu, 0x95993c43u, 0x993c4390u, 0x3c439041u);
+// reduce_large: the reduced argument (double-float) and the quadrant.
+fn reduce_large(xi0: u32) -> vec3<f32> {
+    let k = (xi0 >> 26u) & 15u;
+    let shift = (xi0 >> 23u) & 7u;
+    let xi = ((xi0 & 0xffffffu) | 0x800000u) << shift;
+    let r0 = xi * INV_PIO4[k];
+    let r1 = mul_wide(xi, INV_PIO4[k + 4u]);
+    let r2 = mul_wide(xi, INV_PIO4[k + 8u]);
+    // res0 = (r2 >> 32) | (r0 << 32), then += r1.
+    var lo = r2.y + r1.x;
+    var hi = r0 + r1.y + select(0u, 1u, lo < r1.x);
+    // n = (res0 + 2^61) >> 62; res0 -= n << 62.
+    let n = (hi + 0x20000000u) >> 30u;
+    hi = hi - (n << 30u);
+    // (int64)res0 as a double-float, from four exact 16-bit parts.
+    let hs = bitcast<i32>(hi);
+    var v = vec2<f32>(f32(hs >> 16u) * 281474976710656.0, 0.0);
+    v = df_add(v, vec2<f32>(f32(hi & 0xffffu) * 4294967296.0, 0.0));
+    v = df_add(v, vec2<f32>(f32(lo >> 16u) * 65536.0, 0.0));
+    v = df_add(v, vec2<f32>(f32(lo & 0xffffu), 0.0));
+    let r = df_mul(v, PI63);
+    return vec3<f32>(r.x, r.y, f32(n));
+}
+fn sincos_poly(x: vec2<f32>, x2: vec2<f32>, neg: bool, odd: bool) -> f32 {
+    var c0 = C0; var c1 = C1; var c2 = C2; var c3 = C3; var c4 = C4;
+    if (neg) { c0 = -c0; c1 = -c1; c2 = -c2; c3 = -c3; c4 = -c4; }
+    if (!odd) {
+        let x3 = df_mul(x, x2);
+        let s1 = df_add(S2, df_mul(x2, S3));
+        let x7 = df_mul(x3, x2);
+        let s = df_add(x, df_mul(x3, S1));
+        let r = df_add(s, df_mul(x7, s1));
+        return r.x + r.y;
+    }
+    let x4 = df_mul(x2, x2);
+    let c2v = df_add(c3, df_mul(x2, c4));
+    let c1v = df_add(c0, df_mul(x2, c1));
+    let x6 = df_mul(x4, x2);
+    let c = df_add(c1v, df_mul(x4, c2));
+    let r = df_add(c, df_mul(x6, c2v));
+    return r.x + r.y;
+}
+// glibc's sinf (cos = false) or cosf (cos = true).
+fn libm_sincosf(y: f32, cos: bool) -> f32 {
+    let x = vec2<f32>(y, 0.0);
+    if (top12(y) < top12(0.785398185253143310546875)) {
+        if (top12(y) < top12(0.000244140625)) { return select(y, 1.0, cos); }
+        return sincos_poly(x, df_mul(x, x), false, cos);
+    }
+    var r: vec2<f32>;
+    var n: i32;
+    var sgn: i32;
+    if (top12(y) < top12(120.0)) {
+        // n from r = x·(2/π)·2^24 as ((int)r + 2^23) >> 24, i.e. floor(q + 1/2), q = x·2/π.
+        let q = df_mul(x, HPI_INV);
+        var t = floor(q.x + 0.5);
+        if (t == q.x + 0.5 && q.y < 0.0) { t = t - 1.0; }
+        n = i32(t);
+        let a = two_prod(t, H1);
+        let b = two_prod(t, H2);
+        r = df_add(x, vec2<f32>(-a.x, -a.y));
+        r = df_add(r, vec2<f32>(-b.x, -b.y));
+        r = df_add(r, vec2<f32>(-(t * H3), 0.0));
+        sgn = n;
+    } else if (top12(y) < top12(bitcast<f32>(0x7f800000u))) {
+        let v = reduce_large(bitcast<u32>(y));
+        r = v.xy;
+        n = i32(v.z);
+        sgn = n + i32(bitcast<u32>(y) >> 31u);
+    } else {
+        return y - y;
+    }
+    // The sign of sine in quadrant sgn & 3 (1, -1, -1, 1).
+    var xs = r;
+    if ((sgn & 3) == 1 || (sgn & 3) == 2) { xs = -r; }
+    var odd = (n & 1) != 0;
+    if (cos) { odd = !odd; }
+    return sincos_poly(xs, df_mul(r, r), (sgn & 2) != 0, odd);
+}
+"#,
+    );
+    let names = ["C0", "C1", "C2", "C3", "C4", "S1", "S2", "S3"];
+    for (name, v) in names.iter().zip(table) {
+        s += &format!("const {name} = {};\n", df_lit(v));
+    }
+    s += &format!(
+        "const HPI_INV = {};\nconst PI63 = {};\nconst H1 = {};\nconst H2 = {};\nconst H3 = {};\n",
+        df_lit(f64::from_bits(0x3fe45f306dc9c883)),
+        df_lit(f64::from_bits(0x3c1921fb54442d18)),
+        f32_lit(h1),
+        f32_lit(h2),
+        f32_lit(h3)
+    );
+    s
+}
+
 /// rope NORM (`neox = false`) or NEOX; one thread per pair of dims.
 pub fn rope(neox: bool) -> String {
     let mut s = params_decl(3) + COMMON;
     s += &input(0, "s", DType::F32);
     s += &input(1, "pos", DType::I32);
     s += &output(2, "d", DType::F32);
+    s += EXACT;
+    s += DF;
+    s += &libm_sincos();
     s += &entry(256, false);
     s += r#"
     let g = (wid.y * nwg.x + wid.x) * 256u + lid;
@@ -916,16 +1701,12 @@ pub fn rope(neox: bool) -> String {
     var theta = p;
     for (var k = 0u; k < ic; k++) { theta = theta * pf(16u); }
     let th = pf(17u) * theta;
-    // sin/cos are only accurate near zero on some drivers: reduce to [-pi, pi] first
-    // (2 pi in two parts, so k * hi is exact).
-    let k = round(th * 0.15915494309189535);
-    let r = (th - k * 6.28125) - k * 0.0019353071795864769;
-    let c = cos(r); let sn = sin(r);
+    let c = libm_sincosf(th, true); let sn = libm_sincosf(th, false);
     let ia = IA; let ib = IB;
     let x0 = ld_s(sb + ia * snb0); let x1 = ld_s(sb + ib * snb0);
     // The CPU's contractions (rope_rotate).
-    st_d(db + ia * dnb0, fma(x0, c, -(x1 * sn)));
-    st_d(db + ib * dnb0, fma(x0, sn, x1 * c));
+    st_d(db + ia * dnb0, fma_x(x0, c, -(x1 * sn)));
+    st_d(db + ib * dnb0, fma_x(x0, sn, x1 * c));
 }
 "#;
     if neox {
@@ -939,24 +1720,50 @@ pub const FA_WG: u32 = 64;
 /// Largest head size the flash-attention kernel supports (4 outputs per thread).
 pub const FA_MAX_D: u32 = 4 * FA_WG;
 
-/// Flash attention, one workgroup per (query, head), online softmax over
-/// tiles of FA_WG keys. k/v share `kv` type; mask optional.
-pub fn flash_attn(kv: DType, mask: Option<DType>, subgroups: bool) -> String {
+/// Flash attention as ggml-cpu's `_one_chunk` computes it (the CPU backend's rows and split-KV
+/// paths), one workgroup per (query, head): Q rounded to K's type, then the cells in order; per
+/// unmasked cell the score `vec_dot(K, Q)` in `ggml_vec_dot_f16/f32`'s order (32 lanes on
+/// threads 0..31, `GGML_F32x8_REDUCE`), `· scale` (`softcap·tanh` when capped: the shader's
+/// tanh, not libm's), `+ mask` (read as f16), an online softmax with libm `expf`, and V
+/// accumulated per thread-owned dimension: f16 V in f16 (`ggml_vec_scale_f16`,
+/// `ggml_vec_mad_f16`: rounded at every cell), f32 V in f32. The cells are cut into P[23]
+/// chunks merged in order as the split-KV path does (1 chunk: the rows path). Not the CPU's
+/// tiled path (64 or more query rows): there the sums differ.
+pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
     let mut s = params_decl(5) + COMMON;
     s += &input(0, "q", DType::F32);
     s += &input(1, "k", kv);
     s += &input(2, "v", kv);
     s += &input(3, "m", mask.unwrap_or(DType::F32));
     s += &output(4, "d", DType::F32);
+    s += EXACT;
+    s += DF;
+    s += &libm_expf();
     s += &format!(
-        "var<workgroup> qs: array<f32, {FA_MAX_D}>;\nvar<workgroup> ps: array<f32, {FA_WG}>;\n"
+        "var<workgroup> qs: array<f32, {FA_MAX_D}>;\nvar<workgroup> lanes: array<f32, 32>;\nvar<workgroup> upd: vec4<f32>;\n"
     );
-    s += &reductions(FA_WG, subgroups);
-    s += &entry(FA_WG, subgroups);
+    s += &entry(FA_WG, false);
     let mask_term = if mask.is_some() {
-        "sc += ld_m(mb + j);"
+        "f16r(ld_m(mb + ic))"
     } else {
-        ""
+        "0.0"
+    };
+    // f16 values: Q and the V accumulator rounded as the CPU stores them.
+    let (round, f16v) = if kv == DType::F16 {
+        ("f16r", true)
+    } else {
+        ("", false)
+    };
+    let acc_update = if f16v {
+        "if (grow) { a[i] = f16r(a[i] * ms); }\n                a[i] = f16r(fma_x(ld_v(vr + d), vs, a[i]));"
+    } else {
+        "if (grow) { a[i] = a[i] * ms; }\n                a[i] = fma_x(ld_v(vr + d), vs, a[i]);"
+    };
+    let leftover = if f16v {
+        // ggml_vec_dot_f16: the leftovers' f32 products summed in double.
+        "var hi = r; var lo = 0.0;\n            for (var e = np; e < D; e++) { let t = two_sum(hi, ld_k(kr + e) * qs[e]); hi = t.x; lo = lo + t.y; }\n            r = hi + lo;"
+    } else {
+        "for (var e = np; e < D; e++) { r = fma_x(ld_k(kr + e), qs[e], r); }"
     };
     s += &r#"
     _ = &m; // keep the mask binding in the layout when unused
@@ -968,58 +1775,101 @@ pub fn flash_attn(kv: DType, mask: Option<DType>, subgroups: bool) -> String {
     let vb = pu(11u) + hk * pu(13u); let vnb1 = pu(12u);
     let mb = pu(14u) + iq * pu(15u) + (h % pu(16u)) * pu(17u);
     let scale = pf(21u); let softcap = pf(22u);
-    for (var d = lid; d < D; d += WGu) { qs[d] = ld_q(qb + d); }
-    workgroupBarrier();
+    let chunks = max(pu(23u), 1u);
+    let cs = (n_kv + chunks - 1u) / chunks;
+    for (var d = lid; d < D; d += WGu) { qs[d] = ROUND(ld_q(qb + d)); }
+    let np = D & ~31u;
+    // The merged result (f32) and the chunk's accumulator, for dimensions lid + 64 i.
     var o = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    var mrun = neg_inf();
-    var lrun = 0.0;
-    for (var j0 = 0u; j0 < n_kv; j0 += WGu) {
-        let j = j0 + lid;
-        var sc = neg_inf();
-        if (j < n_kv) {
-            var acc = 0.0;
-            let kr = kb + j * knb1;
-            for (var d = 0u; d < D; d++) { acc += qs[d] * ld_k(kr + d); }
-            sc = acc * scale;
-            if (softcap > 0.0) { sc = softcap * tanh(clamp(sc, -15.0, 15.0)); }
-            MASK
-        }
-        let mnew = max(mrun, wg_max(sc, lid, SGS));
-        // Everything masked so far: keep zeros instead of exp(-inf - -inf) = NaN.
-        let dead = mnew <= -3.0e38;
-        let alpha = select(exp(mrun - mnew), 1.0, dead);
-        let p = select(exp(sc - mnew), 0.0, dead);
-        ps[lid] = p;
-        lrun = lrun * alpha + wg_sum(p, lid, SGS); // its barrier also publishes ps
-        mrun = mnew;
-        let jn = min(WGu, n_kv - j0);
-        for (var i = 0u; i < 4u; i++) {
-            let d = lid + WGu * i;
-            if (d < D) {
-                var acc = o[i] * alpha;
-                for (var jj = 0u; jj < jn; jj++) { acc += ps[jj] * ld_v(vb + (j0 + jj) * vnb1 + d); }
-                o[i] = acc;
+    var mm = neg_inf();
+    var ss = 0.0;
+    for (var c = 0u; c < chunks; c++) {
+        let c0 = c * cs;
+        let c1 = min(c0 + cs, n_kv);
+        var a = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+        var m = neg_inf();
+        var sum = 0.0;
+        for (var ic = c0; ic < c1; ic++) {
+            let kr = kb + ic * knb1;
+            workgroupBarrier();
+            if (lid < 32u) {
+                var acc = 0.0;
+                for (var e = lid; e < np; e += 32u) { acc = fma_x(ld_k(kr + e), qs[e], acc); }
+                lanes[lid] = acc;
+            }
+            workgroupBarrier();
+            if (lid == 0u) {
+                let mv = MASK;
+                var ms = 1.0; var vs = 1.0; var grow = 0.0; var skip = 0.0;
+                if (mv == neg_inf()) {
+                    skip = 1.0;
+                } else {
+                    var s0: array<f32, 8>;
+                    for (var l = 0u; l < 8u; l++) {
+                        s0[l] = (lanes[l] + lanes[16u + l]) + (lanes[8u + l] + lanes[24u + l]);
+                    }
+                    var r = ((s0[0] + s0[4]) + (s0[1] + s0[5])) + ((s0[2] + s0[6]) + (s0[3] + s0[7]));
+                    LEFTOVER
+                    var sc = r * scale;
+                    if (softcap > 0.0) { sc = softcap * tanh(clamp(sc, -15.0, 15.0)); }
+                    sc = sc + mv;
+                    if (sc > m) {
+                        ms = libm_expf(m - sc);
+                        m = sc;
+                        grow = 1.0;
+                    } else {
+                        vs = libm_expf(sc - m);
+                    }
+                    sum = fma_x(sum, ms, vs);
+                }
+                upd = vec4<f32>(ms, vs, grow, skip);
+            }
+            workgroupBarrier();
+            let u = upd;
+            if (u.w == 0.0) {
+                let ms = u.x; let vs = u.y; let grow = u.z != 0.0;
+                let vr = vb + ic * vnb1;
+                for (var i = 0u; i < 4u; i++) {
+                    let d = lid + WGu * i;
+                    if (d < D) {
+                        UPDATE
+                    }
+                }
             }
         }
+        // Merge the chunk (thread 0 holds its m and sum; share them).
         workgroupBarrier();
+        if (lid == 0u) { upd = vec4<f32>(m, sum, 0.0, 0.0); }
+        workgroupBarrier();
+        let mc = upd.x; let sc = upd.y;
+        if (c0 < n_kv && sc != 0.0) {
+            let m_new = max(mm, mc);
+            let s_old = libm_expf(mm - m_new);
+            let s_new = libm_expf(mc - m_new);
+            for (var i = 0u; i < 4u; i++) { o[i] = fma_x(o[i], s_old, a[i] * s_new); }
+            ss = fma_x(ss, s_old, sc * s_new);
+            mm = m_new;
+        }
     }
-    let inv = select(1.0 / lrun, 0.0, lrun == 0.0);
+    let inv = select(1.0 / ss, 0.0, ss == 0.0);
     for (var i = 0u; i < 4u; i++) {
         let d = lid + WGu * i;
         if (d < D) { st_d(pu(18u) + d + h * pu(19u) + iq * pu(20u), o[i] * inv); }
     }
 }
 "#
-    .replace("MASK", mask_term)
     .replace("WGu", &format!("{FA_WG}u"))
-    .replace("SGS", sgs_arg(subgroups));
+    .replace("ROUND", round)
+    .replace("MASK", mask_term)
+    .replace("LEFTOVER", leftover)
+    .replace("UPDATE", acc_update);
     s
 }
 
 /// Rounds activations as ggml-cpu's `vec_dot_type` conversion does before a matrix product
 /// (mode 0: to f16; 1: Q8_0/Q8_1 blocks of 32, ggml's AVX2 quantizer; 2: Q8_K blocks of 256),
 /// writing the values the CPU's integer dot products see, `d * q`, as f32. One invocation per
-/// block; rows are whole blocks.
+/// block (one value for mode 0); rows are whole blocks.
 pub fn round_act() -> String {
     let mut s = params_decl(2) + COMMON;
     s += &input(0, "s", DType::F32);
@@ -1030,6 +1880,7 @@ pub fn round_act() -> String {
     if (g >= pu(0u)) { return; }
     let mode = pu(15u);
     var bs = 32u;
+    if (mode == 0u) { bs = 1u; }
     if (mode == 2u) { bs = 256u; }
     let nb0 = pu(1u) / bs; let ne1 = pu(2u); let ne2 = pu(3u);
     let ib = g % nb0; let t1 = g / nb0; let i1 = t1 % ne1; let t2 = t1 / ne1; let i2 = t2 % ne2; let i3 = t2 / ne2;
@@ -1040,7 +1891,7 @@ pub fn round_act() -> String {
     if (mode == 0u) {
         for (var j = 0u; j < bs; j++) {
             let i0 = first + j;
-            st_d(db + i0 * d0, quantizeToF16(ld_s(sb + i0 * s0)));
+            st_d(db + i0 * d0, f16r(ld_s(sb + i0 * s0)));
         }
         return;
     }
@@ -1050,7 +1901,7 @@ pub fn round_act() -> String {
             let a = abs(ld_s(sb + (first + j) * s0));
             amax = select(a, amax, amax > a);
         }
-        let dq = quantizeToF16(amax / 127.0);
+        let dq = f16r(amax / 127.0);
         var id = 0.0;
         if (amax != 0.0) { id = 127.0 / amax; }
         for (var j = 0u; j < bs; j++) {
