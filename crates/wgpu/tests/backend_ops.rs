@@ -217,11 +217,15 @@ fn cases() -> Vec<Case> {
         ));
     }
     // Flash attention (ggml-cpu's rows path; one query over 600 cells: the split-KV path in
-    // 3 chunks): f16 and f32 caches, GQA, a causal mask with -inf and finite values.
-    for (kvt, n_q, n_kv, chunks) in [
-        (DType::F16, 5, 96, 1),
-        (DType::F32, 5, 96, 1),
-        (DType::F16, 1, 600, 3),
+    // 3 chunks; 64 or more queries: the tiled path, with a tile masked for every query and a
+    // partial last one): f16 and f32 caches, GQA, a causal mask with -inf and finite values.
+    // `pad`: cells from there on are masked for every query (a padded cache).
+    for (kvt, n_q, n_kv, pad, chunks) in [
+        (DType::F16, 5, 96, 96, 1),
+        (DType::F32, 5, 96, 96, 1),
+        (DType::F16, 1, 600, 590, 3),
+        (DType::F16, 70, 200, 128, 1),
+        (DType::F32, 64, 70, 70, 1),
     ] {
         v.push(case(
             format!("FLASH_ATTN_EXT {kvt} n_q={n_q} n_kv={n_kv}"),
@@ -243,7 +247,7 @@ fn cases() -> Vec<Case> {
                 let m: Vec<f32> = (0..n_kv * n_q)
                     .map(|x| {
                         let (c, r) = (x % n_kv, x / n_kv);
-                        if c > n_kv - n_q + r {
+                        if c > n_kv - n_q + r || c >= pad {
                             f32::NEG_INFINITY
                         } else {
                             (c % 7) as f32 * -0.3

@@ -276,3 +276,42 @@ fn the_observer_sees_every_product_on_the_gpu() {
         assert!(e <= 1e-9, "{name}: NMSE {e:e}");
     }
 }
+
+/// A 70-token prompt with flash attention: ggml-cpu's tiled path (64 or more query rows), which
+/// the GPU repeats too; every position's logits.
+#[test]
+fn a_long_prompt_with_flash_attention_matches_the_cpu() {
+    let Some(path) = model_for_test("smollm2-135m") else {
+        return;
+    };
+    let Some(one) = gpus(1) else { return };
+    let exact = one[0].description().contains("llvmpipe");
+    let logits = |devices: Vec<Arc<dyn Device>>| {
+        let mut ctx = Context::new(
+            load(&path, cpu(), devices, None),
+            ContextParams {
+                n_ctx: 256,
+                flash_attn: FlashAttn::On,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut batch = Batch::default();
+        for i in 0..70u32 {
+            batch.push(1 + (i * 389) % 4000, i as i32, 0, true);
+        }
+        ctx.decode(&batch).unwrap();
+        (0..70)
+            .map(|i| ctx.logits(i).unwrap().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let want = logits(vec![cpu()]);
+    let got = logits(one);
+    compare(
+        "smollm2-135m",
+        "70-token prompt, flash attention",
+        &got,
+        &want,
+        exact,
+    );
+}

@@ -1390,19 +1390,28 @@ impl Kernels {
             1
         });
         let kdt = k.dtype;
+        // ggml-cpu's tiled path from 64 query rows.
+        let tiled = n_q >= 64;
         let key = format!(
-            "flash_attn_{}_{}",
+            "flash_attn_{}_{}_{tiled}",
             kdt.tag(),
             mdt.map(|t| t.tag()).unwrap_or("none")
         );
-        let g = [u32_of(n_q, "n_q")?, u32_of(h, "heads")?, 1];
+        let rows = if tiled { n_q.div_ceil(64) } else { n_q };
+        let g = [u32_of(rows, "n_q")?, u32_of(h, "heads")?, 1];
         if g[0] > 65535 || g[1] > 65535 {
             return Err(Error::Unsupported("flash_attn: grid too large".into()));
         }
         self.dispatch(
             enc,
             &key,
-            || shaders::flash_attn(kdt, mdt),
+            || {
+                if tiled {
+                    shaders::flash_attn_tiled(kdt, mdt)
+                } else {
+                    shaders::flash_attn(kdt, mdt)
+                }
+            },
             &[bq, bk, bv, bm, bd],
             &p,
             g,

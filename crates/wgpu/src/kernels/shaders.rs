@@ -1866,6 +1866,131 @@ pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
     s
 }
 
+/// ggml-cpu's tiled flash attention (`_tiled`: f16/f32 K and V of one type, 64 or more query
+/// rows), one workgroup per (64 query rows, head), a thread per query row: per tile of 64 cells
+/// the scores as `simd_gemm`'s FMA chains over f32 Q and K, `· scale`, the mask (as f16),
+/// the row maximum, libm `expf` for the rescale, `ggml_vec_soft_max_f32` (`ggml_v_expf` in
+/// groups of 8, a double sum) and V accumulated in f32 by FMA chains over the tile's cells. A
+/// tile every row of which is masked is skipped, as the CPU skips it. The accumulator lives in
+/// the output row. Parameters as [`flash_attn`].
+pub fn flash_attn_tiled(kv: DType, mask: Option<DType>) -> String {
+    let mut s = params_decl(5) + COMMON;
+    s += &input(0, "q", DType::F32);
+    s += &input(1, "k", kv);
+    s += &input(2, "v", kv);
+    s += &input(3, "m", mask.unwrap_or(DType::F32));
+    s += &output(4, "d", DType::F32);
+    s += EXACT;
+    s += DF;
+    s += &libm_expf();
+    s += V_EXPF;
+    s += "fn ld_d(e: u32) -> f32 { return bitcast<f32>(d[e]); }\nvar<workgroup> tile_live: atomic<u32>;\n";
+    s += &entry(64, false);
+    let mask_term = if mask.is_some() {
+        "f16r(ld_m(mb + ic + tk))"
+    } else {
+        "0.0"
+    };
+    s += &r#"
+    _ = &m; // keep the mask binding in the layout when unused
+    let i = wid.x * 64u + lid; let h = wid.y;
+    let D = pu(0u); let n_q = pu(1u); let n_kv = pu(3u);
+    let live = i < n_q;
+    let hk = h / pu(4u);
+    let qb = pu(5u) + i * pu(6u) + h * pu(7u);
+    let kb = pu(8u) + hk * pu(10u); let knb1 = pu(9u);
+    let vb = pu(11u) + hk * pu(13u); let vnb1 = pu(12u);
+    let mb = pu(14u) + i * pu(15u) + (h % pu(16u)) * pu(17u);
+    let db = pu(18u) + h * pu(19u) + i * pu(20u);
+    let scale = pf(21u); let softcap = pf(22u);
+    if (live) { for (var d = 0u; d < D; d++) { st_d(db + d, 0.0); } }
+    var m = neg_inf();
+    var sum = 0.0;
+    var kq: array<f32, 64>;
+    for (var ic = 0u; ic < n_kv; ic += 64u) {
+        let kv_tile = min(64u, n_kv - ic);
+        var any = false;
+        for (var tk = 0u; tk < 64u; tk++) {
+            var mv = neg_inf();
+            if (live && tk < kv_tile) { mv = MASK; }
+            kq[tk] = mv;
+            if (mv != neg_inf()) { any = true; }
+        }
+        workgroupBarrier();
+        if (lid == 0u) { atomicStore(&tile_live, 0u); }
+        workgroupBarrier();
+        if (any) { atomicOr(&tile_live, 1u); }
+        workgroupBarrier();
+        let tile = atomicLoad(&tile_live) != 0u;
+        if (tile && live) {
+            for (var tk = 0u; tk < 64u; tk++) {
+                var c = 0.0;
+                if (tk < kv_tile) {
+                    let kr = kb + (ic + tk) * knb1;
+                    for (var e = 0u; e < D; e++) { c = fma_x(ld_q(qb + e), ld_k(kr + e), c); }
+                }
+                c = c * scale;
+                if (softcap > 0.0) { c = softcap * tanh(clamp(c, -15.0, 15.0)); }
+                if (tk >= kv_tile) { c = neg_inf(); }
+                kq[tk] = c + kq[tk];
+            }
+            var tmax = neg_inf();
+            for (var tk = 0u; tk < 64u; tk++) { tmax = select(kq[tk], tmax, tmax > kq[tk]); }
+            if (tmax == neg_inf()) {
+                for (var tk = 0u; tk < 64u; tk++) { kq[tk] = 0.0; }
+            } else {
+                let m_new = max(m, tmax);
+                if (m_new > m) {
+                    let ms = libm_expf(m - m_new);
+                    for (var d = 0u; d < D; d++) { st_d(db + d, ld_d(db + d) * ms); }
+                    sum = sum * ms;
+                }
+                m = m_new;
+                // ggml_vec_soft_max_f32: whole groups of 8 -inf at the end give +0.
+                var nv = 64u;
+                for (var g = 8u; g > 0u; g--) {
+                    var all = true;
+                    for (var j = 0u; j < 8u; j++) { if (kq[8u * (g - 1u) + j] != neg_inf()) { all = false; } }
+                    if (!all || nv != 8u * g) { break; }
+                    nv = 8u * (g - 1u);
+                }
+                var acc = vec2<f32>(0.0, 0.0);
+                for (var t = 0u; t < 64u; t++) {
+                    if (t >= nv) { kq[t] = 0.0; }
+                }
+                for (var g = 0u; g < nv / 8u; g++) {
+                    var e: array<f32, 8>;
+                    for (var j = 0u; j < 8u; j++) {
+                        e[j] = v_expf(kq[8u * g + j] - m_new);
+                        kq[8u * g + j] = e[j];
+                    }
+                    let hs = ((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7]));
+                    acc = df_add(acc, vec2<f32>(hs, 0.0));
+                }
+                let t = df_add(vec2<f32>(sum, 0.0), acc);
+                sum = t.x + t.y;
+            }
+            for (var d = 0u; d < D; d++) {
+                var a = ld_d(db + d);
+                for (var tk = 0u; tk < 64u; tk++) {
+                    var vv = 0.0;
+                    if (tk < kv_tile) { vv = ld_v(vb + (ic + tk) * vnb1 + d); }
+                    a = fma_x(kq[tk], vv, a);
+                }
+                st_d(db + d, a);
+            }
+        }
+    }
+    if (live) {
+        let inv = select(1.0 / sum, 0.0, sum == 0.0);
+        for (var d = 0u; d < D; d++) { st_d(db + d, ld_d(db + d) * inv); }
+    }
+}
+"#
+    .replace("MASK", mask_term);
+    s
+}
+
 /// Rounds activations as ggml-cpu's `vec_dot_type` conversion does before a matrix product
 /// (mode 0: to f16; 1: Q8_0/Q8_1 blocks of 32, ggml's AVX2 quantizer; 2: Q8_K blocks of 256),
 /// writing the values the CPU's integer dot products see, `d * q`, as f32. One invocation per
