@@ -54,6 +54,42 @@ const GET_ROWS_TYPES: &[DType] = &[
     DType::Q6_K,
 ];
 
+/// `dst = w · x` as the CPU computes it: the exact path where it has a kernel, else the
+/// activations rounded as the CPU rounds them for its dot products (f16, Q8_0/Q8_1, Q8_K) and
+/// the fast kernels.
+fn mul_mat(
+    gpu: &Gpu,
+    k: &mut Kernels,
+    enc: &mut wgpu::CommandEncoder,
+    w: TensorRef,
+    x: TensorRef,
+    dst: TensorRef,
+) -> Result<(), Encode> {
+    use kernels::DType as T;
+    if let Some(plan) = k.exact_plan(&w, &x) {
+        let scratch = gpu.create_buffer(plan.bytes)?;
+        k.mul_mat_exact(enc, w, x, &scratch, dst, plan)?;
+        return Ok(());
+    }
+    let mode = match w.dtype {
+        T::F16 => Some(0),
+        T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q8_0 => Some(1),
+        T::Q4_K | T::Q5_K | T::Q6_K => Some(2),
+        T::F32 | T::I32 => None,
+    };
+    match mode {
+        Some(mode) => {
+            let scratch = gpu.create_buffer(x.nelements() * 4)?;
+            let rounded = TensorRef::contiguous(&scratch, 0, T::F32, x.ne);
+            k.round_activations(enc, x, rounded, mode)?;
+            k.mul_mat(enc, w, rounded, dst)?;
+            // The encoder keeps the scratch buffer alive until the work is done.
+        }
+        None => k.mul_mat(enc, w, x, dst)?,
+    }
+    Ok(())
+}
+
 /// Whether the GPU kernels compute node `id` as the CPU does (same op, same parameters).
 pub fn supports_op(graph: &Graph, id: TensorId) -> bool {
     let Ok(t) = graph.get(id) else { return false };
@@ -99,6 +135,16 @@ pub fn supports_op(graph: &Graph, id: TensorId) -> bool {
         Op::Cont => f32_in(0) && out == DType::F32,
         Op::MulMat => {
             ty(0).is_some_and(|d| MATMUL_TYPES.contains(&d)) && f32_in(1) && out == DType::F32
+        }
+        Op::Attention { .. } => {
+            f32_in(0)
+                && matches!(
+                    (ty(1), ty(2)),
+                    (Some(DType::F16), Some(DType::F16)) | (Some(DType::F32), Some(DType::F32))
+                )
+                && f32_in(3)
+                && t.src[4].is_none()
+                && out == DType::F32
         }
         Op::FlashAttnExt { max_bias, .. } => {
             let shape = |i: usize| t.src[i].map(|s| graph.tensor(s).layout.ne);
@@ -347,35 +393,27 @@ fn encode(
         Op::SetRows => k.set_rows(enc, src(0)?, src(1)?, dst)?,
         Op::Cpy => k.cpy(enc, src(0)?, dst)?,
         Op::Cont => k.cont(enc, src(0)?, dst)?,
-        Op::MulMat => {
-            let w = src(0)?;
-            let x = src(1)?;
-            if let Some(plan) = k.exact_plan(&w, &x) {
-                let scratch = gpu.create_buffer(plan.bytes)?;
-                k.mul_mat_exact(enc, w, x, &scratch, dst, plan)?;
-                return Ok(());
-            }
-            // The CPU converts activations to its dot products' type first (f16, Q8_0/Q8_1,
-            // Q8_K); multiplying the same rounded values keeps the two within float rounding.
-            let mode = match lamina_core::quant::vec_dot_type(
-                graph.tensor(t.src[0].unwrap_or(id)).layout.dtype,
-            ) {
-                Some(DType::F16) => Some(0),
-                Some(DType::Q8_0 | DType::Q8_1) => Some(1),
-                Some(DType::Q8_K) => Some(2),
-                _ => None,
-            };
-            match mode {
-                Some(mode) => {
-                    let bytes = x.nelements() * 4;
-                    let scratch = gpu.create_buffer(bytes)?;
-                    let rounded = TensorRef::contiguous(&scratch, 0, kernels::DType::F32, x.ne);
-                    k.round_activations(enc, x, rounded, mode)?;
-                    k.mul_mat(enc, w, rounded, dst)?;
-                    // The encoder keeps the scratch buffer alive until the work is done.
-                }
-                None => k.mul_mat(enc, w, x, dst)?,
-            }
+        Op::MulMat => mul_mat(gpu, k, enc, src(0)?, src(1)?, dst)?,
+        Op::Attention { scale } => {
+            // mul_mat(k, q), soft_max_ext(·, mask, scale), mul_mat(v, ·) with their kernels:
+            // the CPU's fused node gives those ops' bits. The scores live in scratch buffers;
+            // the last product writes dst ([head_v, n_head, n_tokens]) through permuted strides.
+            let (q, kc, v, mask) = (src(0)?, src(1)?, src(2)?, src(3)?);
+            let (n_kv, n_tokens, n_head, head_v) = (kc.ne[1], q.ne[1], q.ne[2], v.ne[1]);
+            let shape = [n_kv, n_tokens, n_head, 1];
+            let bytes = n_kv * n_tokens * n_head * 4;
+            let (kq_buf, p_buf) = (gpu.create_buffer(bytes)?, gpu.create_buffer(bytes)?);
+            let kq = TensorRef::contiguous(&kq_buf, 0, kernels::DType::F32, shape);
+            let probs = TensorRef::contiguous(&p_buf, 0, kernels::DType::F32, shape);
+            mul_mat(gpu, k, enc, kc, q, kq)?;
+            k.soft_max(enc, kq, Some(mask), probs, scale)?;
+            let row = 4 * head_v;
+            let out = dst.view(
+                0,
+                [head_v, n_tokens, n_head, 1],
+                [4, row * n_head, row, row * n_head * n_tokens],
+            );
+            mul_mat(gpu, k, enc, v, probs, out)?;
         }
         _ => {
             return Err(Encode::Backend(BackendError::Unsupported {

@@ -219,6 +219,48 @@ fn cases() -> Vec<Case> {
     // Flash attention (ggml-cpu's rows path; one query over 600 cells: the split-KV path in
     // 3 chunks; 64 or more queries: the tiled path, with a tile masked for every query and a
     // partial last one): f16 and f32 caches, GQA, a causal mask with -inf and finite values.
+    // Fused attention (the standard path's prompt node): K·Q, softmax, V·KQ with their kernels.
+    for (kvt, n_q, n_kv) in [(DType::F16, 5, 96), (DType::F32, 9, 40)] {
+        v.push(case(
+            format!("ATTENTION {kvt} n_q={n_q} n_kv={n_kv}"),
+            0.0,
+            move |g| {
+                let (d, h, h_kv) = (64usize, 4usize, 2usize);
+                let mut i = Vec::new();
+                let q = f32_input(g, &mut i, &[d, h, n_q], 30);
+                let q = g.permute(q, [0, 2, 1, 3]).unwrap();
+                let cache = |seed, ne: [usize; 3]| {
+                    let x = values(ne.iter().product(), seed);
+                    let bytes = if kvt == DType::F16 {
+                        f16_bytes(&x)
+                    } else {
+                        f32_bytes(&x)
+                    };
+                    (bytes, ne)
+                };
+                let (kb, kne) = cache(31, [d, n_kv, h_kv]);
+                let k = input(g, &mut i, kvt, &kne, kb);
+                let (vb, vne) = cache(32, [n_kv, d, h_kv]);
+                let vv = input(g, &mut i, kvt, &vne, vb);
+                let m: Vec<f32> = (0..n_kv * n_q)
+                    .map(|x| {
+                        let (c, r) = (x % n_kv, x / n_kv);
+                        if c > n_kv - n_q + r {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                let mask = input(g, &mut i, DType::F32, &[n_kv, n_q], f32_bytes(&m));
+                Built {
+                    out: g.attention(q, k, vv, mask, 0.125).unwrap(),
+                    inputs: i,
+                    bound: Vec::new(),
+                }
+            },
+        ));
+    }
     // `pad`: cells from there on are masked for every query (a padded cache).
     for (kvt, n_q, n_kv, pad, chunks) in [
         (DType::F16, 5, 96, 96, 1),
