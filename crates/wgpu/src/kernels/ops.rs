@@ -1113,25 +1113,26 @@ impl Kernels {
         self.exact = on;
     }
 
-    /// The exact path's plan for `src0 · src1`, or `None` where it has no kernel (Q5_K, and
-    /// Q4_0 in llama.cpp's repacked layout): those products take the fast kernels.
+    /// The exact path's plan for `src0 · src1`, or `None` where it has no kernel (f32/f16
+    /// weights, which `fmatmul` sums in the CPU's order, and rows not of whole blocks).
     pub fn exact_plan(&self, src0: &TensorRef, src1: &TensorRef) -> Option<ExactPlan> {
         if !self.exact {
             return None;
         }
         let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
         let weight_2d = src0.ne[2] == 1 && src0.ne[3] == 1;
-        // ggml-cpu's kernel choice (`lamina-cpu`'s `MatMul::plan`): Q4_K repacked when its
-        // rows come in eights, the tiled K-quant kernels from 8 activation rows, vec_dot else.
+        // ggml-cpu's kernel choice (`lamina-cpu`'s `MatMul::plan`): Q4_K and Q4_0 repacked when
+        // their rows come in eights, the tiled K-quant kernels from 8 activation rows, vec_dot
+        // (Q4_0/Q5_0/Q8_0: tinyBLAS, the same sums) else.
         let (mode, variant, gemm_cols) = match src0.dtype {
-            DType::Q4_0 if weight_2d && m.is_multiple_of(8) => return None,
+            DType::Q4_0 if weight_2d && m.is_multiple_of(8) => (1, 1, 0),
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (1, 0, 0),
             DType::Q4_1 => (2, 0, 0),
             DType::Q6_K => (3, u32::from(n >= 8), 0),
             DType::Q4_K if weight_2d && m.is_multiple_of(8) => {
                 (4, 2, if n > 3 { n - n % 4 } else { 0 })
             }
-            DType::Q4_K => (3, u32::from(n >= 8), 0),
+            DType::Q4_K | DType::Q5_K => (3, u32::from(n >= 8), 0),
             _ => return None,
         };
         let block = src0.dtype.block_elems();

@@ -916,7 +916,7 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {{
         )
     };
     match (dt, variant) {
-        (DType::Q4_0, _) => q0(
+        (DType::Q4_0, 0) => q0(
             18,
             "let v = w_u8(wb + 2u + j % 16u); return i32(select(v & 15u, v >> 4u, j >= 16u)) - 8i;",
         ),
@@ -1034,18 +1034,74 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
 }
 "#
         .into(),
-        (DType::Q4_K, 1) => r#"
+        (DType::Q4_0, 1) => r#"
+// gemv/gemm_q4_b32_8x8_q8_0 (llama.cpp's repacked Q4_0): one scalar chain over blocks.
 fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
     var acc = 0.0;
     for (var b = 0u; b < nblk; b++) {
-        let wb = wrow + b * 144u; let ab = arow + b * 81u;
+        let wb = wrow + b * 18u; let ab = arow + b * 10u;
+        var s = 0i;
+        for (var i = 0u; i < 16u; i++) {
+            let v = w_u8(wb + 2u + i);
+            s += (i32(v & 15u) - 8i) * ay(ab + 2u, i) + (i32(v >> 4u) - 8i) * ay(ab + 2u, 16u + i);
+        }
+        acc = fma_x(f32(s), w_f16(wb) * bitcast<f32>(a[ab]), acc);
+    }
+    return acc;
+}
+"#
+        .into(),
+        (DType::Q5_K, 0) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc: array<f32, 8>;
+    var summs = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * 176u; let ab = arow + b * 81u;
+        let yd = bitcast<f32>(a[ab]);
+        let d = yd * w_f16(wb);
+        let dmin = -yd * w_f16(wb + 2u);
+        var prod = 0i;
+        for (var k = 0u; k < 8u; k++) {
+            prod += smk4(wb, k).y * (bitcast<i32>(a[ab + 65u + 2u * k]) + bitcast<i32>(a[ab + 66u + 2u * k]));
+        }
+        summs = fma_x(dmin, f32(prod), summs);
+        var sumi: array<i32, 8>;
+        for (var j = 0u; j < 4u; j++) {
+            let sl = smk4(wb, 2u * j).x; let sh = smk4(wb, 2u * j + 1u).x;
+            for (var l = 0u; l < 8u; l++) {
+                var pl = 0i; var ph = 0i;
+                for (var t = 0u; t < 4u; t++) {
+                    let i = 4u * l + t;
+                    let v = w_u8(wb + 48u + 32u * j + i);
+                    let h = w_u8(wb + 16u + i);
+                    let lo = (v & 15u) | (((h >> (2u * j)) & 1u) << 4u);
+                    let hi = (v >> 4u) | (((h >> (2u * j + 1u)) & 1u) << 4u);
+                    pl += i32(lo) * ay(ab + 1u, 64u * j + i);
+                    ph += i32(hi) * ay(ab + 1u, 64u * j + 32u + i);
+                }
+                sumi[l] += sl * pl + sh * ph;
+            }
+        }
+        for (var l = 0u; l < 8u; l++) { acc[l] = fma_x(d, f32(sumi[l]), acc[l]); }
+    }
+    return hsum8(acc) + summs;
+}
+"#
+        .into(),
+        (DType::Q4_K | DType::Q5_K, 1) => r#"
+fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
+    var acc = 0.0;
+    for (var b = 0u; b < nblk; b++) {
+        let wb = wrow + b * BLOCKu; let ab = arow + b * 81u;
         var s1 = 0i; var s2 = 0i;
         for (var sub = 0u; sub < 8u; sub++) {
             let j = sub / 2u; let hi = sub % 2u == 1u;
             var dt = 0i;
             for (var i = 0u; i < 32u; i++) {
-                let v = w_u8(wb + 16u + 32u * j + i);
-                dt += i32(select(v & 15u, v >> 4u, hi)) * ay(ab + 1u, 32u * sub + i);
+                let v = w_u8(wb + QSu + 32u * j + i);
+                var q = select(v & 15u, v >> 4u, hi);
+                if (QSu == 48u) { q = q | (((w_u8(wb + 16u + i) >> sub) & 1u) << 4u); }
+                dt += i32(q) * ay(ab + 1u, 32u * sub + i);
             }
             let sm = smk4(wb, sub);
             s1 += sm.x * dt;
@@ -1058,7 +1114,8 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
     return acc;
 }
 "#
-        .into(),
+        .replace("BLOCK", if dt == DType::Q5_K { "176" } else { "144" })
+        .replace("QS", if dt == DType::Q5_K { "48" } else { "16" }),
         _ => r#"
 // ggml_gemv_q4_K_8x8_q8_K (columns >= P20) and ggml_gemm_q4_K_8x8_q8_K (columns < P20).
 fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
