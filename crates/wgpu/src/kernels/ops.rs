@@ -196,6 +196,25 @@ fn contiguous(t: &TensorRef, what: &str) -> Result<()> {
 }
 
 /// Strides in elements (plain types) as u32.
+/// A matrix product's shapes: `dst = [M, N, ne12, ne13]` for `src0 = [K, M, ne02, ne03]` and
+/// `src1 = [K, N, ne12, ne13]`, src0 broadcast over dims 2 and 3.
+fn mm_shapes(src0: &TensorRef, src1: &TensorRef, dst: &TensorRef, what: &str) -> Result<()> {
+    let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
+    if src1.ne[0] != k
+        || dst.ne != [m, n, src1.ne[2], src1.ne[3]]
+        || src0.ne[2] == 0
+        || src0.ne[3] == 0
+        || !src1.ne[2].is_multiple_of(src0.ne[2])
+        || !src1.ne[3].is_multiple_of(src0.ne[3])
+    {
+        return Err(Error::Invalid(format!(
+            "{what}: src0 {:?} src1 {:?} dst {:?} mismatch",
+            src0.ne, src1.ne, dst.ne
+        )));
+    }
+    Ok(())
+}
+
 fn strides(t: &TensorRef) -> Result<[u32; 4]> {
     let es = t.dtype.block_bytes();
     let mut s = [0u32; 4];
@@ -993,18 +1012,7 @@ impl Kernels {
             ));
         }
         let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
-        if src1.ne[0] != k
-            || dst.ne != [m, n, src1.ne[2], src1.ne[3]]
-            || src0.ne[2] == 0
-            || src0.ne[3] == 0
-            || !src1.ne[2].is_multiple_of(src0.ne[2])
-            || !src1.ne[3].is_multiple_of(src0.ne[3])
-        {
-            return Err(Error::Invalid(format!(
-                "mul_mat: src0 {:?} src1 {:?} dst {:?} mismatch",
-                src0.ne, src1.ne, dst.ne
-            )));
-        }
+        mm_shapes(&src0, &src1, &dst, "mul_mat")?;
         if dst.nelements() == 0 {
             return Ok(());
         }
@@ -1165,21 +1173,12 @@ impl Kernels {
         src0.check("src0")?;
         expect(&src1, "src1", &[DType::F32])?;
         expect(&dst, "dst", &[DType::F32])?;
-        let (k, m, n) = (src0.ne[0], src0.ne[1], src1.ne[1]);
-        if src1.ne[0] != k
-            || dst.ne != [m, n, src1.ne[2], src1.ne[3]]
-            || src0.ne[2] == 0
-            || src0.ne[3] == 0
-            || !src1.ne[2].is_multiple_of(src0.ne[2])
-            || !src1.ne[3].is_multiple_of(src0.ne[3])
-            || src1.nb[0] != 4
-            || dst.nb[0] != 4
-            || scratch.size() < plan.bytes
-        {
-            return Err(Error::Invalid(format!(
-                "mul_mat_exact: src0 {:?} src1 {:?} dst {:?} mismatch",
-                src0.ne, src1.ne, dst.ne
-            )));
+        let (k, n) = (src0.ne[0], src1.ne[1]);
+        mm_shapes(&src0, &src1, &dst, "mul_mat_exact")?;
+        if src1.nb[0] != 4 || dst.nb[0] != 4 || scratch.size() < plan.bytes {
+            return Err(Error::Invalid(
+                "mul_mat_exact: rows not contiguous or scratch too small".into(),
+            ));
         }
         if dst.nelements() == 0 {
             return Ok(());

@@ -268,16 +268,17 @@ fn w_u32(a: u32) -> u32 {
 fn w_f16(a: u32) -> f32 { return f16_of(w[a >> 2u] >> (((a >> 1u) & 1u) * 16u)); }
 fn w_f32(a: u32) -> f32 { return bitcast<f32>(w[a >> 2u]); }
 fn byte_of(v: u32, i: u32) -> u32 { return (v >> (8u * i)) & 0xffu; }
-// ggml get_scale_min_k4; scales start at b + 4.
-fn scale_min_k4(b: u32, j: u32) -> vec2<f32> {
+// ggml get_scale_min_k4: the 6-bit scale and min of sub-block j; scales start at b + 4.
+fn smk4(b: u32, j: u32) -> vec2<i32> {
     let q = b + 4u;
     if (j < 4u) {
-        return vec2<f32>(f32(w_u8(q + j) & 63u), f32(w_u8(q + j + 4u) & 63u));
+        return vec2<i32>(i32(w_u8(q + j) & 63u), i32(w_u8(q + j + 4u) & 63u));
     }
     let sc = (w_u8(q + j + 4u) & 0xfu) | ((w_u8(q + j - 4u) >> 6u) << 4u);
     let m = (w_u8(q + j + 4u) >> 4u) | ((w_u8(q + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
+    return vec2<i32>(i32(sc), i32(m));
 }
+fn scale_min_k4(b: u32, j: u32) -> vec2<f32> { return vec2<f32>(smk4(b, j)); }
 "#;
     s += match dt {
         DType::F32 => "fn dq_w(row: u32, k: u32) -> f32 { return w_f32(row + 4u * k); }\n",
@@ -865,16 +866,6 @@ const EXACT_COMMON: &str = r#"
 fn ay(ab: u32, e: u32) -> i32 { return extractBits(bitcast<i32>(a[ab + (e >> 2u)]), (e & 3u) * 8u, 8u); }
 fn hsum8(v: array<f32, 8>) -> f32 {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-}
-// Q4_K's 6-bit scale and min of sub-block j (block at byte b).
-fn smk4(b: u32, j: u32) -> vec2<i32> {
-    let q = b + 4u;
-    if (j < 4u) {
-        return vec2<i32>(i32(w_u8(q + j) & 63u), i32(w_u8(q + j + 4u) & 63u));
-    }
-    let sc = (w_u8(q + j + 4u) & 0xfu) | ((w_u8(q + j - 4u) >> 6u) << 4u);
-    let m = (w_u8(q + j + 4u) >> 4u) | ((w_u8(q + j) >> 6u) << 4u);
-    return vec2<i32>(i32(sc), i32(m));
 }
 // Q6_K's value (0..63) of chunk k (0..3) of half j (0..1), byte b (0..31).
 fn q6(wb: u32, j: u32, k: u32, b: u32) -> i32 {
@@ -1777,16 +1768,9 @@ pub const FA_WG: u32 = 64;
 /// Largest head size the flash-attention kernel supports (4 outputs per thread).
 pub const FA_MAX_D: u32 = 4 * FA_WG;
 
-/// Flash attention as ggml-cpu's `_one_chunk` computes it (the CPU backend's rows and split-KV
-/// paths), one workgroup per (query, head): Q rounded to K's type, then the cells in order; per
-/// unmasked cell the score `vec_dot(K, Q)` in `ggml_vec_dot_f16/f32`'s order (32 lanes on
-/// threads 0..31, `GGML_F32x8_REDUCE`), `· scale` (`softcap·tanh` when capped: the shader's
-/// tanh, not libm's), `+ mask` (read as f16), an online softmax with libm `expf`, and V
-/// accumulated per thread-owned dimension: f16 V in f16 (`ggml_vec_scale_f16`,
-/// `ggml_vec_mad_f16`: rounded at every cell), f32 V in f32. The cells are cut into P[23]
-/// chunks merged in order as the split-KV path does (1 chunk: the rows path). Not the CPU's
-/// tiled path (64 or more query rows): there the sums differ.
-pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
+/// The bindings of both flash-attention kernels (q, k, v, mask, dst; parameters in slot 5)
+/// and the exact arithmetic and libm `expf` they share.
+fn flash_attn_header(kv: DType, mask: Option<DType>) -> String {
     let mut s = params_decl(5) + COMMON;
     s += &input(0, "q", DType::F32);
     s += &input(1, "k", kv);
@@ -1796,6 +1780,20 @@ pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
     s += EXACT;
     s += DF;
     s += &libm_expf();
+    s
+}
+
+/// Flash attention as ggml-cpu's `_one_chunk` computes it (the CPU backend's rows and split-KV
+/// paths), one workgroup per (query, head): Q rounded to K's type, then the cells in order; per
+/// unmasked cell the score `vec_dot(K, Q)` in `ggml_vec_dot_f16/f32`'s order (32 lanes on
+/// threads 0..31, `GGML_F32x8_REDUCE`), `· scale` (`softcap·tanh` when capped: the shader's
+/// tanh, not libm's), `+ mask` (read as f16), an online softmax with libm `expf`, and V
+/// accumulated per thread-owned dimension: f16 V in f16 (`ggml_vec_scale_f16`,
+/// `ggml_vec_mad_f16`: rounded at every cell), f32 V in f32. The cells are cut into P[23]
+/// chunks merged in order as the split-KV path does (1 chunk: the rows path). From 64 query
+/// rows the CPU takes its tiled path: [`flash_attn_tiled`].
+pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
+    let mut s = flash_attn_header(kv, mask);
     s += &format!(
         "var<workgroup> qs: array<f32, {FA_MAX_D}>;\nvar<workgroup> lanes: array<f32, 32>;\nvar<workgroup> upd: vec4<f32>;\n"
     );
@@ -1931,15 +1929,7 @@ pub fn flash_attn(kv: DType, mask: Option<DType>) -> String {
 /// tile every row of which is masked is skipped, as the CPU skips it. The accumulator lives in
 /// the output row. Parameters as [`flash_attn`].
 pub fn flash_attn_tiled(kv: DType, mask: Option<DType>) -> String {
-    let mut s = params_decl(5) + COMMON;
-    s += &input(0, "q", DType::F32);
-    s += &input(1, "k", kv);
-    s += &input(2, "v", kv);
-    s += &input(3, "m", mask.unwrap_or(DType::F32));
-    s += &output(4, "d", DType::F32);
-    s += EXACT;
-    s += DF;
-    s += &libm_expf();
+    let mut s = flash_attn_header(kv, mask);
     s += V_EXPF;
     s += "fn ld_d(e: u32) -> f32 { return bitcast<f32>(d[e]); }\nvar<workgroup> tile_live: atomic<u32>;\n";
     s += &entry(64, false);
