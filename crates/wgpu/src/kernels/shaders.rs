@@ -863,42 +863,44 @@ pub fn quantize_act() -> String {
 
 /// Integer and lane helpers of the exact path.
 const EXACT_COMMON: &str = r#"
-fn ay(ab: u32, e: u32) -> i32 { return extractBits(bitcast<i32>(a[ab + (e >> 2u)]), (e & 3u) * 8u, 8u); }
+// Elements 4l..4l+3 of a 32-value nibble block (bytes at q): low nibbles of bytes 4l.. for
+// l < 4, high nibbles of bytes 4(l-4).. after, one per byte.
+fn nibbles(q: u32, l: u32) -> u32 {
+    return (w_u32(q + 4u * (l % 4u)) >> (4u * (l / 4u))) & 0x0f0f0f0fu;
+}
 fn hsum8(v: array<f32, 8>) -> f32 {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
-// Q6_K's value (0..63) of chunk k (0..3) of half j (0..1), byte b (0..31).
-fn q6(wb: u32, j: u32, k: u32, b: u32) -> i32 {
-    let l1 = w_u8(wb + 64u * j + b);
-    let l2 = w_u8(wb + 64u * j + 32u + b);
-    let h = w_u8(wb + 128u + 32u * j + b);
-    var v: u32;
+// Q6_K's values (0..63, one per byte) of chunk k (0..3) of half j (0..1), bytes b..b+3.
+fn q6w(wb: u32, j: u32, k: u32, b: u32) -> u32 {
+    let l1 = w_u32(wb + 64u * j + b);
+    let l2 = w_u32(wb + 64u * j + 32u + b);
+    let h = w_u32(wb + 128u + 32u * j + b);
     switch k {
-        case 0u: { v = (l1 & 15u) | ((h & 3u) << 4u); }
-        case 1u: { v = (l2 & 15u) | ((h & 12u) << 2u); }
-        case 2u: { v = (l1 >> 4u) | (h & 48u); }
-        default: { v = (l2 >> 4u) | ((h & 192u) >> 2u); }
+        case 0u: { return (l1 & 0x0f0f0f0fu) | ((h & 0x03030303u) << 4u); }
+        case 1u: { return (l2 & 0x0f0f0f0fu) | ((h & 0x0c0c0c0cu) << 2u); }
+        case 2u: { return ((l1 >> 4u) & 0x0f0f0f0fu) | (h & 0x30303030u); }
+        default: { return ((l2 >> 4u) & 0x0f0f0f0fu) | ((h & 0xc0c0c0c0u) >> 2u); }
     }
-    return i32(v);
 }
 "#;
 
 /// One output's dot product in the exact path: `dot(wrow, arow, col)` for weight type `dt`
 /// and kernel `variant` (Q4_K: 0 vec_dot, 1 tiled, 2 repacked; Q6_K: 0 vec_dot, 1 tiled).
 fn exact_dot(dt: DType, variant: u32) -> String {
-    let q0 = |bb: u32, val: &str| {
+    // `lane(wb, l, aw)`: lane l's exact integer sum (weights of block `wb` against the activation
+    // word `aw` of 4 i8), by packed 4 x i8 dot products.
+    let q0 = |bb: u32, lane: &str| {
         format!(
             r#"
-fn wq(wb: u32, j: u32) -> i32 {{ {val} }}
+fn lane(wb: u32, l: u32, aw: u32) -> i32 {{ {lane} }}
 fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {{
     var acc: array<f32, 8>;
     for (var b = 0u; b < nblk; b++) {{
         let wb = wrow + b * {bb}u; let ab = arow + b * 10u;
         let d = w_f16(wb) * bitcast<f32>(a[ab]);
         for (var l = 0u; l < 8u; l++) {{
-            var s = 0i;
-            for (var i = 0u; i < 4u; i++) {{ s += wq(wb, 4u * l + i) * ay(ab + 2u, 4u * l + i); }}
-            acc[l] = fma_x(d, f32(s), acc[l]);
+            acc[l] = fma_x(d, f32(lane(wb, l, a[ab + 2u + l])), acc[l]);
         }}
     }}
     return hsum8(acc);
@@ -909,14 +911,15 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {{
     match (dt, variant) {
         (DType::Q4_0, 0) => q0(
             18,
-            "let v = w_u8(wb + 2u + j % 16u); return i32(select(v & 15u, v >> 4u, j >= 16u)) - 8i;",
+            "return dot4I8Packed(nibbles(wb + 2u, l), aw) - 8i * dot4I8Packed(0x01010101u, aw);",
         ),
         (DType::Q5_0, _) => q0(
             22,
-            "let v = w_u8(wb + 6u + j % 16u); let n = select(v & 15u, v >> 4u, j >= 16u); \
-             return i32(n | (((w_u32(wb + 2u) >> j) & 1u) << 4u)) - 16i;",
+            "let h = (w_u32(wb + 2u) >> (4u * l)) & 0xfu; \
+             let hb = ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u); \
+             return dot4I8Packed(nibbles(wb + 6u, l) | hb, aw) - 16i * dot4I8Packed(0x01010101u, aw);",
         ),
-        (DType::Q8_0, _) => q0(34, "return w_i8(wb + 2u + j);"),
+        (DType::Q8_0, _) => q0(34, "return dot4I8Packed(w_u32(wb + 2u + 4u * l), aw);"),
         (DType::Q4_1, _) => r#"
 fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
     var acc: array<f32, 8>;
@@ -926,13 +929,7 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         summs = fma_x(w_f16(wb + 2u), bitcast<f32>(a[ab + 1u]), summs);
         let d = w_f16(wb) * bitcast<f32>(a[ab]);
         for (var l = 0u; l < 8u; l++) {
-            var s = 0i;
-            for (var i = 0u; i < 4u; i++) {
-                let j = 4u * l + i;
-                let v = w_u8(wb + 4u + j % 16u);
-                s += i32(select(v & 15u, v >> 4u, j >= 16u)) * ay(ab + 2u, j);
-            }
-            acc[l] = fma_x(d, f32(s), acc[l]);
+            acc[l] = fma_x(d, f32(dot4I8Packed(nibbles(wb + 4u, l), a[ab + 2u + l])), acc[l]);
         }
     }
     return hsum8(acc) + summs;
@@ -951,10 +948,7 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
                 let is = 4u * j + k;
                 for (var l = 0u; l < 8u; l++) {
                     let sc = w_i8(wb + 192u + 2u * is + select(0u, 1u, l >= 4u));
-                    var v = 0i;
-                    for (var i = 0u; i < 4u; i++) {
-                        v += q6(wb, j, k, 4u * l + i) * ay(ab + 1u, 128u * j + 32u * k + 4u * l + i);
-                    }
+                    let v = dot4I8Packed(q6w(wb, j, k, 4u * l), a[ab + 1u + 32u * j + 8u * k + l]);
                     sumi[l] += sc * v;
                 }
             }
@@ -977,9 +971,11 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         var s1 = 0i;
         for (var j = 0u; j < 2u; j++) {
             for (var k = 0u; k < 4u; k++) {
-                for (var i = 0u; i < 32u; i++) {
+                for (var i = 0u; i < 32u; i += 4u) {
                     let idx = 128u * j + 32u * k + i;
-                    s1 += w_i8(wb + 192u + idx / 16u) * (q6(wb, j, k, i) - 32i) * ay(ab + 1u, idx);
+                    let aw = a[ab + 1u + idx / 4u];
+                    let dq = dot4I8Packed(q6w(wb, j, k, i), aw) - 32i * dot4I8Packed(0x01010101u, aw);
+                    s1 += w_i8(wb + 192u + idx / 16u) * dq;
                 }
             }
         }
@@ -1009,12 +1005,9 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         for (var j = 0u; j < 4u; j++) {
             let sl = smk4(wb, 2u * j).x; let sh = smk4(wb, 2u * j + 1u).x;
             for (var l = 0u; l < 8u; l++) {
-                var pl = 0i; var ph = 0i;
-                for (var i = 0u; i < 4u; i++) {
-                    let v = w_u8(wb + 16u + 32u * j + 4u * l + i);
-                    pl += i32(v & 15u) * ay(ab + 1u, 64u * j + 4u * l + i);
-                    ph += i32(v >> 4u) * ay(ab + 1u, 64u * j + 32u + 4u * l + i);
-                }
+                let v = w_u32(wb + 16u + 32u * j + 4u * l);
+                let pl = dot4I8Packed(v & 0x0f0f0f0fu, a[ab + 1u + 16u * j + l]);
+                let ph = dot4I8Packed((v >> 4u) & 0x0f0f0f0fu, a[ab + 9u + 16u * j + l]);
                 sumi[l] += sl * pl + sh * ph;
             }
         }
@@ -1032,10 +1025,14 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
     for (var b = 0u; b < nblk; b++) {
         let wb = wrow + b * 18u; let ab = arow + b * 10u;
         var s = 0i;
-        for (var i = 0u; i < 16u; i++) {
-            let v = w_u8(wb + 2u + i);
-            s += (i32(v & 15u) - 8i) * ay(ab + 2u, i) + (i32(v >> 4u) - 8i) * ay(ab + 2u, 16u + i);
+        var ys = 0i;
+        for (var w = 0u; w < 4u; w++) {
+            let v = w_u32(wb + 2u + 4u * w);
+            let lo = a[ab + 2u + w]; let hi = a[ab + 6u + w];
+            s += dot4I8Packed(v & 0x0f0f0f0fu, lo) + dot4I8Packed((v >> 4u) & 0x0f0f0f0fu, hi);
+            ys += dot4I8Packed(0x01010101u, lo) + dot4I8Packed(0x01010101u, hi);
         }
+        s -= 8i * ys;
         acc = fma_x(f32(s), w_f16(wb) * bitcast<f32>(a[ab]), acc);
     }
     return acc;
@@ -1060,16 +1057,12 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         for (var j = 0u; j < 4u; j++) {
             let sl = smk4(wb, 2u * j).x; let sh = smk4(wb, 2u * j + 1u).x;
             for (var l = 0u; l < 8u; l++) {
-                var pl = 0i; var ph = 0i;
-                for (var t = 0u; t < 4u; t++) {
-                    let i = 4u * l + t;
-                    let v = w_u8(wb + 48u + 32u * j + i);
-                    let h = w_u8(wb + 16u + i);
-                    let lo = (v & 15u) | (((h >> (2u * j)) & 1u) << 4u);
-                    let hi = (v >> 4u) | (((h >> (2u * j + 1u)) & 1u) << 4u);
-                    pl += i32(lo) * ay(ab + 1u, 64u * j + i);
-                    ph += i32(hi) * ay(ab + 1u, 64u * j + 32u + i);
-                }
+                let v = w_u32(wb + 48u + 32u * j + 4u * l);
+                let h = w_u32(wb + 16u + 4u * l);
+                let lo = (v & 0x0f0f0f0fu) | (((h >> (2u * j)) & 0x01010101u) << 4u);
+                let hi = ((v >> 4u) & 0x0f0f0f0fu) | (((h >> (2u * j + 1u)) & 0x01010101u) << 4u);
+                let pl = dot4I8Packed(lo, a[ab + 1u + 16u * j + l]);
+                let ph = dot4I8Packed(hi, a[ab + 9u + 16u * j + l]);
                 sumi[l] += sl * pl + sh * ph;
             }
         }
@@ -1088,11 +1081,11 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         for (var sub = 0u; sub < 8u; sub++) {
             let j = sub / 2u; let hi = sub % 2u == 1u;
             var dt = 0i;
-            for (var i = 0u; i < 32u; i++) {
-                let v = w_u8(wb + QSu + 32u * j + i);
-                var q = select(v & 15u, v >> 4u, hi);
-                if (QSu == 48u) { q = q | (((w_u8(wb + 16u + i) >> sub) & 1u) << 4u); }
-                dt += i32(q) * ay(ab + 1u, 32u * sub + i);
+            for (var i = 0u; i < 32u; i += 4u) {
+                let v = w_u32(wb + QSu + 32u * j + i);
+                var q = select(v & 0x0f0f0f0fu, (v >> 4u) & 0x0f0f0f0fu, hi);
+                if (QSu == 48u) { q = q | (((w_u32(wb + 16u + i) >> sub) & 0x01010101u) << 4u); }
+                dt += dot4I8Packed(q, a[ab + 1u + 8u * sub + i / 4u]);
             }
             let sm = smk4(wb, sub);
             s1 += sm.x * dt;
@@ -1118,10 +1111,10 @@ fn dot(wrow: u32, arow: u32, col: u32, nblk: u32) -> f32 {
         var iacc: array<i32, 4>; var imin: array<i32, 4>;
         for (var sb = 0u; sb < 4u; sb++) {
             var lo = 0i; var hi = 0i;
-            for (var i = 0u; i < 32u; i++) {
-                let v = w_u8(wb + 16u + 32u * sb + i);
-                lo += i32(v & 15u) * ay(ab + 1u, 64u * sb + i);
-                hi += i32(v >> 4u) * ay(ab + 1u, 64u * sb + 32u + i);
+            for (var i = 0u; i < 32u; i += 4u) {
+                let v = w_u32(wb + 16u + 32u * sb + i);
+                lo += dot4I8Packed(v & 0x0f0f0f0fu, a[ab + 1u + 16u * sb + i / 4u]);
+                hi += dot4I8Packed((v >> 4u) & 0x0f0f0f0fu, a[ab + 9u + 16u * sb + i / 4u]);
             }
             let s0 = smk4(wb, 2u * sb); let s1 = smk4(wb, 2u * sb + 1u);
             iacc[sb] = s0.x * lo + s1.x * hi;
