@@ -1052,94 +1052,92 @@ fn pipelines_are_cached() {
 #[test]
 fn flash_attn_gqa_mask_softcap() {
     let c = gpu!();
-    for subgroups in [true, false] {
-        let mut k = Kernels::new(&c.device, &c.queue);
-        k.set_subgroups(subgroups);
-        let mut rng = Rng(14);
-        for (d, kvdt, use_mask, softcap) in [
-            (64u64, DType::F16, true, 0.0f32),
-            (128, DType::F16, false, 0.0),
-            (80, DType::F32, true, 30.0),
-        ] {
-            let (n_q, h, n_kv, h_kv, slots) = (3u64, 4u64, 100u64, 2u64, 128u64);
-            let lq = Lay::strided(DType::F32, [d, n_q, h, 1], [0, 2, 1, 3], 0);
-            let q: Vec<f32> = rng.vec(lq.n()).iter().map(|v| v * 2.0).collect();
-            let bq = upload(c, &lq, &q);
-            let lcache = Lay::contig(kvdt, [d, slots, h_kv, 1]);
-            let (kc, vc) = (rng.vec(lcache.n()), rng.vec(lcache.n()));
-            let (bk, bv) = (upload(c, &lcache, &kc), upload(c, &lcache, &vc));
-            let mut view = lcache;
-            view.ne = [d, n_kv, h_kv, 1];
-            // Mask [n_kv, 4 (padded n_q)]: causal-ish, row 1 fully masked.
-            let mne = [n_kv, 4u64, 1, 1];
-            let mvals: Vec<f32> = (0..(n_kv * 4) as usize)
-                .map(|i| {
-                    let (j, iq) = (i % n_kv as usize, i / n_kv as usize);
-                    if iq == 1 || j > 60 + 10 * iq {
-                        f32::NEG_INFINITY
-                    } else {
-                        rng.uniform()
-                    }
-                })
-                .collect();
-            let lm = Lay::contig(DType::F16, mne);
-            let bm = upload(c, &lm, &mvals);
-            let ld = Lay::contig(DType::F32, [d, h, n_q, 1]);
-            let bd = upload(c, &ld, &[]);
-            let mut e = enc(c);
-            let scale = 1.0 / (d as f32).sqrt();
-            let mask = use_mask.then(|| lm.t(&bm));
-            k.flash_attn(
-                &mut e,
-                lq.t(&bq),
-                view.t(&bk),
-                view.t(&bv),
-                mask,
-                ld.t(&bd),
-                scale,
-                softcap,
-                1,
-            )
-            .unwrap();
-            k.submit(e);
-            // Reference on the viewed (and f16-rounded) cache rows.
-            let round = |x: &[f32]| -> Vec<f32> {
-                let mut o = Vec::new();
-                for hk in 0..h_kv as usize {
-                    for j in 0..n_kv as usize {
-                        for dd in 0..d as usize {
-                            let v = x[dd + d as usize * (j + slots as usize * hk)];
-                            o.push(if kvdt == DType::F16 {
-                                r::f16_val(r::f16_bits(v))
-                            } else {
-                                v
-                            });
-                        }
+    // The kernel uses no subgroup reductions, so one pass covers both settings.
+    let mut k = Kernels::new(&c.device, &c.queue);
+    let mut rng = Rng(14);
+    for (d, kvdt, use_mask, softcap) in [
+        (64u64, DType::F16, true, 0.0f32),
+        (128, DType::F16, false, 0.0),
+        (80, DType::F32, true, 30.0),
+    ] {
+        let (n_q, h, n_kv, h_kv, slots) = (3u64, 4u64, 100u64, 2u64, 128u64);
+        let lq = Lay::strided(DType::F32, [d, n_q, h, 1], [0, 2, 1, 3], 0);
+        let q: Vec<f32> = rng.vec(lq.n()).iter().map(|v| v * 2.0).collect();
+        let bq = upload(c, &lq, &q);
+        let lcache = Lay::contig(kvdt, [d, slots, h_kv, 1]);
+        let (kc, vc) = (rng.vec(lcache.n()), rng.vec(lcache.n()));
+        let (bk, bv) = (upload(c, &lcache, &kc), upload(c, &lcache, &vc));
+        let mut view = lcache;
+        view.ne = [d, n_kv, h_kv, 1];
+        // Mask [n_kv, 4 (padded n_q)]: causal-ish, row 1 fully masked.
+        let mne = [n_kv, 4u64, 1, 1];
+        let mvals: Vec<f32> = (0..(n_kv * 4) as usize)
+            .map(|i| {
+                let (j, iq) = (i % n_kv as usize, i / n_kv as usize);
+                if iq == 1 || j > 60 + 10 * iq {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.uniform()
+                }
+            })
+            .collect();
+        let lm = Lay::contig(DType::F16, mne);
+        let bm = upload(c, &lm, &mvals);
+        let ld = Lay::contig(DType::F32, [d, h, n_q, 1]);
+        let bd = upload(c, &ld, &[]);
+        let mut e = enc(c);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mask = use_mask.then(|| lm.t(&bm));
+        k.flash_attn(
+            &mut e,
+            lq.t(&bq),
+            view.t(&bk),
+            view.t(&bv),
+            mask,
+            ld.t(&bd),
+            scale,
+            softcap,
+            1,
+        )
+        .unwrap();
+        k.submit(e);
+        // Reference on the viewed (and f16-rounded) cache rows.
+        let round = |x: &[f32]| -> Vec<f32> {
+            let mut o = Vec::new();
+            for hk in 0..h_kv as usize {
+                for j in 0..n_kv as usize {
+                    for dd in 0..d as usize {
+                        let v = x[dd + d as usize * (j + slots as usize * hk)];
+                        o.push(if kvdt == DType::F16 {
+                            r::f16_val(r::f16_bits(v))
+                        } else {
+                            v
+                        });
                     }
                 }
-                o
-            };
-            let mr: Vec<f32> = mvals.iter().map(|&v| r::f16_val(r::f16_bits(v))).collect();
-            let dims = (
-                d as usize,
-                n_q as usize,
-                h as usize,
-                n_kv as usize,
-                h_kv as usize,
-            );
-            let mref = use_mask.then(|| (&mr[..], [n_kv as usize, 4, 1]));
-            let want = r::attention(&q, &round(&kc), &round(&vc), dims, mref, scale, softcap);
-            let got = read(c, &ld, &bd);
-            assert!(got.iter().all(|v| v.is_finite()), "NaN in flash_attn");
-            // The kernel repeats the CPU's rounding (an f16 accumulator for f16 V), not this
-            // f32 reference: ggml's flash-attention limit. `backend_ops` checks the bits.
-            check(
-                &format!("flash_attn d={d} {kvdt:?} mask={use_mask} softcap={softcap}"),
-                &got,
-                &want,
-                5e-4,
-            );
-        }
+            }
+            o
+        };
+        let mr: Vec<f32> = mvals.iter().map(|&v| r::f16_val(r::f16_bits(v))).collect();
+        let dims = (
+            d as usize,
+            n_q as usize,
+            h as usize,
+            n_kv as usize,
+            h_kv as usize,
+        );
+        let mref = use_mask.then(|| (&mr[..], [n_kv as usize, 4, 1]));
+        let want = r::attention(&q, &round(&kc), &round(&vc), dims, mref, scale, softcap);
+        let got = read(c, &ld, &bd);
+        assert!(got.iter().all(|v| v.is_finite()), "NaN in flash_attn");
+        // The kernel repeats the CPU's rounding (an f16 accumulator for f16 V), not this
+        // f32 reference: ggml's flash-attention limit. `backend_ops` checks the bits.
+        check(
+            &format!("flash_attn d={d} {kvdt:?} mask={use_mask} softcap={softcap}"),
+            &got,
+            &want,
+            5e-4,
+        );
     }
     c.take_errors().unwrap();
 }

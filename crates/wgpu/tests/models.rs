@@ -175,6 +175,15 @@ fn check(name: &str) {
     };
     let Some(one) = gpus(1) else { return };
     let exact = one[0].description().contains("llvmpipe");
+    eprintln!(
+        "{name} on {}: {}",
+        one[0].description(),
+        if exact {
+            "the CPU's bits"
+        } else {
+            "NMSE <= 1e-4"
+        }
+    );
     let off = FlashAttn::Off;
     let (want, tokens) = run(load(&path, cpu(), vec![cpu()], None), None, off);
     let (got, _) = run(load(&path, cpu(), one.clone(), None), Some(&tokens), off);

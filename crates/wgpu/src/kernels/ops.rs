@@ -55,14 +55,11 @@ pub struct ExactPlan {
 /// Which mul_mat kernel to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatMulPath {
-    /// f32/f16 weights: [`MatMulPath::CpuOrder`]; others: mat-vec for
+    /// f32/f16 weights: `shaders::fmatmul` (the CPU's order); others: mat-vec for
     /// `N <= Kernels::MATVEC_MAX_N`, tiled otherwise.
     Auto,
     MatVec,
     Tiled,
-    /// f32/f16 weights only: each output summed in the CPU backend's order
-    /// ([`shaders::fmatmul`]).
-    CpuOrder,
 }
 
 const PARAM_SLOT: u64 = (PARAMS_WORDS * 4) as u64;
@@ -1038,14 +1035,6 @@ impl Kernels {
         let use_vec = match path {
             MatMulPath::Auto if float_weights => {
                 return self.fmatmul(enc, dt, [bw, bx, bd], p, &src1, [m, n, k, batches]);
-            }
-            MatMulPath::CpuOrder if float_weights => {
-                return self.fmatmul(enc, dt, [bw, bx, bd], p, &src1, [m, n, k, batches]);
-            }
-            MatMulPath::CpuOrder => {
-                return Err(Error::Invalid(format!(
-                    "mul_mat: the CPU-order path takes f32/f16 weights, not {dt:?}"
-                )));
             }
             MatMulPath::Auto => n <= Self::MATVEC_MAX_N,
             MatMulPath::MatVec => true,

@@ -734,11 +734,9 @@ pub fn fmatmul(dt: DType, tiny: bool) -> String {
     var hi = r;
     var lo = 0.0;
     for (var l = np; l < K; l++) {
-        let p = dq_w(wrow, l) * xf(xcol + l);
-        let t = opaque(hi + p);
-        let bb = opaque(t - hi);
-        lo = lo + ((hi - (t - bb)) + (p - bb));
-        hi = t;
+        let t = two_sum(hi, dq_w(wrow, l) * xf(xcol + l));
+        hi = t.x;
+        lo = lo + t.y;
     }
     r = hi + lo;
 "#
@@ -1658,12 +1656,13 @@ fn sincos_poly(x: vec2<f32>, x2: vec2<f32>, neg: bool, odd: bool) -> f32 {
     let r = df_add(c, df_mul(x6, c2v));
     return r.x + r.y;
 }
-// glibc's sinf (cos = false) or cosf (cos = true).
-fn libm_sincosf(y: f32, cos: bool) -> f32 {
+// glibc's sinf and cosf of y, as (sin, cos): the two share the reduction.
+fn libm_sincosf(y: f32) -> vec2<f32> {
     let x = vec2<f32>(y, 0.0);
     if (top12(y) < top12(0.785398185253143310546875)) {
-        if (top12(y) < top12(0.000244140625)) { return select(y, 1.0, cos); }
-        return sincos_poly(x, df_mul(x, x), false, cos);
+        if (top12(y) < top12(0.000244140625)) { return vec2<f32>(y, 1.0); }
+        let x2 = df_mul(x, x);
+        return vec2<f32>(sincos_poly(x, x2, false, false), sincos_poly(x, x2, false, true));
     }
     var r: vec2<f32>;
     var n: i32;
@@ -1686,14 +1685,15 @@ fn libm_sincosf(y: f32, cos: bool) -> f32 {
         n = i32(v.z);
         sgn = n + i32(bitcast<u32>(y) >> 31u);
     } else {
-        return y - y;
+        return vec2<f32>(y - y);
     }
     // The sign of sine in quadrant sgn & 3 (1, -1, -1, 1).
     var xs = r;
     if ((sgn & 3) == 1 || (sgn & 3) == 2) { xs = -r; }
-    var odd = (n & 1) != 0;
-    if (cos) { odd = !odd; }
-    return sincos_poly(xs, df_mul(r, r), (sgn & 2) != 0, odd);
+    let x2 = df_mul(r, r);
+    let neg = (sgn & 2) != 0;
+    let odd = (n & 1) != 0;
+    return vec2<f32>(sincos_poly(xs, x2, neg, odd), sincos_poly(xs, x2, neg, !odd));
 }
 "#,
     );
@@ -1742,7 +1742,8 @@ pub fn rope(neox: bool) -> String {
     var theta = p;
     for (var k = 0u; k < ic; k++) { theta = theta * pf(16u); }
     let th = pf(17u) * theta;
-    let c = libm_sincosf(th, true); let sn = libm_sincosf(th, false);
+    let sc = libm_sincosf(th);
+    let c = sc.y; let sn = sc.x;
     let ia = IA; let ib = IB;
     let x0 = ld_s(sb + ia * snb0); let x1 = ld_s(sb + ib * snb0);
     // The CPU's contractions (rope_rotate).
