@@ -245,9 +245,16 @@ impl MatMul {
 
     /// Whether [`MatMul::dot_tile`] gains from tiles of many more activation rows than usual:
     /// the tiled K/i-quant kernels decode each weight block once per tile (all but Q6_K,
-    /// whose tiles are register-blocked).
+    /// whose tiles are register-blocked), and so do the AVX2 tiles of Q4_0/Q5_0/Q4_1/Q5_1.
     pub fn wide_tiles(&self) -> bool {
-        self.path == Path::Tiled && self.weight != DType::Q6_K
+        match self.path {
+            Path::Tiled => self.weight != DType::Q6_K,
+            Path::VecDot => matches!(
+                self.weight,
+                DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1
+            ),
+            _ => false,
+        }
     }
 
     /// Outputs of weight rows `w` (each `k` values) against converted activation rows `acts`

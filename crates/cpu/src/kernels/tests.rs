@@ -386,10 +386,15 @@ fn tiles_match_scalar() {
         .into_iter()
         .filter(|&t| t != DType::BF16)
         .collect();
-    for dtype in types {
+    // 32-value blocks also at 41 blocks a row: past the kernels' 32-block scale chunks.
+    let cases = types.into_iter().flat_map(|dtype| {
         let qk = dtype.block_size() as usize;
         let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
-        let k = k.next_multiple_of(qk);
+        let long = (qk == 32).then_some(41 * 32);
+        std::iter::once((dtype, k.next_multiple_of(qk))).chain(long.map(|k| (dtype, k)))
+    });
+    for (dtype, k) in cases {
+        let qk = dtype.block_size() as usize;
         let wrow = dtype.row_size(k as u64).unwrap() as usize;
         for (m, n) in [
             (8usize, 1usize),

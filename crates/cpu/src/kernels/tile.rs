@@ -128,7 +128,24 @@ pub(crate) fn x86_tiles<const AVX512: bool>(
         return false;
     }
     let nb = checked_blocks(kind, k, w, acts, out);
-    if AVX512 && avx512::covers(kind, nb, w.len(), acts.len()) {
+    if AVX512
+        && matches!(kind, TileKind::Q0(0 | 1) | TileKind::Q1(_))
+        && acts.len() > avx2::MAX_A
+        && avx512::covers(kind, nb, w.len(), avx2::MAX_A)
+    {
+        // A wide call (`MatMul::wide_tiles`, for the AVX2 tables) in the AVX-512 kernels'
+        // calls of up to `MAX_A` rows.
+        for (c, chunk) in acts.chunks(avx2::MAX_A).enumerate() {
+            let o = &mut out[c * avx2::MAX_A * w.len()..][..chunk.len() * w.len()];
+            if avx512::covers(kind, nb, w.len(), chunk.len()) {
+                // SAFETY: as below.
+                unsafe { avx512::run(kind, nb, w, chunk, o) };
+            } else {
+                // SAFETY: as below.
+                unsafe { avx2::run(kind, nb, w, chunk, o) };
+            }
+        }
+    } else if AVX512 && avx512::covers(kind, nb, w.len(), acts.len()) {
         // SAFETY: `AVX512` is set only in the AVX-512 kernel table, which exists only where
         // that tier is detected; every row holds `nb` blocks (checked above); `covers` holds.
         unsafe { avx512::run(kind, nb, w, acts, out) };

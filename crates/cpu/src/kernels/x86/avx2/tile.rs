@@ -99,19 +99,24 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
     match kind {
         // Q4_0/Q5_0: unsigned weight bytes and per-call scale tables (see `offset_q0`).
         TileKind::Q0(t @ (0 | 1))
-            if a.len() > 1
-                && w.len().is_multiple_of(4)
-                && nb <= MAX_BLOCKS
-                && w.len() <= MAX_W
-                && a.len() <= MAX_A =>
+            if a.len() > 1 && w.len().is_multiple_of(4) && w.len() <= MAX_W =>
         {
-            // SAFETY: by this function's contract; the table limits hold (checked above).
-            unsafe {
-                if t == 0 {
-                    offset_q0::<0>(nb, w, a, out)
-                } else {
-                    offset_q0::<1>(nb, w, a, out)
-                }
+            // SAFETY (all): by this function's contract; the table limits hold (checked).
+            match (t, table_size(nb, a.len())) {
+                (0, Some(false)) => unsafe {
+                    offset_q0::<0, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                },
+                (0, Some(true)) => unsafe {
+                    offset_q0::<0, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                },
+                (_, Some(false)) => unsafe {
+                    offset_q0::<1, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                },
+                (_, Some(true)) => unsafe {
+                    offset_q0::<1, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                },
+                (0, None) => run_4x2!(q0_4xn, 0, nb, w, a, out),
+                (_, None) => run_4x2!(q0_4xn, 1, nb, w, a, out),
             }
         }
         // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
@@ -121,6 +126,28 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             2 => run_4x2!(q0_4xn, 2, nb, w, a, out),
             _ => run_4x2!(q0_4xn, 3, nb, w, a, out),
         },
+        TileKind::Q1(q5)
+            if a.len() > 1
+                && w.len().is_multiple_of(2)
+                && w.len() <= MAX_W
+                && table_size(nb, a.len()).is_some() =>
+        {
+            // SAFETY (all): by this function's contract; the table limits hold (checked).
+            match (q5, table_size(nb, a.len()) == Some(true)) {
+                (false, false) => unsafe {
+                    offset_q1::<0, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                },
+                (false, true) => unsafe {
+                    offset_q1::<0, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                },
+                (true, false) => unsafe {
+                    offset_q1::<1, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                },
+                (true, true) => unsafe {
+                    offset_q1::<1, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                },
+            }
+        }
         TileKind::Q1(q5) if a.len() > 1 && w.len().is_multiple_of(4) => {
             if q5 {
                 run_4x2!(q1_4xn, 1, nb, w, a, out)
@@ -199,6 +226,23 @@ pub(crate) const MAX_BLOCKS: usize = 512;
 pub(crate) const MAX_W: usize = 8;
 pub(crate) const MAX_A: usize = 16;
 
+/// The per-call tables of a wide call (`MatMul::wide_tiles`: up to 128 activation rows), for
+/// rows of up to 64 blocks (k up to 2048): each weight row is decoded once for all of them.
+pub(crate) const WIDE_BLOCKS: usize = 64;
+pub(crate) const WIDE_A: usize = 128;
+
+/// Which tables fit a call of `nb` blocks and `na` activation rows: `Some(false)` the
+/// usual ones, `Some(true)` the wide ones, `None` neither.
+fn table_size(nb: usize, na: usize) -> Option<bool> {
+    if nb <= MAX_BLOCKS && na <= MAX_A {
+        Some(false)
+    } else if nb <= WIDE_BLOCKS && na <= WIDE_A {
+        Some(true)
+    } else {
+        None
+    }
+}
+
 /// Blocks whose scale products a kernel computes ahead, in one pass, before it reads them
 /// back by broadcast loads (right after their store they would wait on it).
 const CHUNK: usize = 32;
@@ -209,20 +253,25 @@ const CHUNK: usize = 32;
 /// 1.15× the 4×2 sign-trick tiles on Gemma 3's prompt at this tier.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; every row holds `nb <= MAX_BLOCKS` blocks; `w.len()` is a
-/// multiple of 4 and at most `MAX_W`; `a.len() <= MAX_A`.
+/// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is a multiple of 4
+/// and at most `MAX_W`; `a.len() <= 4 * NG`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
     const RM: usize = 2;
     let bx = q0_bytes(T);
     let na = a.len();
     // Tables, uninitialised until written (only `nb` entries of a row or group are
     // written and read): the weight scales of a group of `RM` rows (as 4 lanes), the
     // activation scale of a row, per block.
-    let mut tw: [std::mem::MaybeUninit<[__m128; MAX_BLOCKS]>; MAX_W / RM] =
+    let mut tw: [std::mem::MaybeUninit<[__m128; NB]>; MAX_W / RM] =
         [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
-    let mut ta: [std::mem::MaybeUninit<[f32; MAX_BLOCKS]>; MAX_A] =
-        [const { std::mem::MaybeUninit::uninit() }; MAX_A];
+    let mut ta: [std::mem::MaybeUninit<[__m128; NB]>; NG] =
+        [const { std::mem::MaybeUninit::uninit() }; NG];
     // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
     // read.
     unsafe {
@@ -233,16 +282,17 @@ unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 t.add(b).write(scales4(rows, b * bx));
             }
         }
-        for (j, t) in ta.iter_mut().enumerate().take(na) {
-            let t = t.as_mut_ptr().cast::<f32>();
+        for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
+            let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
+            let t = t.as_mut_ptr().cast::<__m128>();
             for b in 0..nb {
-                t.add(b).write(ld_f16(a[j].as_ptr().add(b * 34)));
+                t.add(b).write(scales4(rows, b * 34));
             }
         }
         // The group's weight blocks as unsigned bytes, decoded once for all the call's
         // activation rows.
         // Per row and block: the signed values, then `128·Σ` of each lane's 4 values.
-        let mut dec: std::mem::MaybeUninit<[[[__m256i; 2]; MAX_BLOCKS]; RM]> =
+        let mut dec: std::mem::MaybeUninit<[[[__m256i; 2]; NB]; RM]> =
             std::mem::MaybeUninit::uninit();
         let dec = dec.as_mut_ptr().cast::<[__m256i; 2]>();
         let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
@@ -254,12 +304,12 @@ unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 for b in 0..nb {
                     let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
                     let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
-                    dec.add(i * MAX_BLOCKS + b).write([x, corr]);
+                    dec.add(i * NB + b).write([x, corr]);
                 }
             }
             let mut wp = [std::ptr::null::<[__m256i; 2]>(); RM];
             for (i, p) in wp.iter_mut().enumerate() {
-                *p = dec.add(i * MAX_BLOCKS).cast_const();
+                *p = dec.add(i * NB).cast_const();
             }
             let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
             let mut j0 = 0;
@@ -268,18 +318,15 @@ unsafe fn offset_q0<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 // Plain loops, not `from_fn` closures: those would be calls here (a
                 // closure does not inherit the target features).
                 let mut ap = [std::ptr::null::<u8>(); 4];
-                let mut sj: [&[f32]; 4] = [&[]; 4];
                 for j in 0..rn {
                     ap[j] = a[j0 + j].as_ptr();
-                    sj[j] = std::slice::from_raw_parts(ta[j0 + j].as_ptr().cast::<f32>(), nb);
                 }
+                let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m128>(), nb);
                 macro_rules! k {
                     ($n:literal) => {{
                         let mut apn = [std::ptr::null::<u8>(); $n];
-                        let mut sjn: [&[f32]; $n] = [&[]; $n];
                         apn.copy_from_slice(&ap[..$n]);
-                        sjn.copy_from_slice(&sj[..$n]);
-                        let r = q0u::<T, RM, $n>(nb, wp, apn, sw, sjn);
+                        let r = q0u::<T, $n>(nb, wp, apn, sw, sa);
                         for i in 0..RM {
                             for j in 0..$n {
                                 out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
@@ -952,46 +999,254 @@ macro_rules! fmadd_bcast {
 /// saturates: `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from
 /// the scale tables), gives the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q0u<const T: u8, const RM: usize, const RN: usize>(
+unsafe fn q0u<const T: u8, const RN: usize>(
     nb: usize,
-    w: [*const [__m256i; 2]; RM],
+    w: [*const [__m256i; 2]; 2],
     a: [*const u8; RN],
     sw: &[__m128],
-    sa: [&[f32]; RN],
-) -> [[f32; RN]; RM] {
+    sa: &[__m128],
+) -> [[f32; RN]; 2] {
+    const RM: usize = 2;
     let mut acc = [[_mm256_setzero_ps(); RN]; RM];
     // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let bias = _mm256_set1_epi8(-128);
-        // dds[16 * c + 4 * j + i] = dx_i · dy_j of block `ib + c` (RN <= 4), written before
-        // it is read.
-        let mut dds = std::mem::MaybeUninit::<[f32; 16 * CHUNK]>::uninit();
-        let dds = dds.as_mut_ptr().cast::<f32>();
-        for ib in 0..nb {
-            if ib % CHUNK == 0 {
-                for c in 0..CHUNK.min(nb - ib) {
-                    for j in 0..RN {
-                        let dd = _mm_mul_ps(sw[ib + c], _mm_set1_ps(sa[j][ib + c]));
-                        _mm_storeu_ps(dds.add(16 * c + 4 * j), dd);
-                    }
+        // Lane 2j + i pairs weight row i with activation row j.
+        let wsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+        let asel = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        // dds[c][2j + i] = dx_i · dy_j of block `c0 + c`, computed a chunk ahead of the
+        // products (right after its store a broadcast load would wait on it).
+        let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
+        let dds = dds.as_mut_ptr().cast::<[f32; 8]>();
+        for c0 in (0..nb).step_by(CHUNK) {
+            let n = CHUNK.min(nb - c0);
+            for c in 0..n {
+                let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sw[c0 + c]), wsel);
+                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sa[c0 + c]), asel);
+                _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), _mm256_mul_ps(dw, da));
+            }
+            for c in 0..n {
+                let ib = c0 + c;
+                let dd = &*dds.add(c);
+                let mut x = [[_mm256_setzero_si256(); 2]; RM];
+                for (i, xi) in x.iter_mut().enumerate() {
+                    *xi = *w[i].add(ib);
                 }
-            }
-            let dd = dds.add(16 * (ib % CHUNK)).cast_const();
-            let mut x = [[_mm256_setzero_si256(); 2]; RM];
-            for (i, xi) in x.iter_mut().enumerate() {
-                *xi = *w[i].add(ib);
-            }
-            for j in 0..RN {
-                let y = _mm256_xor_si256(loadu(a[j].add(ib * 34 + 2)), bias);
-                for i in 0..RM {
-                    let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[i][0]));
-                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, x[i][1]));
-                    fmadd_bcast!(acc[i][j], q, &*dd.add(4 * j + i));
+                for j in 0..RN {
+                    let y = _mm256_xor_si256(loadu(a[j].add(ib * 34 + 2)), bias);
+                    for i in 0..RM {
+                        let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[i][0]));
+                        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, x[i][1]));
+                        fmadd_bcast!(acc[i][j], q, &dd[2 * j + i]);
+                    }
                 }
             }
         }
         hsum_all(acc)
+    }
+}
+
+/// Q4_1 (`T == 0`) / Q5_1 (`T == 1`) over the whole product, in tiles of 2 weight rows ×
+/// up to 4 activation rows ([`q1u`]). Once per call the block scales become f32 tables
+/// (per weight-row pair and block `[d0, m0, d1, m1]`, per activation row and block
+/// `[d, s]`, each from one `vcvtph2ps`), and with more than 4 activation rows each weight
+/// row is decoded once to its unsigned values, which `maddubs` takes as they are. The
+/// inner loop is then `maddubs`, `madd`, `cvt` and one FMA per (block, weight row,
+/// activation row); the 4×2 tiles ([`q1_4xn`]) spent as much again on decoding each block
+/// once per 2 activation rows and on converting scales inside the loop.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is even and at
+/// most `MAX_W`; `a.len() <= 4 * NG`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    const RM: usize = 2;
+    let bx = if T == 0 { 20 } else { 24 };
+    let na = a.len();
+    // Tables, uninitialised until written (only `nb` entries of a row or group are
+    // written and read).
+    let mut tw: [std::mem::MaybeUninit<[__m128; NB]>; MAX_W / RM] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    // Per group of 4 activation rows and block: `[d0, s0, d1, s1, d2, s2, d3, s3]`
+    // (a group short of 4 rows repeats its last).
+    let mut ta: [std::mem::MaybeUninit<[__m256; NB]>; NG] =
+        [const { std::mem::MaybeUninit::uninit() }; NG];
+    // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
+    // read.
+    unsafe {
+        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
+            let (r0, r1) = (w[RM * g].as_ptr(), w[RM * g + 1].as_ptr());
+            let t = t.as_mut_ptr().cast::<__m128>();
+            for b in 0..nb {
+                // The (d, m) words of the two rows' blocks: [d0, m0, d1, m1].
+                let lo = r0.add(b * bx).cast::<u32>().read_unaligned();
+                let hi = r1.add(b * bx).cast::<u32>().read_unaligned();
+                let bits = u64::from(lo) | u64::from(hi) << 32;
+                t.add(b).write(_mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)));
+            }
+        }
+        for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
+            let t = t.as_mut_ptr().cast::<__m256>();
+            let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
+            for b in 0..nb {
+                let word = |k: usize| rows[k].add(b * 36).cast::<i32>().read_unaligned();
+                let v = _mm_set_epi32(word(3), word(2), word(1), word(0));
+                t.add(b).write(_mm256_cvtph_ps(v));
+            }
+        }
+        // With more than 4 activation rows the weight blocks are decoded once per call;
+        // otherwise `q1u` decodes them as it goes (each block is read once either way).
+        let mut dec: std::mem::MaybeUninit<[[__m256i; NB]; RM]> = std::mem::MaybeUninit::uninit();
+        let dec = dec.as_mut_ptr().cast::<__m256i>();
+        for g in 0..w.len() / RM {
+            let mut wp = [std::ptr::null::<u8>(); RM];
+            for (i, p) in wp.iter_mut().enumerate() {
+                let row = w[RM * g + i].as_ptr();
+                if na > 4 {
+                    for b in 0..nb {
+                        dec.add(i * NB + b).write(q1_unsigned::<T>(row.add(b * bx)));
+                    }
+                    *p = dec.add(i * NB).cast::<u8>().cast_const();
+                } else {
+                    *p = row;
+                }
+            }
+            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                // Plain loops, not `from_fn` closures (see `offset_q0`).
+                let mut ap = [std::ptr::null::<u8>(); 4];
+                for j in 0..rn {
+                    ap[j] = a[j0 + j].as_ptr();
+                }
+                let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m256>(), nb);
+                macro_rules! k {
+                    ($n:literal) => {{
+                        let mut apn = [std::ptr::null::<u8>(); $n];
+                        apn.copy_from_slice(&ap[..$n]);
+                        let r = if na > 4 {
+                            q1u::<T, true, $n>(nb, wp, apn, sw, sa)
+                        } else {
+                            q1u::<T, false, $n>(nb, wp, apn, sw, sa)
+                        };
+                        for i in 0..RM {
+                            for j in 0..$n {
+                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
+                            }
+                        }
+                    }};
+                }
+                match rn {
+                    1 => k!(1),
+                    2 => k!(2),
+                    3 => k!(3),
+                    _ => k!(4),
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+/// The 32 values of a Q4_1 (`T == 0`) or Q5_1 block as unsigned bytes.
+#[inline(always)]
+unsafe fn q1_unsigned<const T: u8>(xb: *const u8) -> __m256i {
+    // SAFETY: `xb` points at a whole block; AVX2 enabled by the caller.
+    unsafe {
+        if T == 0 {
+            bytes_from_nibbles_32(xb.add(4))
+        } else {
+            let qh = xb.add(4).cast::<u32>().read_unaligned();
+            let hi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(bytes_from_nibbles_32(xb.add(8)), hi)
+        }
+    }
+}
+
+/// 2 weight rows × `RN` activation rows of Q4_1/Q5_1, bit-identical to [`q1_4xn`]
+/// (llama.cpp's `ggml_vec_dot_q4_1_q8_1`): per output 8 integer lanes and an FMA chain
+/// with `dx·dy` per block, beside it the FMA chain of `mx·sy`, and at the end
+/// `hsum_float_8(chain) + Σ m·s`. `w` points at the weight rows (`DEC`: at their decoded
+/// blocks), `sw`/`sa` at the `[d0, m0, d1, m1]` and `[d, s]` tables.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
+    nb: usize,
+    w: [*const u8; 2],
+    a: [*const u8; RN],
+    sw: &[__m128],
+    sa: &[__m256],
+) -> [[f32; RN]; 2] {
+    const RM: usize = 2;
+    let bx = if T == 0 { 20 } else { 24 };
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
+    unsafe {
+        // Lane 2j + i pairs weight row i with activation row j: the weights' d (or m) as
+        // [d0, d1, d0, d1, …], the activations' d (or s) as [d0, d0, d1, d1, …].
+        let wpick = |v: __m128, k: i32| {
+            _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(v),
+                _mm256_setr_epi32(k, k + 2, k, k + 2, k, k + 2, k, k + 2),
+            )
+        };
+        let apick = |v: __m256, k: i32| {
+            _mm256_permutevar8x32_ps(
+                v,
+                _mm256_setr_epi32(k, k, k + 2, k + 2, k + 4, k + 4, k + 6, k + 6),
+            )
+        };
+        // The m·s chains, in block order as the reference's scalar loop.
+        let mut summs = _mm256_setzero_ps();
+        for ib in 0..nb {
+            summs = _mm256_fmadd_ps(wpick(sw[ib], 1), apick(sa[ib], 1), summs);
+        }
+        let ones = _mm256_set1_epi16(1);
+        // dds[c][2j + i] = dx_i · dy_j of block `c0 + c`, computed a chunk ahead of the
+        // products (right after its store a broadcast load would wait on it).
+        let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
+        let dds = dds.as_mut_ptr().cast::<[f32; 8]>();
+        for c0 in (0..nb).step_by(CHUNK) {
+            let n = CHUNK.min(nb - c0);
+            for c in 0..n {
+                let dd = _mm256_mul_ps(wpick(sw[c0 + c], 0), apick(sa[c0 + c], 0));
+                _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), dd);
+            }
+            for c in 0..n {
+                let ib = c0 + c;
+                let dd = &*dds.add(c);
+                let mut x = [_mm256_setzero_si256(); RM];
+                for (i, xi) in x.iter_mut().enumerate() {
+                    *xi = if DEC {
+                        *w[i].cast::<__m256i>().add(ib)
+                    } else {
+                        q1_unsigned::<T>(w[i].add(ib * bx))
+                    };
+                }
+                for j in 0..RN {
+                    let y = loadu(a[j].add(ib * 36 + 4));
+                    for i in 0..RM {
+                        let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[i], y));
+                        fmadd_bcast!(acc[i][j], _mm256_cvtepi32_ps(s), &dd[2 * j + i]);
+                    }
+                }
+            }
+        }
+        let mut out = hsum_all(acc);
+        let mut sm = [0f32; 8];
+        _mm256_storeu_ps(sm.as_mut_ptr(), summs);
+        for j in 0..RN {
+            for i in 0..RM {
+                out[i][j] += sm[2 * j + i];
+            }
+        }
+        out
     }
 }
 
