@@ -622,8 +622,22 @@ impl FlashPlan {
             kt.fill(0.0);
             vt.fill(0.0);
             let kf16 = self.k.l.dtype == DType::F16;
+            // Each row's unmasked span: a tile outside all of them is all -inf, which the
+            // per-row conversion below would find and skip (several sequences' streams in
+            // one batch leave long hidden runs between them).
+            let mut spans = [None; TILE_Q];
+            for (tq, span) in spans.iter_mut().enumerate().take(rows) {
+                *span = kernels::unmasked_span(&self.mask.row_f32(i0 + tq, 0, 0)[..self.n_kv]);
+            }
             for ic in (0..self.n_kv).step_by(TILE_KV) {
                 let kv_tile = TILE_KV.min(self.n_kv - ic);
+                let open = spans[..rows]
+                    .iter()
+                    .flatten()
+                    .any(|&(lo, hi)| lo < ic + kv_tile && hi > ic);
+                if !open {
+                    continue;
+                }
                 let mut can_skip = true;
                 for tq in 0..rows {
                     let mrow = self.mask.row_f32(i0 + tq, 0, 0);

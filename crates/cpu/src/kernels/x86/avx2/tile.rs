@@ -119,6 +119,14 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
                 (_, None) => run_4x2!(q0_4xn, 1, nb, w, a, out),
             }
         }
+        // SAFETY: by this function's contract; the table limits hold (checked).
+        TileKind::Q0(2)
+            if a.len() > 1
+                && w.len().is_multiple_of(2)
+                && w.len() <= MAX_W
+                && nb <= WIDE_BLOCKS
+                && a.len() <= MAX_A =>
+        unsafe { offset_q8(nb, w, a, out) },
         // Several activation rows and weight rows in fours: tinyBLAS's 4×2 shape.
         TileKind::Q0(t) if a.len() > 1 && w.len().is_multiple_of(4) => match t {
             0 => run_4x2!(q0_4xn, 0, nb, w, a, out),
@@ -1247,6 +1255,157 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
             }
         }
         out
+    }
+}
+
+/// Q8_0 over the whole product, in tiles of 2 weight rows × up to 4 activation rows
+/// ([`q8u`]): values widened to i16 and regrouped (`widen_q8`), so that two `pmaddwd` and
+/// an add give each of llama.cpp's 8 lanes (4 products) without its sign trick (`psignb`
+/// per output and block). Once per call the block scales become f32 tables and the
+/// activation blocks are widened; weight blocks are widened as they are read (once per 4
+/// activation rows).
+///
+/// # Safety
+/// AVX2/FMA/F16C present; every row holds `nb <= WIDE_BLOCKS` blocks; `w.len()` is even
+/// and at most `MAX_W`; `a.len() <= MAX_A`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const RM: usize = 2;
+    let na = a.len();
+    let mut tw: [std::mem::MaybeUninit<[__m128; WIDE_BLOCKS]>; MAX_W / RM] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    let mut ta: [std::mem::MaybeUninit<[__m128; WIDE_BLOCKS]>; MAX_A / 4] =
+        [const { std::mem::MaybeUninit::uninit() }; MAX_A / 4];
+    let mut ya: std::mem::MaybeUninit<[[[__m256i; 2]; WIDE_BLOCKS]; MAX_A]> =
+        std::mem::MaybeUninit::uninit();
+    let ya = ya.as_mut_ptr().cast::<[__m256i; 2]>();
+    // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
+    // read.
+    unsafe {
+        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
+            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+            let t = t.as_mut_ptr().cast::<__m128>();
+            for b in 0..nb {
+                t.add(b).write(scales4(rows, b * 34));
+            }
+        }
+        for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
+            let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
+            let t = t.as_mut_ptr().cast::<__m128>();
+            for b in 0..nb {
+                t.add(b).write(scales4(rows, b * 34));
+            }
+        }
+        for (j, row) in a.iter().enumerate() {
+            for b in 0..nb {
+                ya.add(j * WIDE_BLOCKS + b)
+                    .write(widen_q8(row.as_ptr().add(b * 34 + 2)));
+            }
+        }
+        for g in 0..w.len() / RM {
+            let wp: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+            let mut j0 = 0;
+            while j0 < na {
+                let rn = (na - j0).min(4);
+                let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m128>(), nb);
+                let mut ap = [std::ptr::null::<[__m256i; 2]>(); 4];
+                for (j, p) in ap.iter_mut().enumerate().take(rn) {
+                    *p = ya.add((j0 + j) * WIDE_BLOCKS).cast_const();
+                }
+                macro_rules! k {
+                    ($n:literal) => {{
+                        let mut apn = [std::ptr::null::<[__m256i; 2]>(); $n];
+                        apn.copy_from_slice(&ap[..$n]);
+                        let r = q8u::<$n>(nb, wp, apn, sw, sa);
+                        for i in 0..RM {
+                            for j in 0..$n {
+                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
+                            }
+                        }
+                    }};
+                }
+                match rn {
+                    1 => k!(1),
+                    2 => k!(2),
+                    3 => k!(3),
+                    _ => k!(4),
+                }
+                j0 += rn;
+            }
+        }
+    }
+}
+
+/// The 32 signed bytes at `p` as two vectors of i16 arranged for `pmaddwd`: the first holds
+/// values `4j, 4j + 1` and the second `4j + 2, 4j + 3` at i32 lane `j`, so that the sum of the
+/// two products is lane `j` of `madd(maddubs(·))`: values `4j..4j + 4`.
+#[inline(always)]
+unsafe fn widen_q8(p: *const u8) -> [__m256i; 2] {
+    // SAFETY: 32 readable bytes at `p` (the caller's contract); AVX2 enabled by the caller.
+    unsafe {
+        let v = loadu(p);
+        let idx = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3,
+            6, 7, 10, 11, 14, 15,
+        );
+        // Qwords: [lane 0 even pairs, lane 0 odd, lane 1 even, lane 1 odd] -> evens, odds.
+        let s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, idx), 0b11_01_10_00);
+        [
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1)),
+        ]
+    }
+}
+
+/// 2 weight rows × `RN` activation rows of Q8_0, bit-identical to [`q0_4xn`]: per output
+/// the same 8 exact lane sums, then `fma(dx·dy, lanes, acc)` per block and `hsum_float_8`.
+/// `a` points at the widened activation blocks, `sw`/`sa` at the scale tables (`[d0, d1]`
+/// of the weight rows, `[d0..d3]` of the activation group).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8u<const RN: usize>(
+    nb: usize,
+    w: [*const u8; 2],
+    a: [*const [__m256i; 2]; RN],
+    sw: &[__m128],
+    sa: &[__m128],
+) -> [[f32; RN]; 2] {
+    const RM: usize = 2;
+    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+    // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
+    unsafe {
+        // Lane 2j + i pairs weight row i with activation row j.
+        let wsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+        let asel = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
+        let dds = dds.as_mut_ptr().cast::<[f32; 8]>();
+        for c0 in (0..nb).step_by(CHUNK) {
+            let n = CHUNK.min(nb - c0);
+            for c in 0..n {
+                let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sw[c0 + c]), wsel);
+                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sa[c0 + c]), asel);
+                _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), _mm256_mul_ps(dw, da));
+            }
+            for c in 0..n {
+                let ib = c0 + c;
+                let dd = &*dds.add(c);
+                let mut x = [[_mm256_setzero_si256(); 2]; RM];
+                for (i, xi) in x.iter_mut().enumerate() {
+                    *xi = widen_q8(w[i].add(ib * 34 + 2));
+                }
+                for j in 0..RN {
+                    let y = &*a[j].add(ib);
+                    for i in 0..RM {
+                        let s = _mm256_add_epi32(
+                            _mm256_madd_epi16(x[i][0], y[0]),
+                            _mm256_madd_epi16(x[i][1], y[1]),
+                        );
+                        fmadd_bcast!(acc[i][j], _mm256_cvtepi32_ps(s), &dd[2 * j + i]);
+                    }
+                }
+            }
+        }
+        hsum_all(acc)
     }
 }
 
