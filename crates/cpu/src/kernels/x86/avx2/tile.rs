@@ -251,6 +251,22 @@ fn table_size(nb: usize, na: usize) -> Option<bool> {
     }
 }
 
+/// `1.5·2^23` as f32 bits: `MAGIC + n` is the bit pattern of the f32 `1.5·2^23 + n` for
+/// |n| < 2^22, so [`magic_f32`] turns such a sum back into `n` exactly.
+const MAGIC: i32 = 0x4B40_0000;
+
+/// `f32(t - MAGIC)` of each lane (|t - MAGIC| < 2^22), exactly, as `cvtdq2ps` would give
+/// it: the f32 with bits `t`, less `1.5·2^23` (same binade, so the subtraction is exact).
+/// An integer add (any vector port) and an f32 subtract in place of the conversion: the
+/// add can take the lanes' offset along (Q4_0/Q5_0's `128·Σx`), and on Golden Cove and
+/// later cores the subtract runs on port 5's adder, beside the two multiply ports that the
+/// `maddubs`/`madd`/FMA of every output keep busy.
+#[inline(always)]
+unsafe fn magic_f32(t: __m256i) -> __m256 {
+    // SAFETY: register-only; AVX enabled by the caller.
+    unsafe { _mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(12_582_912.0)) }
+}
+
 /// Blocks whose scale products a kernel computes ahead, in one pass, before it reads them
 /// back by broadcast loads (right after their store they would wait on it).
 const CHUNK: usize = 32;
@@ -312,7 +328,8 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                 for b in 0..nb {
                     let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
                     let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
-                    dec.add(i * NB + b).write([x, corr]);
+                    let magic_corr = _mm256_sub_epi32(_mm256_set1_epi32(MAGIC), corr);
+                    dec.add(i * NB + b).write([x, magic_corr]);
                 }
             }
             let mut wp = [std::ptr::null::<[__m256i; 2]>(); RM];
@@ -980,32 +997,36 @@ unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
     }
 }
 
-/// `$acc = fma(broadcast(*$s), $q, $acc)` (`$s: &f32`), one rounding, the broadcast
-/// done by the load unit. Left to itself LLVM keeps the scale products in registers and
-/// spends a shuffle or two on every broadcast. A macro, so that the register class sees
+/// `$acc = fma(broadcast(f32 at byte $off past $base), $q, $acc)`, one rounding, the
+/// broadcast done by the load unit. Left to itself LLVM keeps the scale products in
+/// registers and spends a shuffle or two on every broadcast; and the offset (a literal) goes
+/// into the load's addressing, where a computed address would cost an ALU µop per output
+/// and block (an `lea`, often on a vector port). A macro, so that the register class sees
 /// the calling kernel's AVX.
-macro_rules! fmadd_bcast {
-    ($acc:expr, $q:expr, $s:expr) => {{
-        let s: &f32 = $s;
+macro_rules! fmadd_bcast_at {
+    ($acc:expr, $q:expr, $base:expr, $off:literal) => {{
+        let base: *const f32 = $base;
         let d: __m256;
-        // Used inside the kernels' `unsafe` blocks. Sound: reads the 4 bytes of `*s`.
+        // Used inside the kernels' `unsafe` blocks. Sound: reads 4 bytes at `base + $off`,
+        // which the caller's table holds.
         std::arch::asm!(
-            "vbroadcastss {d}, dword ptr [{s}]",
+            concat!("vbroadcastss {d}, dword ptr [{s} + ", stringify!($off), "]"),
             d = out(ymm_reg) d,
-            s = in(reg) s as *const f32,
+            s = in(reg) base,
             options(pure, readonly, nostack, preserves_flags),
         );
         $acc = _mm256_fmadd_ps(d, $q, $acc);
     }};
 }
 
-/// `RM` weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
-/// weight blocks decoded once per call to their signed values `x` and each lane's `128·Σx`
-/// (`w` points at the pairs): the activation bytes offset to unsigned, `y + 128`, meet the
-/// values in one `maddubs` with no sign fix-up, and the offset's part, which depends on the
-/// weights alone, is taken off. The lane sums are the same exact integers (no pair sum
-/// saturates: `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from
-/// the scale tables), gives the same bits.
+/// 2 weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
+/// weight blocks decoded once per call to their signed values `x` and, per lane,
+/// `MAGIC - 128·Σx` (`w` points at the pairs): the activation bytes offset to unsigned,
+/// `y + 128`, meet the values in one `maddubs` with no sign fix-up, and one integer add takes
+/// the offset's part (which depends on the weights alone) off and readies the lane for
+/// [`magic_f32`]. The lane sums are the same exact integers (no pair sum saturates:
+/// `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from the scale
+/// tables, lane `2j + i` for rows `i`, `j`), gives the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q0u<const T: u8, const RN: usize>(
     nb: usize,
@@ -1036,19 +1057,26 @@ unsafe fn q0u<const T: u8, const RN: usize>(
             }
             for c in 0..n {
                 let ib = c0 + c;
-                let dd = &*dds.add(c);
-                let mut x = [[_mm256_setzero_si256(); 2]; RM];
-                for (i, xi) in x.iter_mut().enumerate() {
-                    *xi = *w[i].add(ib);
+                let dd = dds.add(c).cast::<f32>().cast_const();
+                let x = [*w[0].add(ib), *w[1].add(ib)];
+                // Activation row j against both weight rows; `dd` at byte 8j and 8j + 4.
+                macro_rules! row {
+                    ($j:literal, $o0:literal, $o1:literal) => {
+                        if $j < RN {
+                            let y = _mm256_xor_si256(loadu(a[$j].add(ib * 34 + 2)), bias);
+                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[0][0]));
+                            let q = magic_f32(_mm256_add_epi32(s, x[0][1]));
+                            fmadd_bcast_at!(acc[0][$j], q, dd, $o0);
+                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[1][0]));
+                            let q = magic_f32(_mm256_add_epi32(s, x[1][1]));
+                            fmadd_bcast_at!(acc[1][$j], q, dd, $o1);
+                        }
+                    };
                 }
-                for j in 0..RN {
-                    let y = _mm256_xor_si256(loadu(a[j].add(ib * 34 + 2)), bias);
-                    for i in 0..RM {
-                        let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[i][0]));
-                        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, x[i][1]));
-                        fmadd_bcast!(acc[i][j], q, &dd[2 * j + i]);
-                    }
-                }
+                row!(0, 0, 4);
+                row!(1, 8, 12);
+                row!(2, 16, 20);
+                row!(3, 24, 28);
             }
         }
         hsum_all(acc)
@@ -1215,6 +1243,7 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
         for ib in 0..nb {
             summs = _mm256_fmadd_ps(wpick(sw[ib], 1), apick(sa[ib], 1), summs);
         }
+
         let ones = _mm256_set1_epi16(1);
         // dds[c][2j + i] = dx_i · dy_j of block `c0 + c`, computed a chunk ahead of the
         // products (right after its store a broadcast load would wait on it).
@@ -1228,7 +1257,7 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
             }
             for c in 0..n {
                 let ib = c0 + c;
-                let dd = &*dds.add(c);
+                let dd = dds.add(c).cast::<f32>().cast_const();
                 let mut x = [_mm256_setzero_si256(); RM];
                 for (i, xi) in x.iter_mut().enumerate() {
                     *xi = if DEC {
@@ -1237,13 +1266,22 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
                         q1_unsigned::<T>(w[i].add(ib * bx))
                     };
                 }
-                for j in 0..RN {
-                    let y = loadu(a[j].add(ib * 36 + 4));
-                    for i in 0..RM {
-                        let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[i], y));
-                        fmadd_bcast!(acc[i][j], _mm256_cvtepi32_ps(s), &dd[2 * j + i]);
-                    }
+                // Activation row j against both weight rows; `dd` at byte 8j and 8j + 4.
+                macro_rules! row {
+                    ($j:literal, $o0:literal, $o1:literal) => {
+                        if $j < RN {
+                            let y = loadu(a[$j].add(ib * 36 + 4));
+                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[0], y));
+                            fmadd_bcast_at!(acc[0][$j], _mm256_cvtepi32_ps(s), dd, $o0);
+                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[1], y));
+                            fmadd_bcast_at!(acc[1][$j], _mm256_cvtepi32_ps(s), dd, $o1);
+                        }
+                    };
                 }
+                row!(0, 0, 4);
+                row!(1, 8, 12);
+                row!(2, 16, 20);
+                row!(3, 24, 28);
             }
         }
         let mut out = hsum_all(acc);
@@ -1388,21 +1426,33 @@ unsafe fn q8u<const RN: usize>(
             }
             for c in 0..n {
                 let ib = c0 + c;
-                let dd = &*dds.add(c);
-                let mut x = [[_mm256_setzero_si256(); 2]; RM];
-                for (i, xi) in x.iter_mut().enumerate() {
-                    *xi = widen_q8(w[i].add(ib * 34 + 2));
+                let dd = dds.add(c).cast::<f32>().cast_const();
+                let x = [
+                    widen_q8(w[0].add(ib * 34 + 2)),
+                    widen_q8(w[1].add(ib * 34 + 2)),
+                ];
+                // Activation row j against both weight rows; `dd` at byte 8j and 8j + 4.
+                macro_rules! row {
+                    ($j:literal, $o0:literal, $o1:literal) => {
+                        if $j < RN {
+                            let y = &*a[$j].add(ib);
+                            let s = _mm256_add_epi32(
+                                _mm256_madd_epi16(x[0][0], y[0]),
+                                _mm256_madd_epi16(x[0][1], y[1]),
+                            );
+                            fmadd_bcast_at!(acc[0][$j], _mm256_cvtepi32_ps(s), dd, $o0);
+                            let s = _mm256_add_epi32(
+                                _mm256_madd_epi16(x[1][0], y[0]),
+                                _mm256_madd_epi16(x[1][1], y[1]),
+                            );
+                            fmadd_bcast_at!(acc[1][$j], _mm256_cvtepi32_ps(s), dd, $o1);
+                        }
+                    };
                 }
-                for j in 0..RN {
-                    let y = &*a[j].add(ib);
-                    for i in 0..RM {
-                        let s = _mm256_add_epi32(
-                            _mm256_madd_epi16(x[i][0], y[0]),
-                            _mm256_madd_epi16(x[i][1], y[1]),
-                        );
-                        fmadd_bcast!(acc[i][j], _mm256_cvtepi32_ps(s), &dd[2 * j + i]);
-                    }
-                }
+                row!(0, 0, 4);
+                row!(1, 8, 12);
+                row!(2, 16, 20);
+                row!(3, 24, 28);
             }
         }
         hsum_all(acc)
