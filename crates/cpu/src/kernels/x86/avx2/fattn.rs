@@ -164,56 +164,89 @@ pub unsafe fn f32_row_to_f16(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Rows in pairs and columns in blocks of 32 held in registers over the whole `k` loop
-/// (each output is still one FMA chain in `k` order); leftover columns by the generic loop.
+/// `c += a·b` (`c` m×n, `a` m×k, `b` k×n, row-major) as ggml's `simd_gemm` tiles it on
+/// AVX2: 6 rows × 16 columns held in 12 registers over the whole `k` loop (two loads of `b`
+/// and six broadcasts per 12 FMAs; 12 independent chains cover the FMA latency), then
+/// 8-column and single-row tiles. Each output is one FMA chain in `k` order whatever the
+/// tile, so any tiling gives the same bits; leftover columns (under 8) by `mul_add`.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
-    let n32 = n / 32 * 32;
-    // SAFETY: every load and store is inside `c` (m×n), `a` (m×k) and `b` (k×n): rows
-    // `i, i + 1 < m`, columns `j..j + 32 <= n32 <= n`, `kk < k`.
+    assert!(c.len() >= m * n && a.len() >= m * k && b.len() >= k * n);
+    let n8 = n / 8 * 8;
+    let (cp, ap, bp) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+    let mut i = 0;
+    // SAFETY (all tiles): rows `i..i + RM <= m`, columns `j..j + 8·RN <= n8 <= n`,
+    // `kk < k`: inside `c`, `a` and `b` (asserted above).
     unsafe {
-        let (cp, ap, bp) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
-        let mut i = 0;
-        while i < m {
-            let two = i + 1 < m;
-            for j in (0..n32).step_by(32) {
-                let c0 = cp.add(i * n + j);
-                let c1 = cp.add((i + usize::from(two)) * n + j);
-                let mut x0 = [_mm256_setzero_ps(); 4];
-                let mut x1 = [_mm256_setzero_ps(); 4];
-                for r in 0..4 {
-                    x0[r] = _mm256_loadu_ps(c0.add(8 * r));
-                    x1[r] = _mm256_loadu_ps(c1.add(8 * r));
-                }
-                let a0p = ap.add(i * k);
-                let a1p = ap.add((i + usize::from(two)) * k);
-                for kk in 0..k {
-                    let a0 = _mm256_set1_ps(*a0p.add(kk));
-                    let a1 = _mm256_set1_ps(*a1p.add(kk));
-                    let brow = bp.add(kk * n + j);
-                    for r in 0..4 {
-                        let bv = _mm256_loadu_ps(brow.add(8 * r));
-                        x0[r] = _mm256_fmadd_ps(a0, bv, x0[r]);
-                        x1[r] = _mm256_fmadd_ps(a1, bv, x1[r]);
-                    }
-                }
-                for r in 0..4 {
-                    _mm256_storeu_ps(c0.add(8 * r), x0[r]);
-                    if two {
-                        _mm256_storeu_ps(c1.add(8 * r), x1[r]);
-                    }
-                }
+        while i + 6 <= m {
+            let mut j = 0;
+            while j + 16 <= n8 {
+                gemm_tile::<6, 2>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
+                j += 16;
             }
-            i += 2;
+            if j < n8 {
+                gemm_tile::<6, 1>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
+            }
+            i += 6;
+        }
+        while i < m {
+            let mut j = 0;
+            while j + 16 <= n8 {
+                gemm_tile::<1, 2>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
+                j += 16;
+            }
+            if j < n8 {
+                gemm_tile::<1, 1>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
+            }
+            i += 1;
         }
     }
-    if n32 < n {
+    if n8 < n {
         for i in 0..m {
             for kk in 0..k {
                 let av = a[i * k + kk];
-                for j in n32..n {
+                for j in n8..n {
                     c[i * n + j] = av.mul_add(b[kk * n + j], c[i * n + j]);
                 }
+            }
+        }
+    }
+}
+
+/// One `RM` × `8·RN` tile of [`gemm_acc`] at `c` (row stride `n`), `a` (stride `k`), `b`
+/// (stride `n`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn gemm_tile<const RM: usize, const RN: usize>(
+    c: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    k: usize,
+    n: usize,
+) {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        for (i, row) in acc.iter_mut().enumerate() {
+            for (r, v) in row.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(c.add(i * n + 8 * r));
+            }
+        }
+        for kk in 0..k {
+            let mut bv = [_mm256_setzero_ps(); RN];
+            for (r, v) in bv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(b.add(kk * n + 8 * r));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let p = _mm256_set1_ps(*a.add(i * k + kk));
+                for (r, v) in row.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(p, bv[r], *v);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (r, v) in row.iter().enumerate() {
+                _mm256_storeu_ps(c.add(i * n + 8 * r), *v);
             }
         }
     }
