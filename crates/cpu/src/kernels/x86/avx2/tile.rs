@@ -1377,7 +1377,9 @@ unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
 
 /// The 32 signed bytes at `p` as two vectors of i16 arranged for `pmaddwd`: the first holds
 /// values `4j, 4j + 1` and the second `4j + 2, 4j + 3` at i32 lane `j`, so that the sum of the
-/// two products is lane `j` of `madd(maddubs(·))`: values `4j..4j + 4`.
+/// two products is lane `j` of `madd(maddubs(·))`: values `4j..4j + 4`. Within 128-bit lanes
+/// only (a byte shuffle, then unpacking with the sign bytes): the lane-crossing `vpmovsxbw`
+/// is two µops on Zen 3's shuffle pipes, which this kernel keeps busy.
 #[inline(always)]
 unsafe fn widen_q8(p: *const u8) -> [__m256i; 2] {
     // SAFETY: 32 readable bytes at `p` (the caller's contract); AVX2 enabled by the caller.
@@ -1387,12 +1389,10 @@ unsafe fn widen_q8(p: *const u8) -> [__m256i; 2] {
             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3,
             6, 7, 10, 11, 14, 15,
         );
-        // Qwords: [lane 0 even pairs, lane 0 odd, lane 1 even, lane 1 odd] -> evens, odds.
-        let s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, idx), 0b11_01_10_00);
-        [
-            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s)),
-            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1)),
-        ]
+        // Per 128-bit lane: the pairs `4j, 4j + 1` (j = 0..4), then `4j + 2, 4j + 3`.
+        let s = _mm256_shuffle_epi8(v, idx);
+        let sign = _mm256_cmpgt_epi8(_mm256_setzero_si256(), s);
+        [_mm256_unpacklo_epi8(s, sign), _mm256_unpackhi_epi8(s, sign)]
     }
 }
 
