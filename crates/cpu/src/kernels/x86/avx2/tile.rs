@@ -267,6 +267,10 @@ unsafe fn magic_f32(t: __m256i) -> __m256 {
     unsafe { _mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(12_582_912.0)) }
 }
 
+/// Activation blocks (rows × blocks) that [`offset_q0`] offsets to unsigned once per call
+/// (a 64 KiB table on the stack).
+const BIAS_BLOCKS: usize = 2048;
+
 /// Blocks whose scale products a kernel computes ahead, in one pass, before it reads them
 /// back by broadcast loads (right after their store they would wait on it).
 const CHUNK: usize = 32;
@@ -322,51 +326,85 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
         let ov = _mm256_set1_epi8(if T == 0 { 8 } else { 16 });
         let bias = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
-        for g in 0..w.len() / RM {
-            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
-            for (i, row) in rows.iter().enumerate() {
-                for b in 0..nb {
-                    let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
-                    let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
-                    let magic_corr = _mm256_sub_epi32(_mm256_set1_epi32(MAGIC), corr);
-                    dec.add(i * NB + b).write([x, magic_corr]);
+        // The activation blocks offset to unsigned (`y + 128`) once per call, not once per
+        // weight-row group, in chunks of rows that fit the table (a multiple of 4); with
+        // fewer than 16 rows a chunk, each group offsets them as it reads them instead.
+        let per_chunk = (BIAS_BLOCKS / nb) / 4 * 4;
+        let chunk = if nb * na <= BIAS_BLOCKS {
+            na
+        } else if per_chunk >= 16 {
+            per_chunk
+        } else {
+            0
+        };
+        let mut yb = std::mem::MaybeUninit::<[__m256i; BIAS_BLOCKS]>::uninit();
+        let yb = yb.as_mut_ptr().cast::<__m256i>();
+        let mut c0 = 0;
+        while c0 < na {
+            let c1 = if chunk == 0 { na } else { na.min(c0 + chunk) };
+            if chunk > 0 {
+                for j in c0..c1 {
+                    for b in 0..nb {
+                        let y = _mm256_xor_si256(loadu(a[j].as_ptr().add(b * 34 + 2)), bias);
+                        yb.add((j - c0) * nb + b).write(y);
+                    }
                 }
             }
-            let mut wp = [std::ptr::null::<[__m256i; 2]>(); RM];
-            for (i, p) in wp.iter_mut().enumerate() {
-                *p = dec.add(i * NB).cast_const();
-            }
-            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
-            let mut j0 = 0;
-            while j0 < na {
-                let rn = (na - j0).min(4);
-                // Plain loops, not `from_fn` closures: those would be calls here (a
-                // closure does not inherit the target features).
-                let mut ap = [std::ptr::null::<u8>(); 4];
-                for j in 0..rn {
-                    ap[j] = a[j0 + j].as_ptr();
+            for g in 0..w.len() / RM {
+                let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+                for (i, row) in rows.iter().enumerate() {
+                    for b in 0..nb {
+                        let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
+                        let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
+                        let magic_corr = _mm256_sub_epi32(_mm256_set1_epi32(MAGIC), corr);
+                        dec.add(i * NB + b).write([x, magic_corr]);
+                    }
                 }
-                let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m128>(), nb);
-                macro_rules! k {
-                    ($n:literal) => {{
-                        let mut apn = [std::ptr::null::<u8>(); $n];
-                        apn.copy_from_slice(&ap[..$n]);
-                        let r = q0u::<T, $n>(nb, wp, apn, sw, sa);
-                        for i in 0..RM {
-                            for j in 0..$n {
-                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
+                let mut wp = [std::ptr::null::<[__m256i; 2]>(); RM];
+                for (i, p) in wp.iter_mut().enumerate() {
+                    *p = dec.add(i * NB).cast_const();
+                }
+                let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+                let mut j0 = c0;
+                while j0 < c1 {
+                    let rn = (c1 - j0).min(4);
+                    // Plain loops, not `from_fn` closures: those would be calls here (a
+                    // closure does not inherit the target features).
+                    let mut ap = [std::ptr::null::<u8>(); 4];
+                    for j in 0..rn {
+                        ap[j] = if chunk > 0 {
+                            yb.add((j0 + j - c0) * nb).cast::<u8>().cast_const()
+                        } else {
+                            a[j0 + j].as_ptr()
+                        };
+                    }
+                    let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m128>(), nb);
+                    macro_rules! k {
+                        ($n:literal) => {{
+                            let mut apn = [std::ptr::null::<u8>(); $n];
+                            apn.copy_from_slice(&ap[..$n]);
+                            let r = if chunk > 0 {
+                                q0u::<T, true, $n>(nb, wp, apn, sw, sa)
+                            } else {
+                                q0u::<T, false, $n>(nb, wp, apn, sw, sa)
+                            };
+                            for i in 0..RM {
+                                for j in 0..$n {
+                                    out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
+                                }
                             }
-                        }
-                    }};
+                        }};
+                    }
+                    match rn {
+                        1 => k!(1),
+                        2 => k!(2),
+                        3 => k!(3),
+                        _ => k!(4),
+                    }
+                    j0 += rn;
                 }
-                match rn {
-                    1 => k!(1),
-                    2 => k!(2),
-                    3 => k!(3),
-                    _ => k!(4),
-                }
-                j0 += rn;
             }
+            c0 = c1;
         }
     }
 }
@@ -1026,9 +1064,10 @@ macro_rules! fmadd_bcast_at {
 /// the offset's part (which depends on the weights alone) off and readies the lane for
 /// [`magic_f32`]. The lane sums are the same exact integers (no pair sum saturates:
 /// `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from the scale
-/// tables, lane `2j + i` for rows `i`, `j`), gives the same bits.
+/// tables, lane `2j + i` for rows `i`, `j`), gives the same bits. With `PRE`, `a` points at
+/// activation blocks already offset (32 bytes each, from `offset_q0`'s table).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q0u<const T: u8, const RN: usize>(
+unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
     nb: usize,
     w: [*const [__m256i; 2]; 2],
     a: [*const u8; RN],
@@ -1063,7 +1102,11 @@ unsafe fn q0u<const T: u8, const RN: usize>(
                 macro_rules! row {
                     ($j:literal, $o0:literal, $o1:literal) => {
                         if $j < RN {
-                            let y = _mm256_xor_si256(loadu(a[$j].add(ib * 34 + 2)), bias);
+                            let y = if PRE {
+                                loadu(a[$j].add(ib * 32))
+                            } else {
+                                _mm256_xor_si256(loadu(a[$j].add(ib * 34 + 2)), bias)
+                            };
                             let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[0][0]));
                             let q = magic_f32(_mm256_add_epi32(s, x[0][1]));
                             fmadd_bcast_at!(acc[0][$j], q, dd, $o0);
