@@ -175,29 +175,15 @@ pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, 
     let n8 = n / 8 * 8;
     let (cp, ap, bp) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
     let mut i = 0;
-    // SAFETY (all tiles): rows `i..i + RM <= m`, columns `j..j + 8·RN <= n8 <= n`,
-    // `kk < k`: inside `c`, `a` and `b` (asserted above).
+    // SAFETY (all rows): rows `i..i + RM <= m`, columns below `n8 <= n`, `kk < k`: inside
+    // `c`, `a` and `b` (asserted above).
     unsafe {
         while i + 6 <= m {
-            let mut j = 0;
-            while j + 16 <= n8 {
-                gemm_tile::<6, 2>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
-                j += 16;
-            }
-            if j < n8 {
-                gemm_tile::<6, 1>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
-            }
+            gemm_rows::<6>(cp.add(i * n), ap.add(i * k), bp, k, n, n8);
             i += 6;
         }
         while i < m {
-            let mut j = 0;
-            while j + 16 <= n8 {
-                gemm_tile::<1, 2>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
-                j += 16;
-            }
-            if j < n8 {
-                gemm_tile::<1, 1>(cp.add(i * n + j), ap.add(i * k), bp.add(j), k, n);
-            }
+            gemm_rows::<1>(cp.add(i * n), ap.add(i * k), bp, k, n, n8);
             i += 1;
         }
     }
@@ -209,6 +195,30 @@ pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, 
                     c[i * n + j] = av.mul_add(b[kk * n + j], c[i * n + j]);
                 }
             }
+        }
+    }
+}
+
+/// `RM` rows of [`gemm_acc`] at `c`/`a`, columns `0..n8` in 16- then 8-column tiles.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn gemm_rows<const RM: usize>(
+    c: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    k: usize,
+    n: usize,
+    n8: usize,
+) {
+    let mut j = 0;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        while j + 16 <= n8 {
+            gemm_tile::<RM, 2>(c.add(j), a, b.add(j), k, n);
+            j += 16;
+        }
+        if j < n8 {
+            gemm_tile::<RM, 1>(c.add(j), a, b.add(j), k, n);
         }
     }
 }

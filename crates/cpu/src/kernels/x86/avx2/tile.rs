@@ -275,6 +275,30 @@ const BIAS_BLOCKS: usize = 2048;
 /// back by broadcast loads (right after their store they would wait on it).
 const CHUNK: usize = 32;
 
+/// Runs a 2 × `$rn` tile (`$rn` in 1..=4): `$call` sees `$apn`, the first `$rn` pointers of
+/// `$ap` as an array of that length (so the kernel's row count is inferred from it), and its
+/// `[[f32; rn]; rows]` result goes to `$out[($j0 + j) * $nw + $col + i]`.
+macro_rules! tile_rows {
+    ($rn:expr, $ap:expr, |$apn:ident| $call:expr, $out:expr, $nw:expr, $j0:expr, $col:expr) => {
+        match $rn {
+            1 => tile_rows!(@n 1, $ap, $apn, $call, $out, $nw, $j0, $col),
+            2 => tile_rows!(@n 2, $ap, $apn, $call, $out, $nw, $j0, $col),
+            3 => tile_rows!(@n 3, $ap, $apn, $call, $out, $nw, $j0, $col),
+            _ => tile_rows!(@n 4, $ap, $apn, $call, $out, $nw, $j0, $col),
+        }
+    };
+    (@n $n:literal, $ap:expr, $apn:ident, $call:expr, $out:expr, $nw:expr, $j0:expr, $col:expr) => {{
+        let mut $apn = [std::ptr::null(); $n];
+        $apn.copy_from_slice(&$ap[..$n]);
+        let r = $call;
+        for (i, ri) in r.iter().enumerate() {
+            for (j, &v) in ri.iter().enumerate() {
+                $out[($j0 + j) * $nw + $col + i] = v;
+            }
+        }
+    }};
+}
+
 /// Q4_0 (`T == 0`) / Q5_0 (`T == 1`) over the whole product, in tiles of 2 weight rows ×
 /// up to 4 activation rows ([`q0u`]). Once per call, not once per tile: the block scales
 /// are converted to f32 tables, and each weight row is decoded to unsigned bytes. About
@@ -379,28 +403,19 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                         };
                     }
                     let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m128>(), nb);
-                    macro_rules! k {
-                        ($n:literal) => {{
-                            let mut apn = [std::ptr::null::<u8>(); $n];
-                            apn.copy_from_slice(&ap[..$n]);
-                            let r = if chunk > 0 {
-                                q0u::<T, true, $n>(nb, wp, apn, sw, sa)
-                            } else {
-                                q0u::<T, false, $n>(nb, wp, apn, sw, sa)
-                            };
-                            for i in 0..RM {
-                                for j in 0..$n {
-                                    out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
-                                }
-                            }
-                        }};
-                    }
-                    match rn {
-                        1 => k!(1),
-                        2 => k!(2),
-                        3 => k!(3),
-                        _ => k!(4),
-                    }
+                    tile_rows!(
+                        rn,
+                        ap,
+                        |apn| if chunk > 0 {
+                            q0u::<T, true, _>(nb, wp, apn, sw, sa)
+                        } else {
+                            q0u::<T, false, _>(nb, wp, apn, sw, sa)
+                        },
+                        out,
+                        w.len(),
+                        j0,
+                        RM * g
+                    );
                     j0 += rn;
                 }
             }
@@ -1206,28 +1221,19 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
                     ap[j] = a[j0 + j].as_ptr();
                 }
                 let sa = std::slice::from_raw_parts(ta[j0 / 4].as_ptr().cast::<__m256>(), nb);
-                macro_rules! k {
-                    ($n:literal) => {{
-                        let mut apn = [std::ptr::null::<u8>(); $n];
-                        apn.copy_from_slice(&ap[..$n]);
-                        let r = if na > 4 {
-                            q1u::<T, true, $n>(nb, wp, apn, sw, sa)
-                        } else {
-                            q1u::<T, false, $n>(nb, wp, apn, sw, sa)
-                        };
-                        for i in 0..RM {
-                            for j in 0..$n {
-                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
-                            }
-                        }
-                    }};
-                }
-                match rn {
-                    1 => k!(1),
-                    2 => k!(2),
-                    3 => k!(3),
-                    _ => k!(4),
-                }
+                tile_rows!(
+                    rn,
+                    ap,
+                    |apn| if na > 4 {
+                        q1u::<T, true, _>(nb, wp, apn, sw, sa)
+                    } else {
+                        q1u::<T, false, _>(nb, wp, apn, sw, sa)
+                    },
+                    out,
+                    w.len(),
+                    j0,
+                    RM * g
+                );
                 j0 += rn;
             }
         }
@@ -1394,24 +1400,15 @@ unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
                 for (j, p) in ap.iter_mut().enumerate().take(rn) {
                     *p = ya.add((j0 + j) * WIDE_BLOCKS).cast_const();
                 }
-                macro_rules! k {
-                    ($n:literal) => {{
-                        let mut apn = [std::ptr::null::<[__m256i; 2]>(); $n];
-                        apn.copy_from_slice(&ap[..$n]);
-                        let r = q8u::<$n>(nb, wp, apn, sw, sa);
-                        for i in 0..RM {
-                            for j in 0..$n {
-                                out[(j0 + j) * w.len() + RM * g + i] = r[i][j];
-                            }
-                        }
-                    }};
-                }
-                match rn {
-                    1 => k!(1),
-                    2 => k!(2),
-                    3 => k!(3),
-                    _ => k!(4),
-                }
+                tile_rows!(
+                    rn,
+                    ap,
+                    |apn| q8u(nb, wp, apn, sw, sa),
+                    out,
+                    w.len(),
+                    j0,
+                    RM * g
+                );
                 j0 += rn;
             }
         }
