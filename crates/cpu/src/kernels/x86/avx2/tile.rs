@@ -1072,6 +1072,38 @@ macro_rules! fmadd_bcast_at {
     }};
 }
 
+/// `dds[c][2j + i] = dx_i · dy_j` for the blocks of `sw` (`[dx0, dx1, ·, ·]`) and `sa`
+/// (`[dy0..dy3]`): lane `2j + i` pairs weight row `i` with activation row `j`. Computed a
+/// chunk ahead of the products that read them back by broadcast loads (right after its
+/// store a load would wait on it).
+///
+/// # Safety
+/// `dds` holds `sw.len() <= sa.len()` entries; AVX2 enabled by the caller.
+#[inline(always)]
+unsafe fn scale_products(sw: &[__m128], sa: &[__m128], dds: *mut [f32; 8]) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let wsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+        let asel = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        for (c, (&w, &a)) in sw.iter().zip(sa).enumerate() {
+            let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(w), wsel);
+            let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(a), asel);
+            _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), _mm256_mul_ps(dw, da));
+        }
+    }
+}
+
+/// `$row!(j, offset of dx_0·dy_j, offset of dx_1·dy_j)` for the 4 activation rows of a
+/// 2 × 4 tile (byte offsets into a block's 8 scale products).
+macro_rules! each_act_row {
+    ($row:ident) => {
+        $row!(0, 0, 4);
+        $row!(1, 8, 12);
+        $row!(2, 16, 20);
+        $row!(3, 24, 28);
+    };
+}
+
 /// 2 weight rows × `RN` activation rows of Q4_0/Q5_0, bit-identical to [`q0_4xn`], on
 /// weight blocks decoded once per call to their signed values `x` and, per lane,
 /// `MAGIC - 128·Σx` (`w` points at the pairs): the activation bytes offset to unsigned,
@@ -1095,20 +1127,11 @@ unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let bias = _mm256_set1_epi8(-128);
-        // Lane 2j + i pairs weight row i with activation row j.
-        let wsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
-        let asel = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        // dds[c][2j + i] = dx_i · dy_j of block `c0 + c`, computed a chunk ahead of the
-        // products (right after its store a broadcast load would wait on it).
         let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
         let dds = dds.as_mut_ptr().cast::<[f32; 8]>();
         for c0 in (0..nb).step_by(CHUNK) {
             let n = CHUNK.min(nb - c0);
-            for c in 0..n {
-                let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sw[c0 + c]), wsel);
-                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sa[c0 + c]), asel);
-                _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), _mm256_mul_ps(dw, da));
-            }
+            scale_products(&sw[c0..c0 + n], &sa[c0..c0 + n], dds);
             for c in 0..n {
                 let ib = c0 + c;
                 let dd = dds.add(c).cast::<f32>().cast_const();
@@ -1131,10 +1154,7 @@ unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
                         }
                     };
                 }
-                row!(0, 0, 4);
-                row!(1, 8, 12);
-                row!(2, 16, 20);
-                row!(3, 24, 28);
+                each_act_row!(row);
             }
         }
         hsum_all(acc)
@@ -1327,10 +1347,7 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
                         }
                     };
                 }
-                row!(0, 0, 4);
-                row!(1, 8, 12);
-                row!(2, 16, 20);
-                row!(3, 24, 28);
+                each_act_row!(row);
             }
         }
         let mut out = hsum_all(acc);
@@ -1452,18 +1469,11 @@ unsafe fn q8u<const RN: usize>(
     let mut acc = [[_mm256_setzero_ps(); RN]; RM];
     // SAFETY: rows hold `nb` blocks and the tables `nb` entries (the caller's contract).
     unsafe {
-        // Lane 2j + i pairs weight row i with activation row j.
-        let wsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
-        let asel = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
         let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
         let dds = dds.as_mut_ptr().cast::<[f32; 8]>();
         for c0 in (0..nb).step_by(CHUNK) {
             let n = CHUNK.min(nb - c0);
-            for c in 0..n {
-                let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sw[c0 + c]), wsel);
-                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sa[c0 + c]), asel);
-                _mm256_storeu_ps((*dds.add(c)).as_mut_ptr(), _mm256_mul_ps(dw, da));
-            }
+            scale_products(&sw[c0..c0 + n], &sa[c0..c0 + n], dds);
             for c in 0..n {
                 let ib = c0 + c;
                 let dd = dds.add(c).cast::<f32>().cast_const();
@@ -1489,10 +1499,7 @@ unsafe fn q8u<const RN: usize>(
                         }
                     };
                 }
-                row!(0, 0, 4);
-                row!(1, 8, 12);
-                row!(2, 16, 20);
-                row!(3, 24, 28);
+                each_act_row!(row);
             }
         }
         hsum_all(acc)
