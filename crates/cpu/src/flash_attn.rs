@@ -170,7 +170,7 @@ impl FlashPlan {
             + TILE_Q * self.dv
             + TILE_KV * self.dv
             + TILE_KV * self.dk
-            + self.dk)
+            + 8 * self.dk)
     }
 
     /// Bytes of the split path's partial results: per head and chunk, `[M, S, VKQ[dv]]`.
@@ -611,7 +611,7 @@ impl FlashPlan {
             let acc = take(TILE_Q * dv);
             let vt = take(TILE_KV * dv);
             let kt = take(TILE_KV * dk);
-            let krow = take(dk);
+            let krows = take(8 * dk);
             let slope = alibi_slope(prm.max_bias, h, self.n_head);
             let mut m = [f32::NEG_INFINITY; TILE_Q];
             let mut s = [0f32; TILE_Q];
@@ -649,18 +649,19 @@ impl FlashPlan {
                 if can_skip {
                     continue;
                 }
-                // K tile transposed: kt[dk][tk].
-                for tk in 0..kv_tile {
-                    let kr = self.k.row(ic + tk, hkv, 0);
-                    let kr = if kf16 {
-                        fattn::f16_row_to_f32(kr, krow);
-                        &krow[..]
-                    } else {
-                        &as_f32(kr)[..dk]
-                    };
-                    for (e, &x) in kr.iter().enumerate() {
-                        kt[e * TILE_KV + tk] = x;
+                // K tile transposed: kt[dk][tk], 8 keys at a time.
+                for tk in (0..kv_tile).step_by(8) {
+                    let g = (kv_tile - tk).min(8);
+                    for r in 0..g {
+                        let kr = self.k.row(ic + tk + r, hkv, 0);
+                        let dst = &mut krows[r * dk..(r + 1) * dk];
+                        if kf16 {
+                            fattn::f16_row_to_f32(kr, dst);
+                        } else {
+                            dst.copy_from_slice(&as_f32(kr)[..dk]);
+                        }
                     }
+                    fattn::transpose_into(&krows[..g * dk], g, dk, kt, TILE_KV, tk);
                 }
                 let kq = &mut kq[..rows * TILE_KV];
                 kq.fill(0.0);

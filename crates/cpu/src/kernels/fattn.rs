@@ -192,6 +192,34 @@ pub fn f16_row_online(
     None
 }
 
+/// `dst[e * stride + col0 + r] = src[r * n + e]` for rows `r < g` (at most 8) and `e < n`:
+/// `g` rows of `n` values written as columns (flash attention's transposed K tile). Pure
+/// data movement; 8 × 8 blocks in registers where the CPU has AVX2.
+pub fn transpose_into(
+    src: &[f32],
+    g: usize,
+    n: usize,
+    dst: &mut [f32],
+    stride: usize,
+    col0: usize,
+) {
+    assert!(g <= 8 && src.len() >= g * n && col0 + g <= stride);
+    assert!(n == 0 || dst.len() >= (n - 1) * stride + col0 + g);
+    let mut e0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() && g == 8 {
+        // SAFETY: AVX present; 8 rows of `n` values in `src` and every column written lies
+        // inside `dst` (asserted above).
+        unsafe { avx2::transpose8(src.as_ptr(), n, dst.as_mut_ptr(), stride, col0) };
+        e0 = n / 8 * 8;
+    }
+    for e in e0..n {
+        for r in 0..g {
+            dst[e * stride + col0 + r] = src[r * n + e];
+        }
+    }
+}
+
 /// f16 values (little-endian bytes) to f32 (exact).
 pub fn f16_row_to_f32(x: &[u8], out: &mut [f32]) {
     let x = &x[..2 * out.len()];

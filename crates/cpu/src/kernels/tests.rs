@@ -646,3 +646,27 @@ fn mask_rows_and_row_max_match_scalar() {
         );
     }
 }
+
+/// `fattn::transpose_into` against its definition: every row count, lengths on and off the
+/// 8-value grid, columns at any offset of a wider destination.
+#[test]
+fn transpose_into_matches_its_definition() {
+    let mut rng = Rng(0x7a05_e000_0000_0003);
+    for n in [0usize, 1, 5, 8, 16, 64, 67, 256] {
+        for g in 1..=8 {
+            for col0 in [0usize, 3, 8] {
+                let stride = 16;
+                let src = rng.vec(g * n, 2.0);
+                let mut dst = rng.vec(n * stride + 8, 1.0);
+                let mut want = dst.clone();
+                for e in 0..n {
+                    for r in 0..g {
+                        want[e * stride + col0 + r] = src[r * n + e];
+                    }
+                }
+                super::fattn::transpose_into(&src, g, n, &mut dst, stride, col0);
+                assert_eq!(bits(&dst), bits(&want), "n={n} g={g} col0={col0}");
+            }
+        }
+    }
+}

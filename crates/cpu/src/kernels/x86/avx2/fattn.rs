@@ -262,6 +262,30 @@ unsafe fn gemm_tile<const RM: usize, const RN: usize>(
     }
 }
 
+/// [`crate::kernels::fattn::transpose_into`] for 8 rows, values `0..n / 8 * 8`: each 8 × 8
+/// block in registers (the tiles' 32-bit lane transpose).
+///
+/// # Safety
+/// AVX present; `src` holds 8 rows of `n` values; `dst` holds `(n - 1) * stride + col0 + 8`
+/// values.
+#[target_feature(enable = "avx2")]
+pub unsafe fn transpose8(src: *const f32, n: usize, dst: *mut f32, stride: usize, col0: usize) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        for e in (0..n / 8 * 8).step_by(8) {
+            // A plain loop: a closure would not inherit the target features.
+            let mut r = [_mm256_setzero_si256(); 8];
+            for (i, v) in r.iter_mut().enumerate() {
+                *v = _mm256_castps_si256(_mm256_loadu_ps(src.add(i * n + e)));
+            }
+            let o = super::tile::transpose_8x8_epi32(r);
+            for (k, v) in o.iter().enumerate() {
+                _mm256_storeu_ps(dst.add((e + k) * stride + col0), _mm256_castsi256_ps(*v));
+            }
+        }
+    }
+}
+
 /// [`crate::kernels::fattn::mask_row_f16`]: F16C's conversions (round to nearest even, as
 /// `fp32_to_fp16`), 8 values at a time.
 #[target_feature(enable = "avx2,fma,f16c")]

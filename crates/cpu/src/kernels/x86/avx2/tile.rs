@@ -560,7 +560,7 @@ struct Q4kBlock8 {
 
 /// `v[r]` lane `t` → `out[t]` lane `r` (an 8×8 transpose of 32-bit lanes).
 #[inline(always)]
-unsafe fn transpose_8x8_epi32(v: [__m256i; 8]) -> [__m256i; 8] {
+pub(crate) unsafe fn transpose_8x8_epi32(v: [__m256i; 8]) -> [__m256i; 8] {
     // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
     unsafe {
         let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
