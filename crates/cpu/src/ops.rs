@@ -665,8 +665,14 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     if by_act_rows {
         // Plans whose tiles gain from more activation rows take a batch of calls at once.
         const WIDE: usize = 8 * CALL;
+        const WIDE_W: usize = 64;
         let wide = plan.wide_tiles() && mask.is_none();
-        let mut wide_out = [0f32; WR * WIDE];
+        let step = if wide {
+            plan.weight_rows_per_call().clamp(WR, WIDE_W)
+        } else {
+            WR
+        };
+        let mut wide_out = [0f32; WIDE_W * WIDE];
         let jgroups = n.div_ceil(AR);
         let range = split(jgroups * planes, ctx.ith, ctx.nth);
         let mut t = range.start;
@@ -695,10 +701,11 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     calls[ncalls] = (j0, rn, k, acts);
                     ncalls += 1;
                 }
-                for i0 in (0..m).step_by(WR) {
-                    let rm = WR.min(m - i0);
-                    let w = wrows(i0, rm, i12, i13);
+                for i0 in (0..m).step_by(step) {
+                    let rm = step.min(m - i0);
                     if wide {
+                        let mut w = [&[] as &[u8]; WIDE_W];
+                        fill_wrows(&mut w[..rm], i0, i12, i13);
                         // Consecutive calls on one side of the activation boundary as one
                         // tile (no mask here: nothing is left out).
                         let mut c = 0;
@@ -718,11 +725,17 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                             for j in 0..rn {
                                 // SAFETY: as below.
                                 let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
-                                copy_run::<WR>(&mut row[i0..i0 + rm], &out[j * rm..(j + 1) * rm]);
+                                let src = &out[j * rm..(j + 1) * rm];
+                                if rm == WR {
+                                    copy_run::<WR>(&mut row[i0..i0 + rm], src);
+                                } else {
+                                    row[i0..i0 + rm].copy_from_slice(src);
+                                }
                             }
                         }
                         continue;
                     }
+                    let w = wrows(i0, rm, i12, i13);
                     for (j0, rn, k, acts) in &calls[..ncalls] {
                         let (j0, rn, k) = (*j0, *rn, *k);
                         let lead = masked_lead(i0, rm, j0, rn, i12, i13);

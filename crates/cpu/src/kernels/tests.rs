@@ -404,6 +404,8 @@ fn tiles_match_scalar() {
             (9, 8),
             (8, 11),
             (8, 70),
+            (36, 70),
+            (64, 18),
         ] {
             let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
             let w = match dtype {
@@ -440,11 +442,13 @@ fn tiles_match_scalar() {
             }
             let wr: Vec<&[u8]> = w.chunks_exact(wrow).collect();
             let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
-            // Every small tile, and a weight-row group against all the activation rows (what
-            // `mul_mat` hands the wide kernels: here up to 70 rows).
+            // Every small tile, a weight-row group against all the activation rows, and all
+            // the weight rows against them (what `mul_mat` hands the wide kernels: up to
+            // `weight_rows_per_call` weight rows, here 64, and 70 activation rows).
             let tiles = (1..=m.min(8))
                 .flat_map(|rm| (1..=n.min(4)).map(move |rn| (rm, rn)))
-                .chain([(m.min(8), n)]);
+                .chain([(m.min(8), n)])
+                .chain((m > 8).then_some((m, n)));
             for (rm, rn) in tiles {
                 {
                     for (i0, j0) in [(0, 0), (m - rm, n - rn)] {

@@ -130,19 +130,27 @@ pub(crate) fn x86_tiles<const AVX512: bool>(
     let nb = checked_blocks(kind, k, w, acts, out);
     if AVX512
         && matches!(kind, TileKind::Q0(0 | 1) | TileKind::Q1(_))
-        && acts.len() > avx2::MAX_A
-        && avx512::covers(kind, nb, w.len(), avx2::MAX_A)
+        && (acts.len() > avx2::MAX_A || w.len() > avx2::MAX_W)
+        && avx512::covers(kind, nb, w.len().min(avx2::MAX_W), avx2::MAX_A)
     {
-        // A wide call (`MatMul::wide_tiles`, for the AVX2 tables) in the AVX-512 kernels'
-        // calls of up to `MAX_A` rows.
+        // A wide call (`MatMul::wide_tiles`, `MatMul::weight_rows_per_call`, for the AVX2
+        // tables) in the AVX-512 kernels' calls of up to `MAX_W` × `MAX_A` rows.
+        let nw = w.len();
+        let mut piece = [0f32; avx2::MAX_W * avx2::MAX_A];
         for (c, chunk) in acts.chunks(avx2::MAX_A).enumerate() {
-            let o = &mut out[c * avx2::MAX_A * w.len()..][..chunk.len() * w.len()];
-            if avx512::covers(kind, nb, w.len(), chunk.len()) {
-                // SAFETY: as below.
-                unsafe { avx512::run(kind, nb, w, chunk, o) };
-            } else {
-                // SAFETY: as below.
-                unsafe { avx2::run(kind, nb, w, chunk, o) };
+            for (wc, rows) in w.chunks(avx2::MAX_W).enumerate() {
+                let o = &mut piece[..chunk.len() * rows.len()];
+                if avx512::covers(kind, nb, rows.len(), chunk.len()) {
+                    // SAFETY: as below.
+                    unsafe { avx512::run(kind, nb, rows, chunk, o) };
+                } else {
+                    // SAFETY: as below.
+                    unsafe { avx2::run(kind, nb, rows, chunk, o) };
+                }
+                for (j, r) in o.chunks_exact(rows.len()).enumerate() {
+                    let at = (c * avx2::MAX_A + j) * nw + wc * avx2::MAX_W;
+                    out[at..at + rows.len()].copy_from_slice(r);
+                }
             }
         }
     } else if AVX512 && avx512::covers(kind, nb, w.len(), acts.len()) {

@@ -98,9 +98,7 @@ macro_rules! run_4x2 {
 pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     match kind {
         // Q4_0/Q5_0: unsigned weight bytes and per-call scale tables (see `offset_q0`).
-        TileKind::Q0(t @ (0 | 1))
-            if a.len() > 1 && w.len().is_multiple_of(4) && w.len() <= MAX_W =>
-        {
+        TileKind::Q0(t @ (0 | 1)) if a.len() > 1 && w.len().is_multiple_of(4) => {
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (t, table_size(nb, a.len())) {
                 (0, Some(false)) => unsafe {
@@ -135,10 +133,7 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             _ => run_4x2!(q0_4xn, 3, nb, w, a, out),
         },
         TileKind::Q1(q5)
-            if a.len() > 1
-                && w.len().is_multiple_of(2)
-                && w.len() <= MAX_W
-                && table_size(nb, a.len()).is_some() =>
+            if a.len() > 1 && w.len().is_multiple_of(2) && table_size(nb, a.len()).is_some() =>
         {
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (q5, table_size(nb, a.len()) == Some(true)) {
@@ -230,7 +225,9 @@ pub(crate) unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> _
 /// Blocks per row that the per-call scale tables hold (k up to 16384; they live on the
 /// stack).
 pub(crate) const MAX_BLOCKS: usize = 512;
-/// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16).
+/// Rows per side of one call the scale tables hold (`ops::mul_mat` passes 8 × 16; the
+/// Q4_0/Q5_0/Q4_1/Q5_1 drivers build their weight tables per row pair and take any number
+/// of weight rows).
 pub(crate) const MAX_W: usize = 8;
 pub(crate) const MAX_A: usize = 16;
 
@@ -306,7 +303,7 @@ macro_rules! tile_rows {
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is a multiple of 4
-/// and at most `MAX_W`; `a.len() <= 4 * NG`.
+/// (any number of row pairs: their scale table is built per pair); `a.len() <= 4 * NG`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
     nb: usize,
@@ -320,20 +317,13 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
     // Tables, uninitialised until written (only `nb` entries of a row or group are
     // written and read): the weight scales of a group of `RM` rows (as 4 lanes), the
     // activation scale of a row, per block.
-    let mut tw: [std::mem::MaybeUninit<[__m128; NB]>; MAX_W / RM] =
-        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    let mut tw = std::mem::MaybeUninit::<[__m128; NB]>::uninit();
+    let tw = tw.as_mut_ptr().cast::<__m128>();
     let mut ta: [std::mem::MaybeUninit<[__m128; NB]>; NG] =
         [const { std::mem::MaybeUninit::uninit() }; NG];
     // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
     // read.
     unsafe {
-        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
-            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
-            let t = t.as_mut_ptr().cast::<__m128>();
-            for b in 0..nb {
-                t.add(b).write(scales4(rows, b * bx));
-            }
-        }
         for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
             let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
             let t = t.as_mut_ptr().cast::<__m128>();
@@ -376,6 +366,9 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
             }
             for g in 0..w.len() / RM {
                 let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
+                for b in 0..nb {
+                    tw.add(b).write(scales4(rows, b * bx));
+                }
                 for (i, row) in rows.iter().enumerate() {
                     for b in 0..nb {
                         let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
@@ -388,7 +381,7 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                 for (i, p) in wp.iter_mut().enumerate() {
                     *p = dec.add(i * NB).cast_const();
                 }
-                let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+                let sw = std::slice::from_raw_parts(tw.cast_const(), nb);
                 let mut j0 = c0;
                 while j0 < c1 {
                     let rn = (c1 - j0).min(4);
@@ -1171,8 +1164,8 @@ unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
 /// once per 2 activation rows and on converting scales inside the loop.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is even and at
-/// most `MAX_W`; `a.len() <= 4 * NG`.
+/// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is even (any
+/// number of row pairs); `a.len() <= 4 * NG`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
     nb: usize,
@@ -1185,8 +1178,8 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
     let na = a.len();
     // Tables, uninitialised until written (only `nb` entries of a row or group are
     // written and read).
-    let mut tw: [std::mem::MaybeUninit<[__m128; NB]>; MAX_W / RM] =
-        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    let mut tw = std::mem::MaybeUninit::<[__m128; NB]>::uninit();
+    let tw = tw.as_mut_ptr().cast::<__m128>();
     // Per group of 4 activation rows and block: `[d0, s0, d1, s1, d2, s2, d3, s3]`
     // (a group short of 4 rows repeats its last).
     let mut ta: [std::mem::MaybeUninit<[__m256; NB]>; NG] =
@@ -1194,17 +1187,6 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
     // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
     // read.
     unsafe {
-        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
-            let (r0, r1) = (w[RM * g].as_ptr(), w[RM * g + 1].as_ptr());
-            let t = t.as_mut_ptr().cast::<__m128>();
-            for b in 0..nb {
-                // The (d, m) words of the two rows' blocks: [d0, m0, d1, m1].
-                let lo = r0.add(b * bx).cast::<u32>().read_unaligned();
-                let hi = r1.add(b * bx).cast::<u32>().read_unaligned();
-                let bits = u64::from(lo) | u64::from(hi) << 32;
-                t.add(b).write(_mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)));
-            }
-        }
         for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
             let t = t.as_mut_ptr().cast::<__m256>();
             let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
@@ -1219,6 +1201,15 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
         let mut dec: std::mem::MaybeUninit<[[__m256i; NB]; RM]> = std::mem::MaybeUninit::uninit();
         let dec = dec.as_mut_ptr().cast::<__m256i>();
         for g in 0..w.len() / RM {
+            let (r0, r1) = (w[RM * g].as_ptr(), w[RM * g + 1].as_ptr());
+            for b in 0..nb {
+                // The (d, m) words of the two rows' blocks: [d0, m0, d1, m1].
+                let lo = r0.add(b * bx).cast::<u32>().read_unaligned();
+                let hi = r1.add(b * bx).cast::<u32>().read_unaligned();
+                let bits = u64::from(lo) | u64::from(hi) << 32;
+                tw.add(b)
+                    .write(_mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)));
+            }
             let mut wp = [std::ptr::null::<u8>(); RM];
             for (i, p) in wp.iter_mut().enumerate() {
                 let row = w[RM * g + i].as_ptr();
@@ -1231,7 +1222,7 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
                     *p = row;
                 }
             }
-            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+            let sw = std::slice::from_raw_parts(tw.cast_const(), nb);
             let mut j0 = 0;
             while j0 < na {
                 let rn = (na - j0).min(4);
