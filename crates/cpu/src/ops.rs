@@ -762,16 +762,17 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         return;
     }
     let groups = m.div_ceil(WR);
-    // A single activation row (token generation, no mask): several weight-row groups of one
-    // plane per call, so the per-call work (checks, dispatch) is spread over more rows; every
-    // output has the same kernel and bits either way.
+    // At most one activation group (token generation, a decode step of up to 4 slots; no
+    // mask, one kernel for all rows): several weight-row groups of one plane per call, so the
+    // per-call work (checks, dispatch, the kernels' activation tables) is spread over more
+    // rows; every output has the same kernel and bits either way.
     const GEMV_GROUPS: usize = 8;
-    let per_call = if n == 1 && mask.is_none() {
+    let per_call = if n <= AR && mask.is_none() && (boundary == 0 || boundary == n) {
         GEMV_GROUPS
     } else {
         1
     };
-    let mut gemv_out = [0f32; WR * GEMV_GROUPS];
+    let mut gemv_out = [0f32; WR * GEMV_GROUPS * AR];
     let range = split(groups * planes, ctx.ith, ctx.nth);
     let mut t = range.start;
     while t < range.end {
@@ -785,13 +786,15 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             let rm = (g1 * WR).min(m) - i0;
             let mut w = [&[] as &[u8]; WR * GEMV_GROUPS];
             fill_wrows(&mut w[..rm], i0, i12, i13);
-            let out = &mut gemv_out[..rm];
-            let acts = arows(0, 1, i12, i13);
-            let k = plan.trimmed_k(k, &acts[..1]);
-            plan.dot_tile(k, &w[..rm], &acts[..1], 0, out);
-            // SAFETY: dst elements (i0..i0 + rm, 0, i12, i13) belong to tasks this thread
-            // runs only.
-            unsafe { d.set_run([i0, 0, i12, i13], out) };
+            let out = &mut gemv_out[..rm * n];
+            let acts = arows(0, n, i12, i13);
+            let k = plan.trimmed_k(k, &acts[..n]);
+            plan.dot_tile(k, &w[..rm], &acts[..n], 0, out);
+            for (j, col) in out.chunks_exact(rm).enumerate() {
+                // SAFETY: dst elements (i0..i0 + rm, j, i12, i13) belong to tasks this thread
+                // runs only.
+                unsafe { d.set_run([i0, j, i12, i13], col) };
+            }
             continue;
         }
         let rm = WR.min(m - i0);

@@ -406,6 +406,8 @@ fn tiles_match_scalar() {
             (8, 70),
             (36, 70),
             (64, 18),
+            (64, 3),
+            (40, 1),
         ] {
             let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
             let w = match dtype {
@@ -444,7 +446,8 @@ fn tiles_match_scalar() {
             let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
             // Every small tile, a weight-row group against all the activation rows, and all
             // the weight rows against them (what `mul_mat` hands the wide kernels: up to
-            // `weight_rows_per_call` weight rows, here 64, and 70 activation rows).
+            // `weight_rows_per_call` weight rows, here 64, and 70 activation rows; and a
+            // decode step: 64 weight rows, 1 to 4 activation rows).
             let tiles = (1..=m.min(8))
                 .flat_map(|rm| (1..=n.min(4)).map(move |rn| (rm, rn)))
                 .chain([(m.min(8), n)])
