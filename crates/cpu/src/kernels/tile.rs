@@ -129,7 +129,7 @@ pub(crate) fn x86_tiles<const AVX512: bool>(
     }
     let nb = checked_blocks(kind, k, w, acts, out);
     if AVX512
-        && matches!(kind, TileKind::Q0(0 | 1) | TileKind::Q1(_))
+        && matches!(kind, TileKind::Q0(_) | TileKind::Q1(_))
         && (acts.len() > avx2::MAX_A || w.len() > avx2::MAX_W)
         && avx512::covers(kind, nb, w.len().min(avx2::MAX_W), avx2::MAX_A)
     {

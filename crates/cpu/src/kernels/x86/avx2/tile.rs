@@ -121,7 +121,6 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
         TileKind::Q0(2)
             if a.len() > 1
                 && w.len().is_multiple_of(2)
-                && w.len() <= MAX_W
                 && nb <= WIDE_BLOCKS
                 && a.len() <= MAX_A =>
         unsafe { offset_q8(nb, w, a, out) },
@@ -1362,13 +1361,13 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; every row holds `nb <= WIDE_BLOCKS` blocks; `w.len()` is even
-/// and at most `MAX_W`; `a.len() <= MAX_A`.
+/// (any number of row pairs); `a.len() <= MAX_A`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     const RM: usize = 2;
     let na = a.len();
-    let mut tw: [std::mem::MaybeUninit<[__m128; WIDE_BLOCKS]>; MAX_W / RM] =
-        [const { std::mem::MaybeUninit::uninit() }; MAX_W / RM];
+    let mut tw = std::mem::MaybeUninit::<[__m128; WIDE_BLOCKS]>::uninit();
+    let tw = tw.as_mut_ptr().cast::<__m128>();
     let mut ta: [std::mem::MaybeUninit<[__m128; WIDE_BLOCKS]>; MAX_A / 4] =
         [const { std::mem::MaybeUninit::uninit() }; MAX_A / 4];
     let mut ya: std::mem::MaybeUninit<[[[__m256i; 2]; WIDE_BLOCKS]; MAX_A]> =
@@ -1377,13 +1376,6 @@ unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
     // SAFETY: the caller's contract; entries 0..nb of a table are written before they are
     // read.
     unsafe {
-        for (g, t) in tw.iter_mut().enumerate().take(w.len() / RM) {
-            let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
-            let t = t.as_mut_ptr().cast::<__m128>();
-            for b in 0..nb {
-                t.add(b).write(scales4(rows, b * 34));
-            }
-        }
         for (g, t) in ta.iter_mut().enumerate().take(na.div_ceil(4)) {
             let rows: [*const u8; 4] = crate::kernels::tile::row_ptrs(a, 4 * g);
             let t = t.as_mut_ptr().cast::<__m128>();
@@ -1399,7 +1391,10 @@ unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         }
         for g in 0..w.len() / RM {
             let wp: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
-            let sw = std::slice::from_raw_parts(tw[g].as_ptr().cast::<__m128>(), nb);
+            for b in 0..nb {
+                tw.add(b).write(scales4(wp, b * 34));
+            }
+            let sw = std::slice::from_raw_parts(tw.cast_const(), nb);
             let mut j0 = 0;
             while j0 < na {
                 let rn = (na - j0).min(4);
