@@ -333,16 +333,25 @@ mod tests {
             );
         }
 
-        let (m, k, n) = (5, 7, 19 + 64);
-        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut c1: Vec<f32> = (0..m * n).map(|i| i as f32 * 1e-3).collect();
-        let mut c2 = c1.clone();
-        gemm_acc(&mut c1, &a, &b, m, k, n);
-        gemm_acc_impl(&mut c2, &a, &b, m, k, n);
-        assert_eq!(
-            c1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            c2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
+        // Every count of leftover rows past the 6-row tiles, and a flash-attention tile.
+        for m in (1..=13).chain([64]) {
+            let (k, n) = (7, 19 + 64);
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut c1: Vec<f32> = (0..m * n).map(|i| i as f32 * 1e-3).collect();
+            let mut c2 = c1.clone();
+            let mut c3 = c1.clone();
+            gemm_acc(&mut c1, &a, &b, m, k, n);
+            gemm_acc_impl(&mut c2, &a, &b, m, k, n);
+            let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&c1), bits(&c2), "gemm_acc of {m} rows");
+            // The AVX2 tiles also where the tier in use is another.
+            #[cfg(target_arch = "x86_64")]
+            if simd_available() {
+                // SAFETY: AVX2/FMA present; the slices have the sizes given.
+                unsafe { avx2::gemm_acc(&mut c3, &a, &b, m, k, n) };
+                assert_eq!(bits(&c3), bits(&c2), "AVX2 gemm_acc of {m} rows");
+            }
+        }
     }
 }
