@@ -701,8 +701,16 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     calls[ncalls] = (j0, rn, k, acts);
                     ncalls += 1;
                 }
-                for i0 in (0..m).step_by(step) {
-                    let rm = step.min(m - i0);
+                let mut next = 0;
+                while next < m {
+                    let i0 = next;
+                    // Whole groups of `WR` while there are any (tiles of some kernels need
+                    // a multiple of 4 weight rows), then the rest.
+                    let mut rm = step.min(m - i0);
+                    if rm > WR {
+                        rm -= rm % WR;
+                    }
+                    next += rm;
                     if wide {
                         let mut w = [&[] as &[u8]; WIDE_W];
                         fill_wrows(&mut w[..rm], i0, i12, i13);
@@ -767,7 +775,7 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // per-call work (checks, dispatch, the kernels' activation tables) is spread over more
     // rows; every output has the same kernel and bits either way.
     const GEMV_GROUPS: usize = 8;
-    let per_call = if n <= AR && mask.is_none() && (boundary == 0 || boundary == n) {
+    let per_call = if (1..=AR).contains(&n) && mask.is_none() && (boundary == 0 || boundary == n) {
         GEMV_GROUPS
     } else {
         1
@@ -777,7 +785,12 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     let mut t = range.start;
     while t < range.end {
         let g0 = t % groups;
-        let g1 = groups.min(g0 + per_call).min(g0 + (range.end - t));
+        let mut g1 = groups.min(g0 + per_call).min(g0 + (range.end - t));
+        if g1 == groups && g1 - g0 > 1 && !m.is_multiple_of(WR) {
+            // The short last group in a call of its own: tiles of some kernels need a
+            // multiple of 4 weight rows.
+            g1 -= 1;
+        }
         let i0 = g0 * WR;
         let i12 = (t / groups) % ne12;
         let i13 = t / (groups * ne12);
