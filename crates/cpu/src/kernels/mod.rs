@@ -208,6 +208,15 @@ pub(crate) fn prefetch_ahead(row: &[u8]) {
     let _ = row;
 }
 
+/// [`prefetch_ahead`] for each of `rows`: a tile kernel's group of weight rows, so a decode
+/// step (which streams the weights once, as a gemv does) finds the rows after them cached.
+#[inline(always)]
+pub(crate) fn prefetch_rows(rows: &[&[u8]]) {
+    for row in rows {
+        prefetch_ahead(row);
+    }
+}
+
 /// `GGML_CPU_FP16_TO_FP32` of the little-endian f16 at `b[off..off + 2]`.
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {

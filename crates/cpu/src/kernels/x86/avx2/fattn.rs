@@ -167,8 +167,9 @@ pub unsafe fn f32_row_to_f16(x: &[f32], out: &mut [u8]) {
 /// `c += a·b` (`c` m×n, `a` m×k, `b` k×n, row-major) as ggml's `simd_gemm` tiles it on
 /// AVX2: 6 rows × 16 columns held in 12 registers over the whole `k` loop (two loads of `b`
 /// and six broadcasts per 12 FMAs; 12 independent chains cover the FMA latency), then
-/// 8-column tiles and one tile of the leftover rows. Each output is one FMA chain in `k` order whatever the
-/// tile, so any tiling gives the same bits; leftover columns (under 8) by `mul_add`.
+/// 8-column tiles and one tile of the leftover rows. Each output is one FMA chain in `k`
+/// order whatever the tile, so any tiling gives the same bits; leftover columns (under 8)
+/// by `mul_add`.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
     assert!(c.len() >= m * n && a.len() >= m * k && b.len() >= k * n);

@@ -364,9 +364,7 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                 }
             }
             for g in 0..w.len() / RM {
-                // A decode step streams the weights once: the rows that follow, ahead of use.
-                crate::kernels::prefetch_ahead(w[RM * g]);
-                crate::kernels::prefetch_ahead(w[RM * g + 1]);
+                crate::kernels::prefetch_rows(&w[RM * g..RM * g + RM]);
                 let rows: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
                 for b in 0..nb {
                     tw.add(b).write(scales4(rows, b * bx));
@@ -658,9 +656,7 @@ unsafe fn q4k_chain8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         let dec = &mut *dec.as_mut_ptr();
         for g in (0..nw).step_by(8) {
             let wp: [*const u8; 8] = crate::kernels::tile::row_ptrs(w, g);
-            for row in &w[g..(g + 8).min(nw)] {
-                crate::kernels::prefetch_ahead(row);
-            }
+            crate::kernels::prefetch_rows(&w[g..(g + 8).min(nw)]);
             for j0 in (0..na).step_by(JC) {
                 let jn = (na - j0).min(JC);
                 let mut acc = [[_mm256_setzero_ps(); 2]; JC];
@@ -831,9 +827,7 @@ unsafe fn q6k_chain8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); JC];
         for g in (0..nw).step_by(8) {
             let wp: [*const u8; 8] = crate::kernels::tile::row_ptrs(w, g);
-            for row in &w[g..(g + 8).min(nw)] {
-                crate::kernels::prefetch_ahead(row);
-            }
+            crate::kernels::prefetch_rows(&w[g..(g + 8).min(nw)]);
             for j0 in (0..na).step_by(JC) {
                 let jn = (na - j0).min(JC);
                 acc[..jn].fill(_mm256_setzero_ps());
@@ -1209,9 +1203,7 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
         let mut dec: std::mem::MaybeUninit<[[__m256i; NB]; RM]> = std::mem::MaybeUninit::uninit();
         let dec = dec.as_mut_ptr().cast::<__m256i>();
         for g in 0..w.len() / RM {
-            // A decode step streams the weights once: the rows that follow, ahead of use.
-            crate::kernels::prefetch_ahead(w[RM * g]);
-            crate::kernels::prefetch_ahead(w[RM * g + 1]);
+            crate::kernels::prefetch_rows(&w[RM * g..RM * g + RM]);
             let (r0, r1) = (w[RM * g].as_ptr(), w[RM * g + 1].as_ptr());
             for b in 0..nb {
                 // The (d, m) words of the two rows' blocks: [d0, m0, d1, m1].
@@ -1402,9 +1394,7 @@ unsafe fn offset_q8(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
             }
         }
         for g in 0..w.len() / RM {
-            // A decode step streams the weights once: the rows that follow, ahead of use.
-            crate::kernels::prefetch_ahead(w[RM * g]);
-            crate::kernels::prefetch_ahead(w[RM * g + 1]);
+            crate::kernels::prefetch_rows(&w[RM * g..RM * g + RM]);
             let wp: [*const u8; RM] = crate::kernels::tile::row_ptrs(w, RM * g);
             for b in 0..nb {
                 tw.add(b).write(scales4(wp, b * 34));
@@ -1823,9 +1813,7 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
         for i0 in (0..nw).step_by(8) {
             if na < R {
                 // A gemv streams the weights once: ask for the rows ahead.
-                for i in 0..8 {
-                    crate::kernels::prefetch_ahead(w[i0 + i]);
-                }
+                crate::kernels::prefetch_rows(&w[i0..i0 + 8]);
             }
             let mut j0 = 0;
             while j0 < na {
