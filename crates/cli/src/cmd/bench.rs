@@ -711,6 +711,14 @@ pub fn to_markdown(results: &[BenchResult]) -> String {
         out.push_str(&line(&mut row.iter().cloned()));
     }
     out.push_str(&format!("\nbuild: lamina {}\n", env!("CARGO_PKG_VERSION")));
+    // What the figures ran on: the CPU, and the kernel tier it was given.
+    if let Some(r) = results.first() {
+        out.push_str(&format!(
+            "cpu: {}, {} kernels\n",
+            r.cpu_info,
+            lamina_cpu::kernels::isa().name()
+        ));
+    }
     out
 }
 

@@ -8,7 +8,8 @@
 //! (integer lane sums are exact; float steps are done in the same order with the same fused
 //! multiply-adds), and SIMD versions chosen at run time. Results therefore do not depend on the
 //! machine. The matrix-product kernels (activation quantizers, dots, tiles) sit in one
-//! [`KernelTable`] per tier ([`Isa`]: `generic`, `x86::avx2`, `x86::avx512`, `aarch64::neon`),
+//! [`KernelTable`] per tier ([`Isa`]: `generic`, `x86::avx2`, `x86::avxvnni`, `x86::avx512`,
+//! `aarch64::neon`),
 //! indexed by type and built once; [`MatMul`] chooses llama.cpp's path and looks its kernels up
 //! there.
 
@@ -45,8 +46,8 @@ pub use table::{KernelTable, table, table_for};
 /// results, slower; for checking machine independence).
 pub const FORCE_SCALAR_ENV: &str = "LAMINA_FORCE_SCALAR";
 
-/// Environment variable capping the x86 kernel tier: `scalar`, `avx2` or `avx512` (the
-/// default is the best the CPU has). Every tier gives the same bits; this is for measuring
+/// Environment variable capping the x86 kernel tier: `scalar`, `avx2`, `avxvnni` or `avx512`
+/// (the default is the best the CPU has). Every tier gives the same bits; this is for measuring
 /// and for checking exactly that.
 pub const ISA_ENV: &str = "LAMINA_CPU_ISA";
 
@@ -64,6 +65,22 @@ pub enum Isa {
     Avx512 = 2,
     /// aarch64: NEON.
     Neon = 3,
+    /// x86-64: AVX2 with AVX-VNNI (`vpdpbusd` in its VEX form), without AVX-512: the AVX2
+    /// kernels, with the Q0/Q1 offset tiles on `vpdpbusd`.
+    AvxVnni = 4,
+}
+
+impl Isa {
+    /// The tier's name, as [`ISA_ENV`] takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
 }
 
 /// The kernel tier in use: the best the CPU supports, capped by [`ISA_ENV`] and
@@ -76,7 +93,10 @@ pub fn isa() -> Isa {
         }
         match (detected_isa(), std::env::var(ISA_ENV).as_deref()) {
             (_, Ok("scalar")) => Isa::Scalar,
-            (Isa::Avx512, Ok("avx2")) => Isa::Avx2,
+            (Isa::Avx512 | Isa::AvxVnni, Ok("avx2")) => Isa::Avx2,
+            // A cap: on an AVX-512 CPU without the VEX form, the tier below it.
+            (Isa::Avx512, Ok("avxvnni")) if isa_available(Isa::AvxVnni) => Isa::AvxVnni,
+            (Isa::Avx512, Ok("avxvnni")) => Isa::Avx2,
             (best, _) => best,
         }
     })
@@ -92,17 +112,30 @@ pub fn detected_isa() -> Isa {
 pub fn isa_available(isa: Isa) -> bool {
     match (isa, detected_isa()) {
         (Isa::Scalar, _) => true,
-        (Isa::Avx2, best) => matches!(best, Isa::Avx2 | Isa::Avx512),
+        (Isa::Avx2, best) => matches!(best, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512),
+        (Isa::AvxVnni, best) => matches!(best, Isa::AvxVnni | Isa::Avx512) && has_avx_vnni(),
         (wanted, best) => wanted == best,
     }
 }
 
 /// The tiers this CPU can run, scalar first.
 pub fn available_isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon]
         .into_iter()
         .filter(|&i| isa_available(i))
         .collect()
+}
+
+/// Whether the CPU has AVX-VNNI (the VEX form of `vpdpbusd`).
+fn has_avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn detect_isa() -> Isa {
@@ -114,6 +147,9 @@ fn detect_isa() -> Isa {
         }
         if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
             return Isa::Avx512;
+        }
+        if has_avx_vnni() {
+            return Isa::AvxVnni;
         }
         Isa::Avx2
     }
@@ -132,7 +168,7 @@ fn detect_isa() -> Isa {
 
 /// Whether the x86 AVX2 implementations may run (the tier in use is AVX2 or AVX-512).
 pub fn simd_available() -> bool {
-    matches!(isa(), Isa::Avx2 | Isa::Avx512)
+    matches!(isa(), Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
 }
 
 /// The range of `row` outside which every value is `-inf`: (index of the first other value,

@@ -149,11 +149,13 @@ pub fn table_for(isa: Isa) -> &'static KernelTable {
         super::isa_available(isa),
         "{isa:?} is not available on this CPU"
     );
-    static TABLES: [OnceLock<KernelTable>; 4] = [const { OnceLock::new() }; 4];
+    static TABLES: [OnceLock<KernelTable>; 5] = [const { OnceLock::new() }; 5];
     TABLES[isa as usize].get_or_init(|| match isa {
         Isa::Scalar => super::generic::table(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::x86::avx2::table(),
+        #[cfg(target_arch = "x86_64")]
+        Isa::AvxVnni => super::x86::avxvnni::table(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => super::x86::avx512::table(),
         #[cfg(target_arch = "aarch64")]

@@ -6,9 +6,10 @@
 //! and an activation block once for several weight rows. Independent FMA chains of different
 //! outputs also overlap, which a single dot product cannot do.
 //!
-//! AVX2, plus AVX-512 VNNI tiles for the Q0 and Q1 types (`avx512`), reached through the x86
-//! tiers' kernel tables ([`x86_tiles`]). A tile kernel may decline a shape
-//! (returning `false`), and the caller then computes the outputs one at a time.
+//! AVX2 (with `vpdpbusd` in the offset tiles where the CPU has VNNI), plus AVX-512 VNNI tiles
+//! for IQ4_NL and the repacked Q0 chains (`avx512`), reached through the x86 tiers' kernel
+//! tables ([`x86_tiles`]). A tile kernel may decline a shape (returning `false`), and the
+//! caller then computes the outputs one at a time.
 
 use lamina_core::DType;
 
@@ -113,11 +114,15 @@ fn worth_it(kind: TileKind, na: usize) -> bool {
 }
 
 /// The x86 tiers' tiles: `out[j * w.len() + i]` = the output of weight row `w[i]` and
-/// activation row `acts[j]` (rows of `k` values), with the AVX-512 kernels where `AVX512` is
-/// set and they cover the shape ([`avx512::covers`]), else the AVX2 ones (the same bits either
-/// way); `false` (with `out` untouched) where a tile would not be faster.
+/// activation row `acts[j]` (rows of `k` values); `false` (with `out` untouched) where a tile
+/// would not be faster. `VNNI` names the `vpdpbusd` form the tier has (`avx2::DOT_*`): with
+/// one, the Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 products go to the offset tiles built on it
+/// ([`avx2::run_vnni`]); then, where `AVX512` is set, the AVX-512 kernels take what they
+/// cover ([`avx512::covers`]); the AVX2 ones the rest. The same bits either way. (The AVX-512
+/// tier once had 4×4 Q4_K and Q6_K tiles too; the AVX2 `q4k_chain8`/`q6k_chain8` beat them
+/// on a Golden Cove core, Gemma 3 pp512 +4–5 %, and took their place.)
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn x86_tiles<const AVX512: bool>(
+pub(crate) fn x86_tiles<const AVX512: bool, const VNNI: u8>(
     kind: TileKind,
     k: usize,
     w: &[&[u8]],
@@ -128,13 +133,20 @@ pub(crate) fn x86_tiles<const AVX512: bool>(
         return false;
     }
     let nb = checked_blocks(kind, k, w, acts, out);
+    // SAFETY: a `VNNI` form is named only by the tables of the tiers that have it (AVX-VNNI,
+    // AVX-512 with VNNI), which exist only where it is detected; every row holds `nb` blocks
+    // (checked above).
+    if VNNI != avx2::DOT_AVX2 && unsafe { avx2::run_vnni::<VNNI>(kind, nb, w, acts, out) } {
+        return true;
+    }
     if AVX512
         && matches!(kind, TileKind::Q0(_) | TileKind::Q1(_))
         && (acts.len() > avx2::MAX_A || w.len() > avx2::MAX_W)
         && avx512::covers(kind, nb, w.len().min(avx2::MAX_W), avx2::MAX_A)
     {
         // A wide call (`MatMul::wide_tiles`, `MatMul::weight_rows_per_call`, for the AVX2
-        // tables) in the AVX-512 kernels' calls of up to `MAX_W` × `MAX_A` rows.
+        // tables) of a type the offset tiles do not take (IQ4_NL), in the AVX-512 kernels'
+        // calls of up to `MAX_W` × `MAX_A` rows.
         let nw = w.len();
         let mut piece = [0f32; avx2::MAX_W * avx2::MAX_A];
         for (c, chunk) in acts.chunks(avx2::MAX_A).enumerate() {
@@ -158,8 +170,8 @@ pub(crate) fn x86_tiles<const AVX512: bool>(
         // that tier is detected; every row holds `nb` blocks (checked above); `covers` holds.
         unsafe { avx512::run(kind, nb, w, acts, out) };
     } else {
-        // SAFETY: reached only through the AVX2 and AVX-512 kernel tables, which exist only
-        // where AVX2/FMA/F16C are present; every row holds `nb` blocks (checked above).
+        // SAFETY: reached only through the x86 kernel tables, which exist only where
+        // AVX2/FMA/F16C are present; every row holds `nb` blocks (checked above).
         unsafe { avx2::run(kind, nb, w, acts, out) };
     }
     true

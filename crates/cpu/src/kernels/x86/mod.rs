@@ -1,9 +1,11 @@
-//! x86-64 kernels: the AVX2 tier (`avx2`), the AVX-512 tier (`avx512`), and the AVX2 helpers
+//! x86-64 kernels: the AVX2 tier (`avx2`), the AVX-VNNI tier (`avxvnni`), the AVX-512 tier
+//! (`avx512`), and the AVX2 helpers
 //! they share (ports of ggml's `hsum_float_8`, `mul_sum_i8_pairs_float`, ...).
 use std::arch::x86_64::*;
 
 pub mod avx2;
 pub mod avx512;
+pub mod avxvnni;
 
 /// `hsum_float_8`.
 #[inline(always)]

@@ -57,7 +57,7 @@ with_fma! {
 /// `tiles!(Kind)`: the AVX2 tile kernel of one [`TileKind`], as a table entry.
 macro_rules! tiles {
     ($kind:expr) => {
-        Some((|k, w, a, out| x86_tiles::<false>($kind, k, w, a, out)) as TileFn)
+        Some((|k, w, a, out| x86_tiles::<false, { tile::DOT_AVX2 }>($kind, k, w, a, out)) as TileFn)
     };
 }
 

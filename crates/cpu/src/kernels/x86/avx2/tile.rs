@@ -102,16 +102,16 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (t, table_size(nb, a.len())) {
                 (0, Some(false)) => unsafe {
-                    offset_q0::<0, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                    offset_q0::<0, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
                 },
                 (0, Some(true)) => unsafe {
-                    offset_q0::<0, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                    offset_q0::<0, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
                 },
                 (_, Some(false)) => unsafe {
-                    offset_q0::<1, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                    offset_q0::<1, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
                 },
                 (_, Some(true)) => unsafe {
-                    offset_q0::<1, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                    offset_q0::<1, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
                 },
                 (0, None) => run_4x2!(q0_4xn, 0, nb, w, a, out),
                 (_, None) => run_4x2!(q0_4xn, 1, nb, w, a, out),
@@ -137,16 +137,16 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (q5, table_size(nb, a.len()) == Some(true)) {
                 (false, false) => unsafe {
-                    offset_q1::<0, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                    offset_q1::<0, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
                 },
                 (false, true) => unsafe {
-                    offset_q1::<0, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                    offset_q1::<0, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
                 },
                 (true, false) => unsafe {
-                    offset_q1::<1, MAX_BLOCKS, { MAX_A / 4 }>(nb, w, a, out)
+                    offset_q1::<1, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
                 },
                 (true, true) => unsafe {
-                    offset_q1::<1, WIDE_BLOCKS, { WIDE_A / 4 }>(nb, w, a, out)
+                    offset_q1::<1, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
                 },
             }
         }
@@ -207,6 +207,50 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
     }
 }
 
+/// The offset tiles with `vpdpbusd` (`V`: [`DOT_VNNI_EVEX`] or [`DOT_VNNI_VEX`]) for the
+/// products they cover: Q4_0, Q5_0, Q4_1, Q5_1 as at the AVX2 tier, and Q8_0 through
+/// [`offset_q0`] too (its unsigned-by-signed products would saturate `maddubs`, not
+/// `vpdpbusd`); `false` (with `out` untouched) for any other product. Same bits as [`run`].
+///
+/// # Safety
+/// AVX2/FMA/F16C and the `V` form of `vpdpbusd` present; every row holds `nb` blocks of
+/// `kind`.
+pub unsafe fn run_vnni<const V: u8>(
+    kind: TileKind,
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) -> bool {
+    if a.len() < 2 || !w.len().is_multiple_of(2) {
+        return false;
+    }
+    let Some(wide) = table_size(nb, a.len()) else {
+        return false;
+    };
+    macro_rules! sized {
+        ($f:ident, $t:literal) => {
+            // SAFETY: by this function's contract; the table limits hold (`table_size`).
+            unsafe {
+                if wide {
+                    $f::<$t, WIDE_BLOCKS, { WIDE_A / 4 }, V>(nb, w, a, out)
+                } else {
+                    $f::<$t, MAX_BLOCKS, { MAX_A / 4 }, V>(nb, w, a, out)
+                }
+            }
+        };
+    }
+    match kind {
+        TileKind::Q0(0) => sized!(offset_q0, 0),
+        TileKind::Q0(1) => sized!(offset_q0, 1),
+        TileKind::Q0(2) => sized!(offset_q0, 2),
+        TileKind::Q1(false) => sized!(offset_q1, 0),
+        TileKind::Q1(true) => sized!(offset_q1, 1),
+        _ => return false,
+    }
+    true
+}
+
 /// The f16 scales at `p[0] + off`, …, `p[3] + off` (rows past `N` read as zero) as 4 f32.
 #[inline(always)]
 pub(crate) unsafe fn scales4<const N: usize>(p: [*const u8; N], off: usize) -> __m128 {
@@ -263,6 +307,47 @@ unsafe fn magic_f32(t: __m256i) -> __m256 {
     unsafe { _mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(12_582_912.0)) }
 }
 
+/// How the offset tiles ([`offset_q0`], [`offset_q1`]) form a lane's exact sum of 4 products
+/// of unsigned by signed bytes: AVX2's `maddubs` + `madd` + add, or one `vpdpbusd`.
+pub(crate) const DOT_AVX2: u8 = 0;
+/// `vpdpbusd` in its EVEX form (AVX-512 VNNI + VL), on 256-bit registers.
+pub(crate) const DOT_VNNI_EVEX: u8 = 1;
+/// `vpdpbusd` in its VEX form (AVX-VNNI: Alder Lake and later client cores, Zen 5).
+pub(crate) const DOT_VNNI_VEX: u8 = 2;
+
+/// `acc + Σ u·s` per i32 lane: the 4 unsigned bytes of `u` times the 4 signed bytes of `s`,
+/// exactly, where no pair sum of `maddubs` saturates (true of every caller's operands: see
+/// each kernel), so every form gives the same integers. The VNNI forms are written as
+/// assembly so that the kernels keep the AVX2 tier's target features (and the one build runs
+/// everywhere): the caller only takes `V != DOT_AVX2` where the CPU has that instruction.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lane_dot<const V: u8>(acc: __m256i, u: __m256i, s: __m256i, ones: __m256i) -> __m256i {
+    // SAFETY: register-only; AVX2 enabled by the caller, and with `V != DOT_AVX2` the form of
+    // `vpdpbusd` it names is present (the caller's contract).
+    unsafe {
+        let mut acc = acc;
+        match V {
+            DOT_VNNI_EVEX => std::arch::asm!(
+                "vpdpbusd {a}, {u}, {s}",
+                a = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags),
+            ),
+            DOT_VNNI_VEX => std::arch::asm!(
+                "{{vex}} vpdpbusd {a}, {u}, {s}",
+                a = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags),
+            ),
+            _ => acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, s))),
+        }
+        acc
+    }
+}
+
 /// Activation blocks (rows × blocks) that [`offset_q0`] offsets to unsigned once per call
 /// (a 64 KiB table on the stack).
 const BIAS_BLOCKS: usize = 2048;
@@ -296,15 +381,18 @@ macro_rules! tile_rows {
 }
 
 /// Q4_0 (`T == 0`) / Q5_0 (`T == 1`) over the whole product, in tiles of 2 weight rows ×
-/// up to 4 activation rows ([`q0u`]). Once per call, not once per tile: the block scales
-/// are converted to f32 tables, and each weight row is decoded to unsigned bytes. About
-/// 1.15× the 4×2 sign-trick tiles on Gemma 3's prompt at this tier.
+/// up to 4 activation rows ([`q0u`]); also Q8_0 (`T == 2`) with `vpdpbusd` (`V`, see
+/// [`lane_dot`]). Once per call, not once per tile: the block scales are converted to f32
+/// tables, and each weight row is decoded to its signed values. About 1.15× the 4×2
+/// sign-trick tiles on Gemma 3's prompt at this tier.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is a multiple of 4
-/// (any number of row pairs: their scale table is built per pair); `a.len() <= 4 * NG`.
+/// AVX2/FMA/F16C present, and the `V` form of `vpdpbusd`; `T != 2` unless `V != DOT_AVX2`
+/// (Q8_0's products would saturate `maddubs`); every row holds `nb <= NB` blocks; `w.len()`
+/// is even (any number of row pairs: their scale table is built per pair); `a.len() <= 4 *
+/// NG`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
+unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize, const V: u8>(
     nb: usize,
     w: &[&[u8]],
     a: &[&[u8]],
@@ -371,7 +459,11 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                 }
                 for (i, row) in rows.iter().enumerate() {
                     for b in 0..nb {
-                        let x = _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov);
+                        let x = if T == 2 {
+                            loadu(row.add(b * bx + 2))
+                        } else {
+                            _mm256_sub_epi8(q0_unsigned::<T>(row.add(b * bx)), ov)
+                        };
                         let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
                         let magic_corr = _mm256_sub_epi32(_mm256_set1_epi32(MAGIC), corr);
                         dec.add(i * NB + b).write([x, magic_corr]);
@@ -400,9 +492,9 @@ unsafe fn offset_q0<const T: u8, const NB: usize, const NG: usize>(
                         rn,
                         ap,
                         |apn| if chunk > 0 {
-                            q0u::<T, true, _>(nb, wp, apn, sw, sa)
+                            q0u::<T, true, V, _>(nb, wp, apn, sw, sa)
                         } else {
-                            q0u::<T, false, _>(nb, wp, apn, sw, sa)
+                            q0u::<T, false, V, _>(nb, wp, apn, sw, sa)
                         },
                         out,
                         w.len(),
@@ -1104,12 +1196,13 @@ macro_rules! each_act_row {
 /// `MAGIC - 128·Σx` (`w` points at the pairs): the activation bytes offset to unsigned,
 /// `y + 128`, meet the values in one `maddubs` with no sign fix-up, and one integer add takes
 /// the offset's part (which depends on the weights alone) off and readies the lane for
-/// [`magic_f32`]. The lane sums are the same exact integers (no pair sum saturates:
-/// `255·16·2 < 2^15`), so the FMA chain, with the same products `dx·dy` (from the scale
+/// [`magic_f32`] (with VNNI, one `vpdpbusd` does all three). The lane sums are the same exact
+/// integers (no pair sum saturates: `255·16·2 < 2^15`; Q8_0's `255·128·2` would, so it is
+/// taken only with VNNI), so the FMA chain, with the same products `dx·dy` (from the scale
 /// tables, lane `2j + i` for rows `i`, `j`), gives the same bits. With `PRE`, `a` points at
 /// activation blocks already offset (32 bytes each, from `offset_q0`'s table).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
+unsafe fn q0u<const T: u8, const PRE: bool, const V: u8, const RN: usize>(
     nb: usize,
     w: [*const [__m256i; 2]; 2],
     a: [*const u8; RN],
@@ -1140,11 +1233,9 @@ unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
                             } else {
                                 _mm256_xor_si256(loadu(a[$j].add(ib * 34 + 2)), bias)
                             };
-                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[0][0]));
-                            let q = magic_f32(_mm256_add_epi32(s, x[0][1]));
+                            let q = magic_f32(lane_dot::<V>(x[0][1], y, x[0][0], ones));
                             fmadd_bcast_at!(acc[0][$j], q, dd, $o0);
-                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(y, x[1][0]));
-                            let q = magic_f32(_mm256_add_epi32(s, x[1][1]));
+                            let q = magic_f32(lane_dot::<V>(x[1][1], y, x[1][0], ones));
                             fmadd_bcast_at!(acc[1][$j], q, dd, $o1);
                         }
                     };
@@ -1169,7 +1260,7 @@ unsafe fn q0u<const T: u8, const PRE: bool, const RN: usize>(
 /// AVX2/FMA/F16C present; every row holds `nb <= NB` blocks; `w.len()` is even (any
 /// number of row pairs); `a.len() <= 4 * NG`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
+unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize, const V: u8>(
     nb: usize,
     w: &[&[u8]],
     a: &[&[u8]],
@@ -1239,9 +1330,9 @@ unsafe fn offset_q1<const T: u8, const NB: usize, const NG: usize>(
                     rn,
                     ap,
                     |apn| if na > 4 {
-                        q1u::<T, true, _>(nb, wp, apn, sw, sa)
+                        q1u::<T, true, V, _>(nb, wp, apn, sw, sa)
                     } else {
-                        q1u::<T, false, _>(nb, wp, apn, sw, sa)
+                        q1u::<T, false, V, _>(nb, wp, apn, sw, sa)
                     },
                     out,
                     w.len(),
@@ -1275,7 +1366,7 @@ unsafe fn q1_unsigned<const T: u8>(xb: *const u8) -> __m256i {
 /// `hsum_float_8(chain) + Σ m·s`. `w` points at the weight rows (`DEC`: at their decoded
 /// blocks), `sw`/`sa` at the `[d0, m0, d1, m1]` and `[d, s]` tables.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
+unsafe fn q1u<const T: u8, const DEC: bool, const V: u8, const RN: usize>(
     nb: usize,
     w: [*const u8; 2],
     a: [*const u8; RN],
@@ -1308,6 +1399,7 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
         }
 
         let ones = _mm256_set1_epi16(1);
+        let zero = _mm256_setzero_si256();
         // dds[c][2j + i] = dx_i · dy_j of block `c0 + c`, computed a chunk ahead of the
         // products (right after its store a broadcast load would wait on it).
         let mut dds = std::mem::MaybeUninit::<[[f32; 8]; CHUNK]>::uninit();
@@ -1334,9 +1426,9 @@ unsafe fn q1u<const T: u8, const DEC: bool, const RN: usize>(
                     ($j:literal, $o0:literal, $o1:literal) => {
                         if $j < RN {
                             let y = loadu(a[$j].add(ib * 36 + 4));
-                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[0], y));
+                            let s = lane_dot::<V>(zero, x[0], y, ones);
                             fmadd_bcast_at!(acc[0][$j], _mm256_cvtepi32_ps(s), dd, $o0);
-                            let s = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(x[1], y));
+                            let s = lane_dot::<V>(zero, x[1], y, ones);
                             fmadd_bcast_at!(acc[1][$j], _mm256_cvtepi32_ps(s), dd, $o1);
                         }
                     };

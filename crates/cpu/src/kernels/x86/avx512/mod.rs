@@ -1,5 +1,6 @@
 //! The AVX-512 tier (AVX-512 F/BW/VL and VNNI on top of AVX2): the AVX2 tier's table, with
-//! tiles that use the AVX-512 kernels where they cover the shape.
+//! the Q0/Q1 offset tiles on `vpdpbusd` (EVEX form) and the AVX-512 kernels where they cover
+//! the shape (IQ4_NL, the repacked Q0 chains).
 
 pub mod fattn;
 pub mod tile;
@@ -10,7 +11,13 @@ use lamina_core::DType;
 
 macro_rules! tiles {
     ($kind:expr) => {
-        Some((|k, w, a, out| x86_tiles::<true>($kind, k, w, a, out)) as TileFn)
+        Some(
+            (|k, w, a, out| {
+                x86_tiles::<true, { crate::kernels::x86::avx2::tile::DOT_VNNI_EVEX }>(
+                    $kind, k, w, a, out,
+                )
+            }) as TileFn,
+        )
     };
 }
 
@@ -36,15 +43,6 @@ pub(crate) fn table() -> KernelTable {
     retile(
         &mut t.of_mut(DType::IQ4_NL).tinyblas,
         tiles!(TileKind::Q0(3)),
-    );
-    retile(&mut t.of_mut(DType::Q6_K).tiled, tiles!(TileKind::Q6KTiled));
-    retile(
-        &mut t.of_mut(DType::Q4_K).repacked,
-        tiles!(TileKind::Q4KGemv),
-    );
-    retile(
-        &mut t.of_mut(DType::Q4_K).repacked_gemm,
-        tiles!(TileKind::Q4KGemm),
     );
     retile(
         &mut t.of_mut(DType::Q4_0).repacked,

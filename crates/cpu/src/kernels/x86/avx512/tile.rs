@@ -1,6 +1,9 @@
 //! AVX-512 (F/BW/VL + VNNI) tiles of 4 weight rows × up to 4 activation rows for the Q0
-//! types (Q4_0, Q5_0, Q8_0, IQ4_NL under tinyBLAS), Q4_1/Q5_1, repacked Q4_K and tiled Q6_K,
-//! bit-identical to the AVX2 tiles. Only the exact integer part changes: each weight block is decoded to *unsigned*
+//! types (Q4_0, Q5_0, Q8_0, IQ4_NL under tinyBLAS) and Q4_1/Q5_1, and the repacked Q0 chains,
+//! bit-identical to the AVX2 tiles. Since the AVX2 offset tiles took `vpdpbusd` (`lane_dot`),
+//! these 4×4 tiles run only what those do not take: IQ4_NL, and calls past their tables (more
+//! than 64 blocks a row with more than 16 activation rows). Only the exact integer part
+//! changes: each weight block is decoded to *unsigned*
 //! bytes `u = x + o` (a constant offset `o` per type), `vpdpbusd` forms the four-byte lane sums
 //! `Σ u·y` in one instruction, and the lane's `o·Σ y` (computed once per activation block and
 //! shared by the four weight rows) is taken off first. The lane sums are the same integers as
@@ -10,10 +13,9 @@
 //! one 16-lane multiply and read back as embedded broadcasts.
 
 use crate::kernels::x86::avx2::tile::{
-    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, Q4K_MAX_BLOCKS, Q4kDecoded, decode_q4k, e8m0_half,
-    ld_f16, ld_f16_last, q0_bytes, q0_values, q8k_act, scales4,
+    KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, e8m0_half, ld_f16, q0_bytes, q0_values, scales4,
 };
-use crate::kernels::x86::{K6_SHUFFLE, bytes_from_nibbles_32, hsum_float_8};
+use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
 /// Whether [`run`] has a kernel for this product.
@@ -35,20 +37,9 @@ pub(crate) fn covers(
     {
         return false;
     }
-    if matches!(
-        kind,
-        crate::kernels::tile::TileKind::Q4KGemm | crate::kernels::tile::TileKind::Q4KGemv
-    ) && nb > Q4K_MAX_BLOCKS
-    {
-        return false;
-    }
     matches!(
         kind,
-        crate::kernels::tile::TileKind::Q0(_)
-            | crate::kernels::tile::TileKind::Q1(_)
-            | crate::kernels::tile::TileKind::Q4KGemm
-            | crate::kernels::tile::TileKind::Q4KGemv
-            | crate::kernels::tile::TileKind::Q6KTiled
+        crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
     ) && na > 1
         && nw.is_multiple_of(4)
 }
@@ -74,9 +65,6 @@ pub(crate) unsafe fn run(
         crate::kernels::tile::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q4KGemv => unsafe { q4k_tiles::<0>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q4KGemm => unsafe { q4k_tiles::<1>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q6KTiled => unsafe { q6k_tiles(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
@@ -509,326 +497,6 @@ unsafe fn q1<const T: u8, const RN: usize>(
         for i in 0..4 {
             for j in 0..RN {
                 out[i][j] = hsum_float_8(acc[i][j]) + sm[4 * i + j];
-            }
-        }
-        out
-    }
-}
-
-/// For weight rows `$i0..$i0 + 4` (of `$nw`): runs `$kern::<[$g,] RN>($arg…, rows)` on the
-/// activation rows of `$a` in groups of up to `RN = 4` and writes the outputs to `$out`.
-macro_rules! act_groups {
-    ($a:expr, $out:expr, $nw:expr, $i0:expr, $kern:ident $(::<$g:ident>)? ($($arg:expr),*)) => {{
-        let (a, out, nw, i0): (&[&[u8]], &mut [f32], usize, usize) = ($a, $out, $nw, $i0);
-        let na = a.len();
-        let mut j0 = 0;
-        while j0 < na {
-            let rn = (na - j0).min(4);
-            let ap: [*const u8; 4] = crate::kernels::tile::row_ptrs(&a[..j0 + rn], j0);
-            let r = match rn {
-                1 => spread($kern::<$($g,)? 1>($($arg,)* [ap[0]])),
-                2 => spread($kern::<$($g,)? 2>($($arg,)* [ap[0], ap[1]])),
-                3 => spread($kern::<$($g,)? 3>($($arg,)* [ap[0], ap[1], ap[2]])),
-                _ => $kern::<$($g,)? 4>($($arg,)* ap),
-            };
-            for i in 0..4 {
-                for j in 0..rn {
-                    out[(j0 + j) * nw + i0 + i] = r[i][j];
-                }
-            }
-            j0 += rn;
-        }
-    }};
-}
-
-/// The repacked-Q4_K tiles over the whole product: 4 weight rows × up to 4 activation rows,
-/// each group of 4 weight rows decoded once per call ([`decode_q4k`]), not once per tile.
-///
-/// # Safety
-/// As [`run`]; `nb <= Q4K_MAX_BLOCKS`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4k_tiles<const G: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
-    let mut dec: std::mem::MaybeUninit<[[Q4kDecoded; Q4K_MAX_BLOCKS]; 4]> =
-        std::mem::MaybeUninit::uninit();
-    let dec = dec.as_mut_ptr().cast::<Q4kDecoded>();
-    // SAFETY: the caller's contract; entries 0..nb of a row's table are written before they
-    // are read.
-    unsafe {
-        let mut dp = [std::ptr::null::<Q4kDecoded>(); 4];
-        for (i, p) in dp.iter_mut().enumerate() {
-            *p = dec.add(i * Q4K_MAX_BLOCKS).cast_const();
-        }
-        let mut i0 = 0;
-        while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(w, i0);
-            for (i, row) in wp.iter().enumerate() {
-                for b in 0..nb {
-                    dec.add(i * Q4K_MAX_BLOCKS + b)
-                        .write(decode_q4k(row.add(b * 144)));
-                }
-            }
-            act_groups!(a, out, w.len(), i0, q4k::<G>(nb, dp));
-            i0 += 4;
-        }
-    }
-}
-
-/// The repacked-Q4_K kernels per output (`G == 0`: `ggml_gemv_q4_K_8x8_q8_K`, one FMA per
-/// superblock; `G == 1`: `ggml_gemm_q4_K_8x8_q8_K`, one per pair of sub-blocks), 4 weight rows
-/// × `RN` activation rows. Each weight row's superblock is unpacked once for the `RN`
-/// activation rows (the AVX2 tile has too few registers to keep it), and `vpdpwssd` applies
-/// the sub-block scales and accumulates in one step; the integer sums are the same. The float
-/// steps run on 16-lane vectors, lane `4j + i` for output `(i, j)`: the per-pair sums are
-/// transposed into lanes, and each lane takes the scalar kernel's FMAs in the same order.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4k<const G: u8, const RN: usize>(
-    nb: usize,
-    dp: [*const Q4kDecoded; 4],
-    a: [*const u8; RN],
-) -> [[f32; RN]; 4] {
-    // SAFETY: rows hold `nb` blocks (the caller's contract).
-    unsafe {
-        let mut acc = _mm512_setzero_ps();
-        let mut acc_min = _mm512_setzero_ps();
-        // Lane 4j + i takes row i's value (from 4 lanes) or column j's.
-        let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        for ib in 0..nb {
-            let mut yd = [0f32; 4];
-            let mut q8s = [_mm_setzero_si128(); RN];
-            let mut yq = [std::ptr::null::<u8>(); RN];
-            for j in 0..RN {
-                (yd[j], q8s[j], yq[j]) = q8k_act(a[j].add(ib * 292));
-            }
-            let mut dx = [0f32; 4];
-            let mut dm = [0f32; 4];
-            // Per row i: the 4 sub-block-pair sums of each column j, as 4-lane groups j.
-            let mut zs = [_mm512_setzero_si512(); 4];
-            let mut zm = [_mm512_setzero_si512(); 4];
-            for i in 0..4 {
-                let ds = &*dp[i].add(ib);
-                dx[i] = ds.d;
-                dm[i] = ds.dmin;
-                // Sub-block pair k: [low nibbles | high nibbles] of its 32 bytes, against the
-                // activation's 64 values of the pair, with [scale 2k | scale 2k + 1].
-                let mut v = [_mm512_setzero_si512(); 16];
-                let mut m4s = [_mm_setzero_si128(); 4];
-                for j in 0..RN {
-                    m4s[j] = _mm_madd_epi16(ds.mins, q8s[j]);
-                    for k in 0..4 {
-                        let y = _mm512_loadu_si512(yq[j].add(64 * k) as *const __m512i);
-                        let x = _mm512_load_si512(ds.q.as_ptr().add(2 * k).cast::<__m512i>());
-                        let sc = _mm512_load_si512(ds.scl.as_ptr().add(2 * k).cast::<__m512i>());
-                        v[4 * j + k] = _mm512_dpwssd_epi32(
-                            _mm512_setzero_si512(),
-                            _mm512_maddubs_epi16(x, y),
-                            sc,
-                        );
-                    }
-                }
-                // Lane 4j + k: the exact (wrapping) sum of sub-block pair k against column j.
-                let s4 = sum16(v);
-                zs[i] = s4;
-                zm[i] = join4(m4s);
-            }
-            // Lane 4j + i: d_i · yd_j and dmin_i · yd_j, one rounding each.
-            let cols =
-                _mm512_permutexvar_ps(of_col, _mm512_castps128_ps512(_mm_loadu_ps(yd.as_ptr())));
-            let dd = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dx.as_ptr())), cols);
-            let ddm = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dm.as_ptr())), cols);
-            let s = transpose4(zs);
-            let m = transpose4(zm);
-            if G == 0 {
-                let sum =
-                    _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
-                let smin =
-                    _mm512_add_epi32(_mm512_add_epi32(m[0], m[1]), _mm512_add_epi32(m[2], m[3]));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dd, acc);
-                acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(smin), ddm, acc_min);
-            } else {
-                for k in 0..4 {
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[k]), dd, acc);
-                    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m[k]), ddm, acc_min);
-                }
-            }
-        }
-        let mut r = [0f32; 16];
-        let mut rm = [0f32; 16];
-        _mm512_storeu_ps(r.as_mut_ptr(), acc);
-        _mm512_storeu_ps(rm.as_mut_ptr(), acc_min);
-        let mut out = [[0f32; RN]; 4];
-        for i in 0..4 {
-            for j in 0..RN {
-                out[i][j] = r[4 * j + i] - rm[4 * j + i];
-            }
-        }
-        out
-    }
-}
-
-/// Lane `n` of the result: the (wrapping) sum of the 16 lanes of `v[n]`. A tree of pairwise
-/// sums: within 128-bit groups by unpacking, then across groups by 128-bit shuffles.
-#[inline(always)]
-unsafe fn sum16(v: [__m512i; 16]) -> __m512i {
-    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
-    unsafe {
-        let mut x = [_mm512_setzero_si512(); 8];
-        for p in 0..8 {
-            let (a, b) = (v[2 * p], v[2 * p + 1]);
-            x[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-        }
-        let mut y = [_mm512_setzero_si512(); 4];
-        for q in 0..4 {
-            let (a, b) = (x[2 * q], x[2 * q + 1]);
-            y[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-        }
-        // Group g of y[q], lane m: v[4q + m] summed over group g.
-        let z0 = add_group_pairs(y[0], y[1]);
-        let z1 = add_group_pairs(y[2], y[3]);
-        add_group_pairs(z0, z1)
-    }
-}
-
-/// Groups `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` (128-bit groups, lane by lane).
-#[inline(always)]
-unsafe fn add_group_pairs(a: __m512i, b: __m512i) -> __m512i {
-    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
-    unsafe {
-        _mm512_add_epi32(
-            _mm512_shuffle_i32x4(a, b, 0b10_00_10_00),
-            _mm512_shuffle_i32x4(a, b, 0b11_01_11_01),
-        )
-    }
-}
-
-/// Four 4-lane vectors as one 16-lane vector, `v[j]` in lanes `4j..4j + 4`.
-#[inline(always)]
-unsafe fn join4(v: [__m128i; 4]) -> __m512i {
-    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
-    unsafe {
-        let lo = _mm256_inserti128_si256(_mm256_castsi128_si256(v[0]), v[1], 1);
-        let hi = _mm256_inserti128_si256(_mm256_castsi128_si256(v[2]), v[3], 1);
-        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-    }
-}
-
-/// `z[i]` lane `4j + k` to `out[k]` lane `4j + i`: a 4×4 transpose inside each 128-bit group.
-#[inline(always)]
-unsafe fn transpose4(z: [__m512i; 4]) -> [__m512i; 4] {
-    // SAFETY: register-only intrinsics; AVX-512F enabled by the caller.
-    unsafe {
-        let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
-        let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-        let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
-        let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-        [
-            _mm512_unpacklo_epi64(t0, t2),
-            _mm512_unpackhi_epi64(t0, t2),
-            _mm512_unpacklo_epi64(t1, t3),
-            _mm512_unpackhi_epi64(t1, t3),
-        ]
-    }
-}
-
-/// The tiled Q6_K kernel over the whole product, in tiles of 4 weight rows × up to 4
-/// activation rows ([`q6k`]).
-///
-/// # Safety
-/// As [`run`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6k_tiles(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let mut i0 = 0;
-        while i0 + 4 <= w.len() {
-            let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(w, i0);
-            act_groups!(a, out, w.len(), i0, q6k(nb, wp));
-            i0 += 4;
-        }
-    }
-}
-
-/// The tiled Q6_K kernel per output (as the AVX2 tile: per superblock `res = d_w·(float)s1`,
-/// `acc = fma(res, d_a, acc)`, `s1 = Σ scale·q6·q8 - 32·Σ scale·bsum` exact), 4 weight rows ×
-/// `RN` activation rows. The exact sum is formed 64 values at a time: two of the AVX2 tile's
-/// 32-value chunks share one 512-bit `maddubs` and one `vpdpwssd` applies their scales and
-/// accumulates; each weight row's superblock is unpacked once for the `RN` rows.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6k<const RN: usize>(nb: usize, w: [*const u8; 4], a: [*const u8; RN]) -> [[f32; RN]; 4] {
-    // SAFETY: rows hold `nb` blocks (the caller's contract).
-    unsafe {
-        // Lane 4j + i: output (i, j).
-        let mut acc = _mm512_setzero_ps();
-        let m4 = _mm512_set1_epi8(0xF);
-        let m30 = _mm512_set1_epi8(0x30);
-        // Per 16-bit lane: chunk 0 | chunk 1 of a half take the high bits 0-1 | 2-3 of `qh`
-        // (shifted left 4 | 2), chunks 2 | 3 take bits 4-5 | 6-7 (shifted right 0 | 2).
-        let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-        let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-        let of_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        for ib in 0..nb {
-            let mut yd = [0f32; 4];
-            let mut q8sums = [_mm256_setzero_si256(); RN];
-            let mut yq = [std::ptr::null::<u8>(); RN];
-            for j in 0..RN {
-                let yb = a[j].add(ib * 292);
-                yd[j] = yb.cast::<f32>().read_unaligned();
-                yq[j] = yb.add(4);
-                q8sums[j] = _mm256_loadu_si256(yb.add(260) as *const __m256i);
-            }
-            let mut dw = [0f32; 4];
-            // v[4j + i]: lanes whose sum is s1 of output (i, j).
-            let mut v = [_mm512_setzero_si512(); 16];
-            for i in 0..4 {
-                let xb = w[i].add(ib * 210);
-                dw[i] = ld_f16_last(xb.add(208));
-                let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
-                let scales_16 = _mm256_cvtepi8_epi16(scales);
-                let sc2 = _mm256_broadcastsi128_si256(scales);
-                // q6 values of chunks (0, 1) and (2, 3) of each half, and their scales.
-                let mut q6 = [_mm512_setzero_si512(); 4];
-                let mut sh = [_mm512_setzero_si512(); 4];
-                for h in 0..2 {
-                    let ql = _mm512_loadu_si512(xb.add(64 * h) as *const __m512i);
-                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        xb.add(128 + 32 * h) as *const __m256i
-                    ));
-                    let h01 = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
-                    let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
-                    q6[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
-                    q6[2 * h + 1] =
-                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
-                    for c in 0..2 {
-                        // K6_SHUFFLE rows 4h + 2c and 4h + 2c + 1, back to back.
-                        let idx = _mm256_loadu_si256(
-                            K6_SHUFFLE[4 * h + 2 * c].as_ptr() as *const __m256i
-                        );
-                        sh[2 * h + c] = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
-                    }
-                }
-                for j in 0..RN {
-                    let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums[j], scales_16), 5);
-                    let mut sumi =
-                        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(sub));
-                    for c in 0..4 {
-                        let y = _mm512_loadu_si512(yq[j].add(64 * c) as *const __m512i);
-                        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q6[c], y), sh[c]);
-                    }
-                    v[4 * j + i] = sumi;
-                }
-            }
-            // res = d_w·(float)s1, then acc = fma(res, d_a, acc), lane by lane.
-            let s1 = _mm512_cvtepi32_ps(sum16(v));
-            let res = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(dw.as_ptr())), s1);
-            let cols =
-                _mm512_permutexvar_ps(of_col, _mm512_castps128_ps512(_mm_loadu_ps(yd.as_ptr())));
-            acc = _mm512_fmadd_ps(res, cols, acc);
-        }
-        let mut r = [0f32; 16];
-        _mm512_storeu_ps(r.as_mut_ptr(), acc);
-        let mut out = [[0f32; RN]; 4];
-        for i in 0..4 {
-            for j in 0..RN {
-                out[i][j] = r[4 * j + i];
             }
         }
         out
