@@ -56,6 +56,14 @@ pub(crate) fn table() -> KernelTable {
         &mut t.of_mut(DType::MXFP4).repacked,
         tiles!(TileKind::Q0Chain(4)),
     );
+    retile(
+        &mut t.of_mut(DType::F16).tinyblas,
+        tiles!(TileKind::F16Tiny),
+    );
+    retile(
+        &mut t.of_mut(DType::F32).tinyblas,
+        tiles!(TileKind::F32Tiny),
+    );
     t.set_isa(crate::kernels::Isa::Avx512);
     t
 }

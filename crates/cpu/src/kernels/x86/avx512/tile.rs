@@ -37,6 +37,12 @@ pub(crate) fn covers(
     {
         return false;
     }
+    if matches!(
+        kind,
+        crate::kernels::tile::TileKind::F16Tiny | crate::kernels::tile::TileKind::F32Tiny
+    ) {
+        return na > 1;
+    }
     matches!(
         kind,
         crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
@@ -68,6 +74,8 @@ pub(crate) unsafe fn run(
         crate::kernels::tile::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::F16Tiny => unsafe { ftiny_tiles::<0>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::F32Tiny => unsafe { ftiny_tiles::<1>(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
     }
 }
@@ -603,5 +611,120 @@ unsafe fn q0_chain8<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 j0 += rn;
             }
         }
+    }
+}
+
+/// tinyBLAS f16 (`T == 0`) / f32 (`T == 1`) over the whole product, bit-identical to the AVX2
+/// `ftiny`: each output is the same 8-lane FMA chain over its groups of 8 values, then
+/// `hsum_float_8`. A 16-lane register carries two outputs' chains, activation rows `j` and
+/// `j + 1` in its halves against the weight row's 8 values in both, so one FMA advances two
+/// chains, and a tile of 4 weight rows × 4 such row pairs keeps 16 accumulators (32 outputs)
+/// in registers: per group of 8 values 8 conversions feed 16 FMAs, where the AVX2 2 × 4
+/// tile has 6 for 8. (Attention's K·Q and KQ·V without flash attention: Gemma 3 pp4096
+/// +10 % on a Golden Cove core. Converting the activation pairs once per call instead, into
+/// a table, was slower: a call has only 8 weight rows to share them.)
+///
+/// # Safety
+/// As [`run`]: every row holds `nb` groups of 8 values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn ftiny_tiles<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    let (nw, na) = (w.len(), a.len());
+    let mut i0 = 0;
+    while i0 < nw {
+        let rm = (nw - i0).min(4);
+        let wp: [*const u8; 4] = crate::kernels::tile::row_ptrs(&w[..i0 + rm], i0);
+        let mut j0 = 0;
+        while j0 < na {
+            let rn = (na - j0).min(8);
+            // Past the last row, pairs repeat it (their outputs are not stored).
+            let ap: [*const u8; 8] = crate::kernels::tile::row_ptrs(&a[..j0 + rn], j0);
+            // SAFETY: rows hold `nb` groups (the caller's contract); the pointers above
+            // name rows of `w` and `a`.
+            let r = unsafe {
+                // A short last group of weight rows computes the repeated last row too
+                // (weight rows are attention cells or head dimensions: rarely short).
+                match rn.div_ceil(2) {
+                    4 => widen(ftiny_x2::<T, 4>(nb, wp, ap)),
+                    3 => widen(ftiny_x2::<T, 3>(nb, wp, ap)),
+                    2 => widen(ftiny_x2::<T, 2>(nb, wp, ap)),
+                    _ => widen(ftiny_x2::<T, 1>(nb, wp, ap)),
+                }
+            };
+            for (i, ri) in r.iter().enumerate().take(rm) {
+                for (j, &v) in ri.iter().enumerate().take(rn) {
+                    out[(j0 + j) * nw + i0 + i] = v;
+                }
+            }
+            j0 += rn;
+        }
+        i0 += rm;
+    }
+}
+
+/// `r` as a 4 × 8 array (columns past `2·NP` are zero).
+#[inline(always)]
+fn widen<const NP: usize>(r: [[[f32; 2]; NP]; 4]) -> [[f32; 8]; 4] {
+    let mut o = [[0f32; 8]; 4];
+    for (i, ri) in r.iter().enumerate() {
+        for (p, v) in ri.iter().enumerate() {
+            o[i][2 * p] = v[0];
+            o[i][2 * p + 1] = v[1];
+        }
+    }
+    o
+}
+
+/// 4 weight rows × `NP` pairs of activation rows (`a[2p]`, `a[2p + 1]`): `[i][p] = [out(i,
+/// 2p), out(i, 2p + 1)]`, each the AVX2 `ftiny` chain.
+#[inline(always)]
+unsafe fn ftiny_x2<const T: u8, const NP: usize>(
+    nb: usize,
+    w: [*const u8; 4],
+    a: [*const u8; 8],
+) -> [[[f32; 2]; NP]; 4] {
+    const RM: usize = 4;
+    // SAFETY: rows hold `nb` groups of 8 values (the caller's contract); AVX-512F enabled
+    // by the caller.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NP]; RM];
+        for l in 0..nb {
+            let mut vb = [_mm512_setzero_ps(); NP];
+            for (p, v) in vb.iter_mut().enumerate() {
+                *v = if T == 0 {
+                    let lo = _mm_loadu_si128(a[2 * p].add(16 * l).cast());
+                    let hi = _mm_loadu_si128(a[2 * p + 1].add(16 * l).cast());
+                    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+                } else {
+                    let lo = _mm256_loadu_ps(a[2 * p].add(32 * l).cast());
+                    let hi = _mm256_loadu_ps(a[2 * p + 1].add(32 * l).cast());
+                    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                        _mm256_castps_pd(hi),
+                    ))
+                };
+            }
+            for i in 0..RM {
+                let va = if T == 0 {
+                    _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        w[i].add(16 * l).cast(),
+                    )))
+                } else {
+                    let v = _mm256_loadu_ps(w[i].add(32 * l).cast());
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)))
+                };
+                for p in 0..NP {
+                    acc[i][p] = _mm512_fmadd_ps(va, vb[p], acc[i][p]);
+                }
+            }
+        }
+        let mut out = [[[0f32; 2]; NP]; RM];
+        for i in 0..RM {
+            for p in 0..NP {
+                let lo = _mm512_castps512_ps256(acc[i][p]);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[i][p])));
+                out[i][p] = [hsum_float_8(lo), hsum_float_8(hi)];
+            }
+        }
+        out
     }
 }
