@@ -9,9 +9,8 @@
 //! multiply-adds), and SIMD versions chosen at run time. Results therefore do not depend on the
 //! machine. The matrix-product kernels (activation quantizers, dots, tiles) sit in one
 //! [`KernelTable`] per tier ([`Isa`]: `generic`, `x86::avx2`, `x86::avxvnni`, `x86::avx512`,
-//! `aarch64::neon`),
-//! indexed by type and built once; [`MatMul`] chooses llama.cpp's path and looks its kernels up
-//! there.
+//! `aarch64::neon`), indexed by type and built once; [`MatMul`] chooses llama.cpp's path and
+//! looks its kernels up there.
 
 // Index loops mirror the C code they replicate (lanes, blocks); keep them readable side by side.
 #![allow(clippy::needless_range_loop)]
@@ -166,7 +165,8 @@ fn detect_isa() -> Isa {
     }
 }
 
-/// Whether the x86 AVX2 implementations may run (the tier in use is AVX2 or AVX-512).
+/// Whether the x86 AVX2 implementations may run (the tier in use is AVX2, AVX-VNNI or
+/// AVX-512).
 pub fn simd_available() -> bool {
     matches!(isa(), Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
 }

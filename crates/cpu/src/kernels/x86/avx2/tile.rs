@@ -327,21 +327,20 @@ unsafe fn lane_dot<const V: u8>(acc: __m256i, u: __m256i, s: __m256i, ones: __m2
     // `vpdpbusd` it names is present (the caller's contract).
     unsafe {
         let mut acc = acc;
+        macro_rules! dpbusd {
+            ($template:literal) => {
+                std::arch::asm!(
+                    $template,
+                    a = inout(ymm_reg) acc,
+                    u = in(ymm_reg) u,
+                    s = in(ymm_reg) s,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+        }
         match V {
-            DOT_VNNI_EVEX => std::arch::asm!(
-                "vpdpbusd {a}, {u}, {s}",
-                a = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags),
-            ),
-            DOT_VNNI_VEX => std::arch::asm!(
-                "{{vex}} vpdpbusd {a}, {u}, {s}",
-                a = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags),
-            ),
+            DOT_VNNI_EVEX => dpbusd!("vpdpbusd {a}, {u}, {s}"),
+            DOT_VNNI_VEX => dpbusd!("{{vex}} vpdpbusd {a}, {u}, {s}"),
             _ => acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, s))),
         }
         acc

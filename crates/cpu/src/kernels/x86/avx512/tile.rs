@@ -10,7 +10,8 @@
 //! AVX2's `madd(1, maddubs(|x|, sign(y, x)))`, so converting them and the FMA chain that
 //! follows (same scales, same order) give the same bits. The 32 vector registers hold a 4×4
 //! tile's 16 accumulators without spilling, and the 16 scale products `dx·dy` are formed as
-//! one 16-lane multiply and read back as embedded broadcasts.
+//! one 16-lane multiply and read back as embedded broadcasts. Also tinyBLAS f16/f32 tiles
+//! ([`ftiny_tiles`]): two outputs' 8-lane chains per 16-lane register.
 
 use crate::kernels::x86::avx2::tile::{
     KVALUES_IQ4NL, MAX_A, MAX_BLOCKS, MAX_W, e8m0_half, ld_f16, q0_bytes, q0_values, scales4,
