@@ -102,16 +102,16 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (t, table_size(nb, a.len())) {
                 (0, Some(false)) => unsafe {
-                    offset_q0::<0, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
+                    offset_q0::<0, MAX_BLOCKS, { MAX_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (0, Some(true)) => unsafe {
-                    offset_q0::<0, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
+                    offset_q0::<0, WIDE_BLOCKS, { WIDE_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (_, Some(false)) => unsafe {
-                    offset_q0::<1, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
+                    offset_q0::<1, MAX_BLOCKS, { MAX_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (_, Some(true)) => unsafe {
-                    offset_q0::<1, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
+                    offset_q0::<1, WIDE_BLOCKS, { WIDE_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (0, None) => run_4x2!(q0_4xn, 0, nb, w, a, out),
                 (_, None) => run_4x2!(q0_4xn, 1, nb, w, a, out),
@@ -137,16 +137,16 @@ pub unsafe fn run(kind: TileKind, nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut
             // SAFETY (all): by this function's contract; the table limits hold (checked).
             match (q5, table_size(nb, a.len()) == Some(true)) {
                 (false, false) => unsafe {
-                    offset_q1::<0, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
+                    offset_q1::<0, MAX_BLOCKS, { MAX_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (false, true) => unsafe {
-                    offset_q1::<0, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
+                    offset_q1::<0, WIDE_BLOCKS, { WIDE_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (true, false) => unsafe {
-                    offset_q1::<1, MAX_BLOCKS, { MAX_A / 4 }, 0>(nb, w, a, out)
+                    offset_q1::<1, MAX_BLOCKS, { MAX_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
                 (true, true) => unsafe {
-                    offset_q1::<1, WIDE_BLOCKS, { WIDE_A / 4 }, 0>(nb, w, a, out)
+                    offset_q1::<1, WIDE_BLOCKS, { WIDE_A / 4 }, DOT_AVX2>(nb, w, a, out)
                 },
             }
         }
