@@ -176,6 +176,12 @@ impl MatMul {
         .expect("every tier has a kernel for every path of every type")
     }
 
+    /// Whether the product takes llamafile's tinyBLAS, with its own arithmetic.
+    #[cfg(test)]
+    pub(crate) fn is_tinyblas(&self) -> bool {
+        self.path == Path::TinyBlas
+    }
+
     /// The storage type of converted activation rows.
     pub fn act_type(&self) -> DType {
         self.act

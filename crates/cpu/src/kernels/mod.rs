@@ -125,6 +125,36 @@ pub fn available_isas() -> Vec<Isa> {
         .collect()
 }
 
+/// Whether the CPU runs 512-bit vector operations as two 256-bit halves with the 256-bit
+/// throughput (AMD Zen 4: family 19h with AVX-512), so that 16-lane registers buy no
+/// arithmetic and kernels that pair two 8-lane chains in one lose to plain 8-lane ones with
+/// AVX-512's 32 registers (tinyBLAS f16 tiles: 34 against 49 GMAC/s on one Zen 4 core). Zen 5
+/// and Intel cores with AVX-512 are taken to have the full width (Golden Cove measured);
+/// checked once.
+pub fn splits_512() -> bool {
+    static SPLITS: OnceLock<bool> = OnceLock::new();
+    *SPLITS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            let (vendor, sig) = (__cpuid(0), __cpuid(1).eax);
+            let amd =
+                (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+            let base = (sig >> 8) & 0xF;
+            let family = if base == 0xF {
+                base + ((sig >> 20) & 0xFF)
+            } else {
+                base
+            };
+            amd && family == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// Whether the CPU has AVX-VNNI (the VEX form of `vpdpbusd`).
 fn has_avx_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]

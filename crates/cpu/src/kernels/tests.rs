@@ -546,12 +546,14 @@ fn trimmed_zero_tails_keep_every_bit() {
 /// tinyBLAS f16/f32 tiles over long rows (attention over thousands of cells), many
 /// activation rows and odd activation and weight row counts (the AVX-512 tiles pair
 /// activation rows and take weight rows in fours): every output bit-identical to the scalar
-/// emulation, on every tier.
+/// emulation, on every tier, and with both AVX-512 float tiles where the CPU has AVX-512.
 #[test]
 fn long_float_tiles_match_scalar() {
     let mut rng = Rng(0x10f7_11e5_c0de_0042);
     let isas: Vec<Isa> = super::available_isas();
     for dtype in [DType::F16, DType::F32] {
+        #[cfg(target_arch = "x86_64")]
+        let mut direct = 0;
         for (m, n, k) in [(8usize, 62usize, 640usize), (7, 9, 4104), (5, 3, 1032)] {
             let plan = matmul::MatMul::plan(super::table(), dtype, m, n, k, true, true).unwrap();
             let vals = rng.vec(k * m, 1.0);
@@ -572,20 +574,55 @@ fn long_float_tiles_match_scalar() {
             }
             let wr: Vec<&[u8]> = w.chunks_exact(w.len() / m).collect();
             let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
-            for isa in isas.iter().copied() {
-                let mut out = vec![0f32; m * n];
-                plan.dot_tile_at(isa, k, &wr, &ar, 0, &mut out);
+            let check = |out: &[f32], what: &str| {
                 for i in 0..m {
                     for j in 0..n {
                         let s = plan.dot_scalar(k, wr[i], ar[j], j);
                         assert_eq!(
                             out[j * m + i].to_bits(),
                             s.to_bits(),
-                            "{dtype} {m}x{n} k={k} {isa:?} output ({i},{j})"
+                            "{dtype} {m}x{n} k={k} {what} output ({i},{j})"
                         );
                     }
                 }
+            };
+            for isa in isas.iter().copied() {
+                let mut out = vec![0f32; m * n];
+                plan.dot_tile_at(isa, k, &wr, &ar, 0, &mut out);
+                check(&out, &format!("{isa:?}"));
             }
+            // Both AVX-512 float tiles, whichever this core's tier takes (`splits_512`).
+            #[cfg(target_arch = "x86_64")]
+            if isas.contains(&Isa::Avx512) && plan.is_tinyblas() {
+                use crate::kernels::x86::avx512::tile::{ftiny_tiles, ftiny_ymm_tiles};
+                let nb = k / 8;
+                for ymm in [false, true] {
+                    let mut out = vec![0f32; m * n];
+                    // SAFETY: AVX-512 present (the tier is available); rows hold `k / 8`
+                    // groups of 8 values.
+                    unsafe {
+                        match (dtype, ymm) {
+                            (DType::F16, false) => ftiny_tiles::<0>(nb, &wr, &ar, &mut out),
+                            (DType::F16, true) => ftiny_ymm_tiles::<0>(nb, &wr, &ar, &mut out),
+                            (_, false) => ftiny_tiles::<1>(nb, &wr, &ar, &mut out),
+                            (_, true) => ftiny_ymm_tiles::<1>(nb, &wr, &ar, &mut out),
+                        }
+                    }
+                    check(
+                        &out,
+                        if ymm {
+                            "ftiny_ymm_tiles"
+                        } else {
+                            "ftiny_tiles"
+                        },
+                    );
+                }
+                direct += 1;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isas.contains(&Isa::Avx512) {
+            assert!(direct > 0, "{dtype}: no case took tinyBLAS");
         }
     }
 }
