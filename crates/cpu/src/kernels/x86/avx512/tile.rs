@@ -769,13 +769,23 @@ pub(crate) unsafe fn ftiny_ymm_tiles<const T: u8>(
         let mut j0 = 0;
         while j0 < na {
             let rn = (na - j0).min(RN);
-            let ap: [*const u8; RN] = crate::kernels::tile::row_ptrs(&a[..j0 + rn], j0);
-            // SAFETY: rows hold `nb` groups (the caller's contract).
-            let r = unsafe { ftiny_ymm::<T, RM, RN>(nb, wp, ap) };
-            for (i, ri) in r.iter().enumerate().take(rm) {
-                for (j, &v) in ri.iter().enumerate().take(rn) {
-                    out[(j0 + j) * nw + i0 + i] = v;
-                }
+            // A short last group in a narrower tile (a call's 16 rows: 6 + 6 + 4).
+            macro_rules! tile {
+                ($rn:literal) => {{
+                    let ap: [*const u8; $rn] = crate::kernels::tile::row_ptrs(&a[..j0 + rn], j0);
+                    // SAFETY: rows hold `nb` groups (the caller's contract).
+                    let r = unsafe { ftiny_ymm::<T, RM, $rn>(nb, wp, ap) };
+                    for (i, ri) in r.iter().enumerate().take(rm) {
+                        for (j, &v) in ri.iter().enumerate().take(rn) {
+                            out[(j0 + j) * nw + i0 + i] = v;
+                        }
+                    }
+                }};
+            }
+            match rn {
+                1 | 2 => tile!(2),
+                3 | 4 => tile!(4),
+                _ => tile!(6),
             }
             j0 += rn;
         }
