@@ -47,11 +47,81 @@ with_fma! {
     iq3_s_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ3_S, n, x, y);
     iq1_s_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ1_S, n, x, y);
     iq1_m_tiled(n, x, y) => repack::dot_iq_grid_tiled(DType::IQ1_M, n, x, y);
-    q4_k_gemv(n, x, y) => repack::dot_q4_k_gemv(n, x, y);
     q4_k_gemm(n, x, y) => repack::dot_q4_k_gemm(n, x, y);
     q4_0_repacked(n, x, y) => repack::dot_q0_repacked(false, n, x, y);
     iq4_nl_repacked(n, x, y) => repack::dot_q0_repacked(true, n, x, y);
     mxfp4_repacked(n, x, y) => repack::dot_mxfp4_repacked(n, x, y);
+}
+
+/// `ggml_gemv_q4_K_8x8_q8_K`'s value for one weight row (Q4_K) and one activation row
+/// (Q8_K), as [`repack::dot_q4_k_gemv`], with each superblock's two exact integer sums formed
+/// in vector lanes: `maddubs` pair sums (at most `2·15·128`) and their `madd` with the 6-bit
+/// scales cannot overflow, so any order gives the same integers, and the two FMAs that follow
+/// are the scalar ones. (The scalar loop, compiled with these features, was 4× llama.cpp's
+/// time for this kernel: Gemma 3 tg128 on one Zen 4 core, 13 % against 3 % of the run.)
+fn q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fast(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        use std::arch::x86_64::*;
+        let (mut acc, mut acc_min) = (0f32, 0f32);
+        for (xb, yb) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / 256) {
+            let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+            let (sc, mn) = crate::kernels::dot::q4k_scales_mins_pub(&xb[4..16]);
+            // SAFETY: `xb` holds 144 bytes and `yb` 292 (whole chunks): the loads read
+            // bytes 16..144 of `xb` and 4..292 of `yb`; AVX2 enabled by this function.
+            let (sum, smin) = unsafe {
+                let m4 = _mm256_set1_epi8(0xF);
+                let mut s = _mm256_setzero_si256();
+                for sb in 0..4 {
+                    let bits = _mm256_loadu_si256(xb.as_ptr().add(16 + 32 * sb).cast());
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    let ylo = _mm256_loadu_si256(yb.as_ptr().add(4 + 64 * sb).cast());
+                    let yhi = _mm256_loadu_si256(yb.as_ptr().add(36 + 64 * sb).cast());
+                    let plo = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(lo, ylo),
+                        _mm256_set1_epi16(i16::from(sc[2 * sb])),
+                    );
+                    let phi = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi, yhi),
+                        _mm256_set1_epi16(i16::from(sc[2 * sb + 1])),
+                    );
+                    s = _mm256_add_epi32(s, _mm256_add_epi32(plo, phi));
+                }
+                // Σ min·bsum: bsum `i` (16 values) belongs to sub-block `i / 2`.
+                let m = |i: usize| i16::from(mn[i]);
+                let mins = _mm256_setr_epi16(
+                    m(0),
+                    m(0),
+                    m(1),
+                    m(1),
+                    m(2),
+                    m(2),
+                    m(3),
+                    m(3),
+                    m(4),
+                    m(4),
+                    m(5),
+                    m(5),
+                    m(6),
+                    m(6),
+                    m(7),
+                    m(7),
+                );
+                let bsums = _mm256_loadu_si256(yb.as_ptr().add(260).cast());
+                (
+                    tile::hsum_i32(s),
+                    tile::hsum_i32(_mm256_madd_epi16(bsums, mins)),
+                )
+            };
+            acc = (sum as f32).mul_add(crate::kernels::f16_at(xb, 0) * yd, acc);
+            acc_min = (smin as f32).mul_add(crate::kernels::f16_at(xb, 2) * yd, acc_min);
+        }
+        acc - acc_min
+    }
+    // SAFETY: reached only through the AVX2 and AVX-512 tables, which exist only where
+    // AVX2/FMA/F16C are present.
+    unsafe { fast(n, x, y) }
 }
 
 /// `tiles!(Kind)`: the AVX2 tile kernel of one [`TileKind`], as a table entry.

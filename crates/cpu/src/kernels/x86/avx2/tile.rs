@@ -1691,7 +1691,7 @@ unsafe fn loadu(p: *const u8) -> __m256i {
 
 /// Exact sum of the 8 i32 lanes.
 #[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
+pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
     // SAFETY: register-only intrinsics; AVX2 enabled by the caller.
     unsafe {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
