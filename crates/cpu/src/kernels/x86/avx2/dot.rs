@@ -534,6 +534,37 @@ unsafe fn q2_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// The i32 lanes of a pair of 32-value K-quant sub-blocks against their 64 Q8_K values at
+/// `y`: `madd(maddubs(lo, y[..32]), sc_lo) + madd(maddubs(hi, y[32..]), sc_hi)`, with `lo`/`hi`
+/// the sub-blocks' unsigned values (below 32) and `sc_*` their 6-bit scales. Exact: no
+/// `maddubs` pair sum reaches 2^15.
+///
+/// # Safety
+/// 64 readable bytes at `y`; AVX2 enabled by the caller.
+#[inline(always)]
+pub(crate) unsafe fn k_pair_lanes(
+    lo: __m256i,
+    hi: __m256i,
+    y: *const u8,
+    sc_lo: u8,
+    sc_hi: u8,
+) -> __m256i {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let yl = _mm256_loadu_si256(y.cast());
+        let yh = _mm256_loadu_si256(y.add(32).cast());
+        let pl = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(lo, yl),
+            _mm256_set1_epi16(i16::from(sc_lo)),
+        );
+        let ph = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(hi, yh),
+            _mm256_set1_epi16(i16::from(sc_hi)),
+        );
+        _mm256_add_epi32(pl, ph)
+    }
+}
+
 /// `ggml_vec_dot_q5_K_q8_K`: Q4_K's lanes with 5-bit values; the mins to a scalar
 /// `summs = fma(dmin, (float)Σ min·bsum, summs)`; `hsum_float_8(acc) + summs`.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -574,17 +605,8 @@ unsafe fn q5_k(nb: usize, x: &[u8], y: &[u8]) -> f32 {
                     _mm256_and_si256(_mm256_srli_epi16(bits, 4), m15),
                     _mm256_slli_epi16(hh, 4),
                 );
-                let q8l = _mm256_loadu_si256(yb.add(4 + 64 * j) as *const __m256i);
-                let q8h = _mm256_loadu_si256(yb.add(36 + 64 * j) as *const __m256i);
-                let pl = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(lo, q8l),
-                    _mm256_set1_epi16(i16::from(scales[2 * j])),
-                );
-                let ph = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(hi, q8h),
-                    _mm256_set1_epi16(i16::from(scales[2 * j + 1])),
-                );
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                let p = k_pair_lanes(lo, hi, yb.add(4 + 64 * j), scales[2 * j], scales[2 * j + 1]);
+                sumi = _mm256_add_epi32(sumi, p);
             }
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }

@@ -76,17 +76,9 @@ fn q4_k_gemv(n: usize, x: &[u8], y: &[u8]) -> f32 {
                     let bits = _mm256_loadu_si256(xb.as_ptr().add(16 + 32 * sb).cast());
                     let lo = _mm256_and_si256(bits, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                    let ylo = _mm256_loadu_si256(yb.as_ptr().add(4 + 64 * sb).cast());
-                    let yhi = _mm256_loadu_si256(yb.as_ptr().add(36 + 64 * sb).cast());
-                    let plo = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(lo, ylo),
-                        _mm256_set1_epi16(i16::from(sc[2 * sb])),
-                    );
-                    let phi = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(hi, yhi),
-                        _mm256_set1_epi16(i16::from(sc[2 * sb + 1])),
-                    );
-                    s = _mm256_add_epi32(s, _mm256_add_epi32(plo, phi));
+                    let y = yb.as_ptr().add(4 + 64 * sb);
+                    let p = dot::k_pair_lanes(lo, hi, y, sc[2 * sb], sc[2 * sb + 1]);
+                    s = _mm256_add_epi32(s, p);
                 }
                 // Σ min·bsum: bsum `i` (16 values) belongs to sub-block `i / 2`.
                 let m = |i: usize| i16::from(mn[i]);
