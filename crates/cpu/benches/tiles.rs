@@ -1,0 +1,133 @@
+//! One matrix-product call per kernel and tier: `MatMul::dot_tile` over 64 weight rows × 128
+//! activation rows (the wide calls of a prompt) and × 1 row (token generation), for the weight
+//! types of the test models and the tinyBLAS float tiles, at every kernel tier this CPU has.
+//!
+//! Each sample reports the *fastest* call of its batch (`iter_custom` returns `min · iters`):
+//! on a shared VM a whole run's mean moves by ±20 % with the other guests, while the fastest
+//! of many short calls is what the kernel does when it has the core; that is how the kernels'
+//! GMAC/s in the issue notes were read. Run with `cargo bench -p lamina-cpu --bench tiles`
+//! (pin it: `taskset -c 0 cargo bench …`), or a subset: `… --bench tiles -- q5_0`.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use lamina_core::DType;
+use lamina_cpu::kernels::{available_isas, matmul::MatMul, table::table};
+
+/// Deterministic bytes (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `m` weight rows of `dtype` with `k` values each: random bytes with every block's leading
+/// f16 scale(s) set to a small normal value (random scales would give infinities and NaNs).
+fn weights(rng: &mut Rng, dtype: DType, m: usize, k: usize) -> Vec<u8> {
+    let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
+    let mut w: Vec<u8> = (0..row * m).map(|_| rng.next() as u8).collect();
+    match dtype {
+        DType::F16 => {
+            for v in w.chunks_exact_mut(2) {
+                v.copy_from_slice(&lamina_cpu::kernels::fp32_to_fp16(0.01).to_le_bytes());
+            }
+        }
+        DType::F32 => {
+            for v in w.chunks_exact_mut(4) {
+                v.copy_from_slice(&0.01f32.to_le_bytes());
+            }
+        }
+        _ => {
+            let qk = dtype.block_size() as usize;
+            let bytes = dtype.row_size(qk as u64).expect("one block") as usize;
+            let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4_K) {
+                2
+            } else {
+                1
+            };
+            for block in w.chunks_exact_mut(bytes) {
+                // Q6_K keeps its scale last.
+                let at = if dtype == DType::Q6_K { bytes - 2 } else { 0 };
+                for s in 0..scales {
+                    let o = at + 2 * s;
+                    block[o..o + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+                }
+            }
+        }
+    }
+    w
+}
+
+fn bench_tiles(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tiles");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    let cases = [
+        (DType::Q4_0, 1024),
+        (DType::Q5_0, 1024),
+        (DType::Q8_0, 1024),
+        (DType::Q4_1, 1024),
+        (DType::Q4_K, 1024),
+        (DType::Q6_K, 1024),
+        (DType::F16, 256),
+        (DType::F32, 256),
+    ];
+    let mut rng = Rng(0x7113_5eed_0bad_f00d);
+    for (dtype, k) in cases {
+        let m = 64;
+        let w = weights(&mut rng, dtype, m, k);
+        let wrows: Vec<&[u8]> = w.chunks_exact(w.len() / m).collect();
+        for n in [128usize, 1] {
+            let Some(plan) = MatMul::plan(table(), dtype, m, n, k, true, true) else {
+                continue;
+            };
+            let arow = plan.act_row_bytes(k).expect("whole blocks");
+            // 4-aligned storage (f32 activation rows are read as f32).
+            let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
+            let acts: &mut [u8] = bytemuck_bytes(&mut abuf, arow * n);
+            for j in 0..n {
+                let x: Vec<f32> = (0..k)
+                    .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
+                    .collect();
+                plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
+            }
+            let arows: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+            let mut out = vec![0f32; m * n];
+            g.throughput(Throughput::Elements((m * n * k) as u64));
+            for isa in available_isas() {
+                let id = BenchmarkId::new(format!("{dtype}_{m}x{n}x{k}"), isa.name());
+                g.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        let mut best = Duration::MAX;
+                        for _ in 0..iters {
+                            let t = Instant::now();
+                            plan.dot_tile_at(isa, k, &wrows, &arows, 0, &mut out);
+                            best = best.min(t.elapsed());
+                            black_box(&out);
+                        }
+                        best * u32::try_from(iters).unwrap_or(u32::MAX)
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+/// The first `len` bytes of `buf`.
+fn bytemuck_bytes(buf: &mut [u32], len: usize) -> &mut [u8] {
+    assert!(len <= buf.len() * 4);
+    // SAFETY: u32 storage viewed as bytes (no invalid bit patterns, alignment 4 ≥ 1), within
+    // its length.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), len) }
+}
+
+criterion_group!(benches, bench_tiles);
+criterion_main!(benches);
