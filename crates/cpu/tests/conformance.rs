@@ -464,8 +464,16 @@ fn soft_max_masks_and_alibi() {
 fn set_rows_kv_cache_writes() {
     for_devices(|dev| {
         for dst_type in [DType::F32, DType::F16, DType::BF16, DType::Q8_0] {
-            for idx_type in [DType::I32, DType::I64] {
-                let ne0 = if dst_type.is_quantized() { 64 } else { 12 };
+            // One-value rows too: the transposed V cache of attention without flash attention.
+            let widths: &[usize] = if dst_type.is_quantized() {
+                &[64]
+            } else {
+                &[12, 1]
+            };
+            for (idx_type, &ne0) in [DType::I32, DType::I64]
+                .into_iter()
+                .flat_map(|t| widths.iter().map(move |w| (t, w)))
+            {
                 let mut rng = Rng::new(700);
                 let mut g = Graph::new();
                 let cache = rand_leaf(&mut g, &mut rng, dst_type, &[ne0, 10, 2]);
@@ -487,7 +495,7 @@ fn set_rows_kv_cache_writes() {
                     }
                 }
                 check(
-                    &format!("set_rows {dst_type} {idx_type}"),
+                    &format!("set_rows {dst_type} {idx_type} ne0={ne0}"),
                     dev,
                     &got,
                     &reference,
