@@ -386,12 +386,18 @@ fn tiles_match_scalar() {
         .into_iter()
         .filter(|&t| t != DType::BF16)
         .collect();
-    // 32-value blocks also at 41 blocks a row: past the kernels' 32-block scale chunks.
+    // 32-value blocks also at 20 blocks a row (Gemma 3's k = 640) and at 41: past the
+    // kernels' 32-block scale chunks and tables.
     let cases = types.into_iter().flat_map(|dtype| {
         let qk = dtype.block_size() as usize;
         let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
-        let long = (qk == 32).then_some(41 * 32);
-        std::iter::once((dtype, k.next_multiple_of(qk))).chain(long.map(|k| (dtype, k)))
+        let more = if qk == 32 {
+            &[20 * 32, 41 * 32][..]
+        } else {
+            &[]
+        };
+        std::iter::once((dtype, k.next_multiple_of(qk)))
+            .chain(more.iter().map(move |&k| (dtype, k)))
     });
     for (dtype, k) in cases {
         let qk = dtype.block_size() as usize;

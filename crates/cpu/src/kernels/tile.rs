@@ -133,6 +133,11 @@ pub(crate) fn x86_tiles<const AVX512: bool, const VNNI: u8>(
         return false;
     }
     let nb = checked_blocks(kind, k, w, acts, out);
+    if AVX512 && avx512::rows16_covers(kind, nb, w.len(), acts.len()) {
+        // SAFETY: as below; every row holds `nb` blocks (checked above); `rows16_covers` holds.
+        unsafe { avx512::rows16(kind, nb, w, acts, out) };
+        return true;
+    }
     // SAFETY: a `VNNI` form is named only by the tables of the tiers that have it (AVX-VNNI,
     // AVX-512 with VNNI), which exist only where it is detected; every row holds `nb` blocks
     // (checked above).

@@ -520,6 +520,241 @@ unsafe fn q1<const T: u8, const RN: usize>(
     }
 }
 
+/// Blocks per row (k up to 1024) that [`q0_rows16`] takes: its per-call tables live on the
+/// stack.
+pub(crate) const ROWS16_BLOCKS: usize = 32;
+/// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
+const ROWS16_W: usize = 64;
+/// Activation rows whose tables [`q0_rows16`] builds at a time.
+const ROWS16_A: usize = 32;
+
+/// Whether [`q0_rows16`] takes this product: a Q0 type under `ggml_vec_dot_*`/tinyBLAS_Q0
+/// (Q4_0, Q5_0, Q8_0, IQ4_NL), whole groups of 8 weight rows, at least 2 activation rows.
+pub(crate) fn rows16_covers(
+    kind: crate::kernels::tile::TileKind,
+    nb: usize,
+    nw: usize,
+    na: usize,
+) -> bool {
+    matches!(kind, crate::kernels::tile::TileKind::Q0(_))
+        && nb <= ROWS16_BLOCKS
+        && nw.is_multiple_of(8)
+        && nw <= ROWS16_W
+        && na >= 2
+}
+
+/// Runs [`q0_rows16`] for `kind`.
+///
+/// # Safety
+/// As [`run`], with [`rows16_covers`] true.
+pub(crate) unsafe fn rows16(
+    kind: crate::kernels::tile::TileKind,
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    // SAFETY (all arms): by this function's contract.
+    match kind {
+        crate::kernels::tile::TileKind::Q0(0) => unsafe { q0_rows16::<0>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(1) => unsafe { q0_rows16::<1>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(2) => unsafe { q0_rows16::<2>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(_) => unsafe { q0_rows16::<3>(nb, w, a, out) },
+        _ => unreachable!("avx512::rows16 called without a kernel"),
+    }
+}
+
+/// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0 per output (Q4_0 `T == 0`, Q5_0 1, Q8_0 2, IQ4_NL
+/// under tinyBLAS 3) with the weight rows in the lanes: for a group of 16 weight rows, the
+/// reference's 8-lane chain of output `r` lives in lane `r` of 8 registers, one per 4-byte
+/// position `p` of a block. Each weight block is decoded once per call to unsigned bytes
+/// `u = x + o` and transposed (lane `r` of position `p` = row r's bytes 4p..4p+3); per block
+/// and activation row, `vpdpbusd` with the activation's 4 bytes at `p` broadcast from memory
+/// forms the 16 rows' exact lane sums `Σ u·y` on top of `MAGIC`, and subtracting the f32
+/// `1.5·2^23 + o·Σy` (a per-call table) leaves `(float)Σ x·y` exactly, as the reference's
+/// conversion gives it (both operands lie in one binade; the difference, an integer below
+/// 2^22, is representable). The FMA with `dx·dy` (16 rows' `dx` times a broadcast `dy`, one
+/// rounding each) follows in block order, and `hsum_float_8`'s tree
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` becomes 7 vector adds for 16 outputs.
+/// Against the 2 × 4 offset tiles this drops the per-tile horizontal sums and scale
+/// products, the work around their inner loop; 512-bit registers halve the broadcast loads
+/// per product, which bound the 8-row (256-bit) form on Zen 4 (Q5_0, 64 × 128 × 640, one
+/// Zen 4 core, `tiles` bench: 2 × 4 offset tiles 66.7 GMAC/s, 8 rows in 256-bit lanes 76.8,
+/// these 102.9).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; every row holds `nb` blocks;
+/// [`rows16_covers`] is true; `out` holds `w.len() * a.len()` outputs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+    const MAGIC_F: f32 = 12_582_912.0;
+    let bx = q0_bytes(T);
+    let (nw, na) = (w.len(), a.len());
+    let ng = nw.div_ceil(16);
+    let o: i32 = match T {
+        0 => 8,
+        1 => 16,
+        _ => 128,
+    };
+    // Per group of 16 weight rows and block: the 8 positions' transposed unsigned bytes, and
+    // the rows' `dx` (uninitialised until written; only `nb` blocks of `ng` groups are).
+    let mut dec = std::mem::MaybeUninit::<[[[__m512i; 8]; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let dec = dec.as_mut_ptr().cast::<[__m512i; 8]>();
+    let mut dxs = std::mem::MaybeUninit::<[[__m512; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let dxs = dxs.as_mut_ptr().cast::<__m512>();
+    // Per activation row (of a chunk) and block: `1.5·2^23 + o·Σy` of each position, and `dy`.
+    let mut corr = std::mem::MaybeUninit::<[[[f32; 8]; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let corr = corr.as_mut_ptr().cast::<[f32; 8]>();
+    let mut dys = std::mem::MaybeUninit::<[[f32; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let dys = dys.as_mut_ptr().cast::<f32>();
+    // SAFETY: rows hold `nb <= ROWS16_BLOCKS` blocks, `nw <= ROWS16_W` (the caller's
+    // contract); every table entry is written before it is read.
+    unsafe {
+        for g in 0..ng {
+            // A short last group repeats its last row (those outputs are not stored).
+            let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
+            for b in 0..nb {
+                let mut v = [_mm256_setzero_si256(); 16];
+                let mut dx = [0u16; 16];
+                for i in 0..16 {
+                    let xb = rows[i].add(b * bx);
+                    dx[i] = xb.cast::<u16>().read_unaligned();
+                    v[i] = q0_unsigned::<T>(xb);
+                }
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(dx.as_ptr().cast()));
+                dxs.add(g * ROWS16_BLOCKS + b).write(dx);
+                let lo = transpose8(v[..8].try_into().expect("8 rows"));
+                let hi = transpose8(v[8..].try_into().expect("8 rows"));
+                let mut u = [_mm512_setzero_si512(); 8];
+                for p in 0..8 {
+                    u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
+                }
+                dec.add(g * ROWS16_BLOCKS + b).write(u);
+            }
+        }
+        let ones = _mm256_set1_epi8(1);
+        for c0 in (0..na).step_by(ROWS16_A) {
+            let cn = ROWS16_A.min(na - c0);
+            for j in 0..cn {
+                let row = a[c0 + j].as_ptr();
+                for b in 0..nb {
+                    let yb = row.add(b * 34);
+                    *dys.add(j * ROWS16_BLOCKS + b) = ld_f16(yb);
+                    let y = _mm256_loadu_si256(yb.add(2).cast());
+                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
+                    let c = _mm256_add_ps(
+                        _mm256_cvtepi32_ps(_mm256_mullo_epi32(sum, _mm256_set1_epi32(o))),
+                        _mm256_set1_ps(MAGIC_F),
+                    );
+                    _mm256_storeu_ps((*corr.add(j * ROWS16_BLOCKS + b)).as_mut_ptr(), c);
+                }
+            }
+            for g in 0..ng {
+                let wd = dec.add(g * ROWS16_BLOCKS).cast_const();
+                let wdx = dxs.add(g * ROWS16_BLOCKS).cast_const();
+                let valid = (nw - 16 * g).min(16);
+                let mut j = 0;
+                while j < cn {
+                    let rn = (cn - j).min(2);
+                    let mut yp = [std::ptr::null::<u8>(); 2];
+                    let mut tp = [(std::ptr::null::<f32>(), std::ptr::null::<[f32; 8]>()); 2];
+                    for jj in 0..rn {
+                        yp[jj] = a[c0 + j + jj].as_ptr().add(2);
+                        let r = (j + jj) * ROWS16_BLOCKS;
+                        tp[jj] = (dys.add(r).cast_const(), corr.add(r).cast_const());
+                    }
+                    let sums = if rn == 2 {
+                        rows16_tile::<2>(nb, wd, wdx, yp, tp)
+                    } else {
+                        let [s0] = rows16_tile::<1>(nb, wd, wdx, [yp[0]], [tp[0]]);
+                        [s0, s0]
+                    };
+                    for (jj, s) in sums.iter().enumerate().take(rn) {
+                        let dst = out.as_mut_ptr().add((c0 + j + jj) * nw + 16 * g);
+                        if valid == 16 {
+                            _mm512_storeu_ps(dst, *s);
+                        } else {
+                            _mm512_mask_storeu_ps(dst, (1u16 << valid) - 1, *s);
+                        }
+                    }
+                    j += rn;
+                }
+            }
+        }
+    }
+}
+
+/// 16 weight rows (`wd`, `wdx`: their transposed blocks and `dx`) × `RN` activation rows
+/// (`yp`: the first block's values; `tp`: the row's `dy` and correction tables) of
+/// [`q0_rows16`]: per activation row, the 16 outputs.
+#[inline(always)]
+unsafe fn rows16_tile<const RN: usize>(
+    nb: usize,
+    wd: *const [__m512i; 8],
+    wdx: *const __m512,
+    yp: [*const u8; RN],
+    tp: [(*const f32, *const [f32; 8]); RN],
+) -> [__m512; RN] {
+    // SAFETY: the tables hold `nb` entries and the rows `nb` blocks (the caller's contract);
+    // AVX-512 F/VNNI enabled by the caller.
+    unsafe {
+        let magic = _mm512_set1_epi32(0x4B40_0000);
+        let mut acc = [[_mm512_setzero_ps(); 8]; RN];
+        for b in 0..nb {
+            let u = &*wd.add(b);
+            let dx = *wdx.add(b);
+            for jj in 0..RN {
+                let yb = yp[jj].add(b * 34);
+                let dd = _mm512_mul_ps(dx, _mm512_set1_ps(*tp[jj].0.add(b)));
+                let cr = &*tp[jj].1.add(b);
+                for p in 0..8 {
+                    let y4 = _mm512_set1_epi32(yb.add(4 * p).cast::<i32>().read_unaligned());
+                    let t = _mm512_dpbusd_epi32(magic, u[p], y4);
+                    let f = _mm512_sub_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(cr[p]));
+                    acc[jj][p] = _mm512_fmadd_ps(dd, f, acc[jj][p]);
+                }
+            }
+        }
+        let mut out = [_mm512_setzero_ps(); RN];
+        for (o, l) in out.iter_mut().zip(&acc) {
+            *o = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+        }
+        out
+    }
+}
+
+/// The 8 rows' 32-byte blocks `v` as 8 positions: lane `r` of result `p` is dword `p` of
+/// `v[r]`.
+#[inline(always)]
+unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only; AVX2 enabled by the caller.
+    unsafe {
+        let mut t = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let r = 4 * h;
+            let a0 = _mm256_unpacklo_epi32(v[r], v[r + 1]);
+            let a1 = _mm256_unpackhi_epi32(v[r], v[r + 1]);
+            let a2 = _mm256_unpacklo_epi32(v[r + 2], v[r + 3]);
+            let a3 = _mm256_unpackhi_epi32(v[r + 2], v[r + 3]);
+            // Rows r..r+4: dwords (0,4), (1,5), (2,6), (3,7) in the two 128-bit halves.
+            t[4 * h] = _mm256_unpacklo_epi64(a0, a2);
+            t[4 * h + 1] = _mm256_unpackhi_epi64(a0, a2);
+            t[4 * h + 2] = _mm256_unpacklo_epi64(a1, a3);
+            t[4 * h + 3] = _mm256_unpackhi_epi64(a1, a3);
+        }
+        let mut p = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            // Position k from the low halves, k + 4 from the high halves, rows 0-3 then 4-7.
+            p[k] = _mm256_permute2x128_si256(t[k], t[k + 4], 0x20);
+            p[k + 4] = _mm256_permute2x128_si256(t[k], t[k + 4], 0x31);
+        }
+        p
+    }
+}
+
 /// The repacked Q0 kernels (Q4_0 `T == 0`, IQ4_NL 3, MXFP4 4; `acc = fma((float)Σq·q8,
 /// dx*dy, acc)` per output) for weight rows in groups of 8 and any number of activation rows,
 /// bit-identical to the AVX2 `q0_chain8`. Per block the 8 weight rows are decoded once and
