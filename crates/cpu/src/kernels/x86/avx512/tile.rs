@@ -525,22 +525,31 @@ unsafe fn q1<const T: u8, const RN: usize>(
 pub(crate) const ROWS16_BLOCKS: usize = 32;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
 const ROWS16_W: usize = 64;
+/// Activation rows below which [`q0_rows16`] is left to the offset tiles: decoding and
+/// transposing 16 weight rows costs as much as their products with ~4 activation rows, and
+/// reading 16 rows at once from memory (a decode step streams the weights) ran at a third
+/// of the offset tiles' rate, prefetched or not (Q4_1 k = 576, 4 activation rows, weights
+/// from DRAM, one Zen 4 core: 25 against 43 GMAC/s).
+const ROWS16_MIN_A: usize = 16;
 /// Activation rows whose tables [`q0_rows16`] builds at a time.
 const ROWS16_A: usize = 32;
 
 /// Whether [`q0_rows16`] takes this product: a Q0 type under `ggml_vec_dot_*`/tinyBLAS_Q0
-/// (Q4_0, Q5_0, Q8_0, IQ4_NL), whole groups of 8 weight rows, at least 2 activation rows.
+/// (Q4_0, Q5_0, Q8_0, IQ4_NL) or Q4_1/Q5_1, whole groups of 8 weight rows, at least
+/// [`ROWS16_MIN_A`] activation rows.
 pub(crate) fn rows16_covers(
     kind: crate::kernels::tile::TileKind,
     nb: usize,
     nw: usize,
     na: usize,
 ) -> bool {
-    matches!(kind, crate::kernels::tile::TileKind::Q0(_))
-        && nb <= ROWS16_BLOCKS
+    matches!(
+        kind,
+        crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
+    ) && nb <= ROWS16_BLOCKS
         && nw.is_multiple_of(8)
         && nw <= ROWS16_W
-        && na >= 2
+        && na >= ROWS16_MIN_A
 }
 
 /// Runs [`q0_rows16`] for `kind`.
@@ -556,10 +565,12 @@ pub(crate) unsafe fn rows16(
 ) {
     // SAFETY (all arms): by this function's contract.
     match kind {
-        crate::kernels::tile::TileKind::Q0(0) => unsafe { q0_rows16::<0>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(1) => unsafe { q0_rows16::<1>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(2) => unsafe { q0_rows16::<2>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(_) => unsafe { q0_rows16::<3>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(0) => unsafe { q0_rows16::<0, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(1) => unsafe { q0_rows16::<1, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(2) => unsafe { q0_rows16::<2, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q0(_) => unsafe { q0_rows16::<3, false>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q1(false) => unsafe { q0_rows16::<0, true>(nb, w, a, out) },
+        crate::kernels::tile::TileKind::Q1(true) => unsafe { q0_rows16::<1, true>(nb, w, a, out) },
         _ => unreachable!("avx512::rows16 called without a kernel"),
     }
 }
@@ -582,13 +593,28 @@ pub(crate) unsafe fn rows16(
 /// Zen 4 core, `tiles` bench: 2 × 4 offset tiles 66.7 GMAC/s, 8 rows in 256-bit lanes 76.8,
 /// these 102.9).
 ///
+/// With `Q1`, `ggml_vec_dot_q4_1_q8_1` (`T == 0`) / `ggml_vec_dot_q5_1_q8_1` (`T == 1`):
+/// the weight values are unsigned already (no correction: the f32 `1.5·2^23` alone is
+/// taken off), and the rows' `m·s` chains (`fma(m, s, summs)` block after block, as the
+/// reference's scalar loop compiles) run in 16 more lanes and are added after the tree.
+///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; every row holds `nb` blocks;
 /// [`rows16_covers`] is true; `out` holds `w.len() * a.len()` outputs.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut [f32]) {
+unsafe fn q0_rows16<const T: u8, const Q1: bool>(
+    nb: usize,
+    w: &[&[u8]],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
     const MAGIC_F: f32 = 12_582_912.0;
-    let bx = q0_bytes(T);
+    // Weight and activation block bytes, and where an activation block's values start.
+    let (bx, by, yo) = if Q1 {
+        (if T == 0 { 20 } else { 24 }, 36, 4)
+    } else {
+        (q0_bytes(T), 34, 2)
+    };
     let (nw, na) = (w.len(), a.len());
     let ng = nw.div_ceil(16);
     let o: i32 = match T {
@@ -602,34 +628,33 @@ unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
     let dec = dec.as_mut_ptr().cast::<[__m512i; 8]>();
     let mut dxs = std::mem::MaybeUninit::<[[__m512; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
     let dxs = dxs.as_mut_ptr().cast::<__m512>();
+    // Q1: the rows' `m` per group and block.
+    let mut mxs = std::mem::MaybeUninit::<[[__m512; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let mxs = mxs.as_mut_ptr().cast::<__m512>();
     // Per activation row (of a chunk) and block: `1.5·2^23 + o·Σy` of each position, and `dy`.
     let mut corr = std::mem::MaybeUninit::<[[[f32; 8]; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
     let corr = corr.as_mut_ptr().cast::<[f32; 8]>();
     let mut dys = std::mem::MaybeUninit::<[[f32; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
     let dys = dys.as_mut_ptr().cast::<f32>();
+    // Q1: per activation row and block, `s`.
+    let mut sys = std::mem::MaybeUninit::<[[f32; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let sys = sys.as_mut_ptr().cast::<f32>();
     // SAFETY: rows hold `nb <= ROWS16_BLOCKS` blocks, `nw <= ROWS16_W` (the caller's
     // contract); every table entry is written before it is read.
     unsafe {
-        for g in 0..ng {
+        // With one chunk of activation rows each group of weight rows is decoded right
+        // before its products, into one table slot that stays in L1; with more, every group
+        // is decoded once for all the chunks.
+        let single = na <= ROWS16_A;
+        let decode = |g: usize, slot: usize| {
             // A short last group repeats its last row (those outputs are not stored).
             let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
-            for b in 0..nb {
-                let mut v = [_mm256_setzero_si256(); 16];
-                let mut dx = [0u16; 16];
-                for i in 0..16 {
-                    let xb = rows[i].add(b * bx);
-                    dx[i] = xb.cast::<u16>().read_unaligned();
-                    v[i] = q0_unsigned::<T>(xb);
-                }
-                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(dx.as_ptr().cast()));
-                dxs.add(g * ROWS16_BLOCKS + b).write(dx);
-                let lo = transpose8(v[..8].try_into().expect("8 rows"));
-                let hi = transpose8(v[8..].try_into().expect("8 rows"));
-                let mut u = [_mm512_setzero_si512(); 8];
-                for p in 0..8 {
-                    u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
-                }
-                dec.add(g * ROWS16_BLOCKS + b).write(u);
+            let at = slot * ROWS16_BLOCKS;
+            decode16::<T, Q1>(rows, nb, bx, dec.add(at), dxs.add(at), mxs.add(at));
+        };
+        if !single {
+            for g in 0..ng {
+                decode(g, g);
             }
         }
         let ones = _mm256_set1_epi8(1);
@@ -638,8 +663,12 @@ unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
             for j in 0..cn {
                 let row = a[c0 + j].as_ptr();
                 for b in 0..nb {
-                    let yb = row.add(b * 34);
+                    let yb = row.add(b * by);
                     *dys.add(j * ROWS16_BLOCKS + b) = ld_f16(yb);
+                    if Q1 {
+                        *sys.add(j * ROWS16_BLOCKS + b) = ld_f16(yb.add(2));
+                        continue;
+                    }
                     let y = _mm256_loadu_si256(yb.add(2).cast());
                     let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
                     let c = _mm256_add_ps(
@@ -650,23 +679,37 @@ unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
                 }
             }
             for g in 0..ng {
-                let wd = dec.add(g * ROWS16_BLOCKS).cast_const();
-                let wdx = dxs.add(g * ROWS16_BLOCKS).cast_const();
+                let slot = if single {
+                    decode(g, 0);
+                    0
+                } else {
+                    g
+                };
+                let at = slot * ROWS16_BLOCKS;
+                let (wd, wdx, wmx) = (
+                    dec.add(at).cast_const(),
+                    dxs.add(at).cast_const(),
+                    mxs.add(at).cast_const(),
+                );
                 let valid = (nw - 16 * g).min(16);
                 let mut j = 0;
                 while j < cn {
                     let rn = (cn - j).min(2);
                     let mut yp = [std::ptr::null::<u8>(); 2];
-                    let mut tp = [(std::ptr::null::<f32>(), std::ptr::null::<[f32; 8]>()); 2];
+                    let mut tp = [(std::ptr::null(), std::ptr::null(), std::ptr::null()); 2];
                     for jj in 0..rn {
-                        yp[jj] = a[c0 + j + jj].as_ptr().add(2);
+                        yp[jj] = a[c0 + j + jj].as_ptr().add(yo);
                         let r = (j + jj) * ROWS16_BLOCKS;
-                        tp[jj] = (dys.add(r).cast_const(), corr.add(r).cast_const());
+                        tp[jj] = (
+                            dys.add(r).cast_const(),
+                            corr.add(r).cast_const(),
+                            sys.add(r).cast_const(),
+                        );
                     }
                     let sums = if rn == 2 {
-                        rows16_tile::<2>(nb, wd, wdx, yp, tp)
+                        rows16_tile::<2, Q1>(nb, by, wd, wdx, wmx, yp, tp)
                     } else {
-                        let [s0] = rows16_tile::<1>(nb, wd, wdx, [yp[0]], [tp[0]]);
+                        let [s0] = rows16_tile::<1, Q1>(nb, by, wd, wdx, wmx, [yp[0]], [tp[0]]);
                         [s0, s0]
                     };
                     for (jj, s) in sums.iter().enumerate().take(rn) {
@@ -684,45 +727,130 @@ unsafe fn q0_rows16<const T: u8>(nb: usize, w: &[&[u8]], a: &[&[u8]], out: &mut 
     }
 }
 
-/// 16 weight rows (`wd`, `wdx`: their transposed blocks and `dx`) × `RN` activation rows
-/// (`yp`: the first block's values; `tp`: the row's `dy` and correction tables) of
-/// [`q0_rows16`]: per activation row, the 16 outputs.
+/// Decodes `nb` blocks of 16 weight rows for [`q0_rows16`]: per block, the 8 positions'
+/// transposed unsigned bytes into `dec`, the rows' `dx` into `dxs` and (Q1) `m` into `mxs`.
+///
+/// # Safety
+/// Each row holds `nb` blocks of `bx` bytes; the tables have room for `nb` entries;
+/// AVX-512 F/BW/VL, AVX2 and F16C enabled by the caller.
 #[inline(always)]
-unsafe fn rows16_tile<const RN: usize>(
+unsafe fn decode16<const T: u8, const Q1: bool>(
+    rows: [*const u8; 16],
     nb: usize,
+    bx: usize,
+    dec: *mut [__m512i; 8],
+    dxs: *mut __m512,
+    mxs: *mut __m512,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        for b in 0..nb {
+            let mut v = [_mm256_setzero_si256(); 16];
+            let mut dx = [0u16; 16];
+            let mut mx = [0u16; 16];
+            for i in 0..16 {
+                let xb = rows[i].add(b * bx);
+                dx[i] = xb.cast::<u16>().read_unaligned();
+                v[i] = if Q1 {
+                    mx[i] = xb.add(2).cast::<u16>().read_unaligned();
+                    q1_unsigned::<T>(xb)
+                } else {
+                    q0_unsigned::<T>(xb)
+                };
+            }
+            dxs.add(b)
+                .write(_mm512_cvtph_ps(_mm256_loadu_si256(dx.as_ptr().cast())));
+            if Q1 {
+                mxs.add(b)
+                    .write(_mm512_cvtph_ps(_mm256_loadu_si256(mx.as_ptr().cast())));
+            }
+            let lo = transpose8(v[..8].try_into().expect("8 rows"));
+            let hi = transpose8(v[8..].try_into().expect("8 rows"));
+            let mut u = [_mm512_setzero_si512(); 8];
+            for p in 0..8 {
+                u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
+            }
+            dec.add(b).write(u);
+        }
+    }
+}
+
+/// The activation-row tables of [`rows16_tile`]: `dy`, the Q0 corrections, the Q1 `s`.
+type RowTables = (*const f32, *const [f32; 8], *const f32);
+
+/// 16 weight rows (`wd`, `wdx`, `wmx`: their transposed blocks, `dx` and Q1 `m`) × `RN`
+/// activation rows (`yp`: the first block's values, blocks `by` bytes apart; `tp`: the row's
+/// tables) of [`q0_rows16`]: per activation row, the 16 outputs.
+#[inline(always)]
+unsafe fn rows16_tile<const RN: usize, const Q1: bool>(
+    nb: usize,
+    by: usize,
     wd: *const [__m512i; 8],
     wdx: *const __m512,
+    wmx: *const __m512,
     yp: [*const u8; RN],
-    tp: [(*const f32, *const [f32; 8]); RN],
+    tp: [RowTables; RN],
 ) -> [__m512; RN] {
     // SAFETY: the tables hold `nb` entries and the rows `nb` blocks (the caller's contract);
     // AVX-512 F/VNNI enabled by the caller.
     unsafe {
+        // Q1: the `m·s` chains first, in a loop of their own (beside the main loop they
+        // would take registers it needs).
+        let mut summs = [_mm512_setzero_ps(); RN];
+        if Q1 {
+            for b in 0..nb {
+                let mx = *wmx.add(b);
+                for jj in 0..RN {
+                    let sy = _mm512_set1_ps(*tp[jj].2.add(b));
+                    summs[jj] = _mm512_fmadd_ps(mx, sy, summs[jj]);
+                }
+            }
+        }
         let magic = _mm512_set1_epi32(0x4B40_0000);
         let mut acc = [[_mm512_setzero_ps(); 8]; RN];
         for b in 0..nb {
             let u = &*wd.add(b);
             let dx = *wdx.add(b);
             for jj in 0..RN {
-                let yb = yp[jj].add(b * 34);
+                let yb = yp[jj].add(b * by);
                 let dd = _mm512_mul_ps(dx, _mm512_set1_ps(*tp[jj].0.add(b)));
-                let cr = &*tp[jj].1.add(b);
+                // (Q1 builds no correction table: read only without `Q1`.)
+                let cr = tp[jj].1.add(b).cast::<f32>();
                 for p in 0..8 {
                     let y4 = _mm512_set1_epi32(yb.add(4 * p).cast::<i32>().read_unaligned());
                     let t = _mm512_dpbusd_epi32(magic, u[p], y4);
-                    let f = _mm512_sub_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(cr[p]));
+                    let c = if Q1 { 12_582_912.0 } else { *cr.add(p) };
+                    let f = _mm512_sub_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(c));
                     acc[jj][p] = _mm512_fmadd_ps(dd, f, acc[jj][p]);
                 }
             }
         }
         let mut out = [_mm512_setzero_ps(); RN];
-        for (o, l) in out.iter_mut().zip(&acc) {
+        for ((o, l), sm) in out.iter_mut().zip(&acc).zip(summs) {
             *o = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
                 _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
             );
+            if Q1 {
+                *o = _mm512_add_ps(*o, sm);
+            }
         }
         out
+    }
+}
+
+/// The 32 values of a Q4_1 (`T == 0`) or Q5_1 block as unsigned bytes.
+#[inline(always)]
+unsafe fn q1_unsigned<const T: u8>(xb: *const u8) -> __m256i {
+    // SAFETY: `xb` points at a whole block; AVX-512 BW/VL enabled by the caller.
+    unsafe {
+        if T == 0 {
+            bytes_from_nibbles_32(xb.add(4))
+        } else {
+            let qh = xb.add(4).cast::<u32>().read_unaligned();
+            let nib = bytes_from_nibbles_32(xb.add(8));
+            _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+        }
     }
 }
 
