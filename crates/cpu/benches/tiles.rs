@@ -1,6 +1,9 @@
 //! One matrix-product call per kernel and tier: `MatMul::dot_tile` over 64 weight rows × 128
-//! activation rows (the wide calls of a prompt) and × 1 row (token generation), for the weight
-//! types of the test models and the tinyBLAS float tiles, at every kernel tier this CPU has.
+//! activation rows (the wide calls of a prompt), × 16, × 4 (a 4-slot decode step) and × 1 row
+//! (token generation), for the weight types of the test models and the tinyBLAS float tiles,
+//! at every kernel tier this CPU has. And the `stream` group: a decode step's products over
+//! 96 MiB of weights (more than any cache here), 64 rows per call as `mul_mat` hands them
+//! out, where the weights come from memory and a kernel's access pattern shows.
 //!
 //! Each sample reports the *fastest* call of its batch (`iter_custom` returns `min · iters`):
 //! on a shared VM a whole run's mean moves by ±20 % with the other guests, while the fastest
@@ -72,6 +75,7 @@ fn bench_tiles(c: &mut Criterion) {
     let cases = [
         (DType::Q4_0, 1024),
         (DType::Q5_0, 1024),
+        (DType::Q5_0, 640),
         (DType::Q8_0, 1024),
         (DType::Q4_1, 1024),
         (DType::Q4_K, 1024),
@@ -84,7 +88,7 @@ fn bench_tiles(c: &mut Criterion) {
         let m = 64;
         let w = weights(&mut rng, dtype, m, k);
         let wrows: Vec<&[u8]> = w.chunks_exact(w.len() / m).collect();
-        for n in [128usize, 1] {
+        for n in [128usize, 16, 4, 1] {
             let Some(plan) = MatMul::plan(table(), dtype, m, n, k, true, true) else {
                 continue;
             };
@@ -129,5 +133,58 @@ fn bytemuck_bytes(buf: &mut [u32], len: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), len) }
 }
 
-criterion_group!(benches, bench_tiles);
+/// A decode step's products with weights from memory: 96 MiB of Q4_1 or Q5_0 rows (SmolLM2's
+/// and Gemma 3's k), 64 rows per `dot_tile` call, against 1 or 4 activation rows; the best
+/// pass of each batch, as weight bytes per second.
+fn bench_stream(c: &mut Criterion) {
+    let mut g = c.benchmark_group("stream");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let mut rng = Rng(0x57e4_a11d_0bad_f00d);
+    for (dtype, k) in [(DType::Q4_1, 576), (DType::Q5_0, 640)] {
+        let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
+        let m = (96 << 20) / row / 64 * 64;
+        let w = weights(&mut rng, dtype, m, k);
+        let wrows: Vec<&[u8]> = w.chunks_exact(row).collect();
+        for n in [4usize, 1] {
+            let plan = MatMul::plan(table(), dtype, 64, n, k, true, true).expect("a kernel");
+            let arow = plan.act_row_bytes(k).expect("whole blocks");
+            let mut acts = vec![0u8; arow * n];
+            for j in 0..n {
+                let x: Vec<f32> = (0..k)
+                    .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
+                    .collect();
+                plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
+            }
+            let arows: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+            let mut out = vec![0f32; 64 * n];
+            g.throughput(Throughput::Bytes((row * m) as u64));
+            // (The scalar tier needs seconds a pass: it would only measure itself.)
+            for isa in available_isas()
+                .into_iter()
+                .filter(|&i| i != lamina_cpu::kernels::Isa::Scalar)
+            {
+                let id = BenchmarkId::new(format!("{dtype}_96MiBx{n}x{k}"), isa.name());
+                g.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        let mut best = Duration::MAX;
+                        for _ in 0..iters {
+                            let t = Instant::now();
+                            for chunk in wrows.chunks(64) {
+                                plan.dot_tile_at(isa, k, chunk, &arows, 0, &mut out);
+                                black_box(&out);
+                            }
+                            best = best.min(t.elapsed());
+                        }
+                        best * u32::try_from(iters).unwrap_or(u32::MAX)
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_tiles, bench_stream);
 criterion_main!(benches);
