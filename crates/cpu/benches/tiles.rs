@@ -92,17 +92,10 @@ fn bench_tiles(c: &mut Criterion) {
             let Some(plan) = MatMul::plan(table(), dtype, m, n, k, true, true) else {
                 continue;
             };
-            let arow = plan.act_row_bytes(k).expect("whole blocks");
-            // 4-aligned storage (f32 activation rows are read as f32).
-            let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
-            let acts: &mut [u8] = bytemuck_bytes(&mut abuf, arow * n);
-            for j in 0..n {
-                let x: Vec<f32> = (0..k)
-                    .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
-                    .collect();
-                plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
-            }
-            let arows: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+            let (mut abuf, arow) = activations(&mut rng, &plan, n, k);
+            let arows: Vec<&[u8]> = bytemuck_bytes(&mut abuf, arow * n)
+                .chunks_exact(arow)
+                .collect();
             let mut out = vec![0f32; m * n];
             g.throughput(Throughput::Elements((m * n * k) as u64));
             for isa in available_isas() {
@@ -123,6 +116,21 @@ fn bench_tiles(c: &mut Criterion) {
         }
     }
     g.finish();
+}
+
+/// `n` activation rows of `k` random values converted for `plan`, in 4-aligned storage (f32
+/// activation rows are read as f32), and the bytes of one row.
+fn activations(rng: &mut Rng, plan: &MatMul, n: usize, k: usize) -> (Vec<u32>, usize) {
+    let arow = plan.act_row_bytes(k).expect("whole blocks");
+    let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
+    let acts = bytemuck_bytes(&mut abuf, arow * n);
+    for j in 0..n {
+        let x: Vec<f32> = (0..k)
+            .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
+            .collect();
+        plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
+    }
+    (abuf, arow)
 }
 
 /// The first `len` bytes of `buf`.
@@ -149,15 +157,10 @@ fn bench_stream(c: &mut Criterion) {
         let wrows: Vec<&[u8]> = w.chunks_exact(row).collect();
         for n in [4usize, 1] {
             let plan = MatMul::plan(table(), dtype, 64, n, k, true, true).expect("a kernel");
-            let arow = plan.act_row_bytes(k).expect("whole blocks");
-            let mut acts = vec![0u8; arow * n];
-            for j in 0..n {
-                let x: Vec<f32> = (0..k)
-                    .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
-                    .collect();
-                plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
-            }
-            let arows: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+            let (mut abuf, arow) = activations(&mut rng, &plan, n, k);
+            let arows: Vec<&[u8]> = bytemuck_bytes(&mut abuf, arow * n)
+                .chunks_exact(arow)
+                .collect();
             let mut out = vec![0f32; 64 * n];
             g.throughput(Throughput::Bytes((row * m) as u64));
             // (The scalar tier needs seconds a pass: it would only measure itself.)

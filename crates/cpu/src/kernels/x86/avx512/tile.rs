@@ -21,6 +21,22 @@ use crate::kernels::x86::avx2::tile::{
 use crate::kernels::x86::{bytes_from_nibbles_32, hsum_float_8};
 use std::arch::x86_64::*;
 
+/// `match $kind` with an arm per Q0/Q1 kind calling `$f::<T, Q1>$args` (Q0 type `T` with
+/// `Q1 == false`; Q4_1 `T == 0` or Q5_1 `T == 1` with `Q1`), then the arms given.
+macro_rules! q_kinds {
+    ($kind:expr, $f:ident, $args:tt; $($arms:tt)*) => {
+        match $kind {
+            crate::kernels::tile::TileKind::Q0(0) => unsafe { $f::<0, false> $args },
+            crate::kernels::tile::TileKind::Q0(1) => unsafe { $f::<1, false> $args },
+            crate::kernels::tile::TileKind::Q0(2) => unsafe { $f::<2, false> $args },
+            crate::kernels::tile::TileKind::Q0(_) => unsafe { $f::<3, false> $args },
+            crate::kernels::tile::TileKind::Q1(false) => unsafe { $f::<0, true> $args },
+            crate::kernels::tile::TileKind::Q1(true) => unsafe { $f::<1, true> $args },
+            $($arms)*
+        }
+    };
+}
+
 /// Whether [`run`] has a kernel for this product.
 pub(crate) fn covers(
     kind: crate::kernels::tile::TileKind,
@@ -67,13 +83,7 @@ pub(crate) unsafe fn run(
     out: &mut [f32],
 ) {
     // SAFETY (all arms): by this function's contract.
-    match kind {
-        crate::kernels::tile::TileKind::Q0(0) => unsafe { scaled::<0, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(1) => unsafe { scaled::<1, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(2) => unsafe { scaled::<2, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(_) => unsafe { scaled::<3, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q1(false) => unsafe { scaled::<0, true>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q1(true) => unsafe { scaled::<1, true>(nb, w, a, out) },
+    q_kinds!(kind, scaled, (nb, w, a, out);
         crate::kernels::tile::TileKind::Q0Chain(0) => unsafe { q0_chain8::<0>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(4) => unsafe { q0_chain8::<4>(nb, w, a, out) },
         crate::kernels::tile::TileKind::Q0Chain(_) => unsafe { q0_chain8::<3>(nb, w, a, out) },
@@ -86,7 +96,7 @@ pub(crate) unsafe fn run(
         crate::kernels::tile::TileKind::F16Tiny => unsafe { ftiny_tiles::<0>(nb, w, a, out) },
         crate::kernels::tile::TileKind::F32Tiny => unsafe { ftiny_tiles::<1>(nb, w, a, out) },
         _ => unreachable!("avx512::run called without a kernel"),
-    }
+    )
 }
 
 /// The Q0 (`Q1 == false`) or Q1 tiles over the whole product. Each row group's block scales
@@ -302,11 +312,7 @@ unsafe fn q0_unsigned<const T: u8>(xb: *const u8) -> __m256i {
             // nibble - 8, offset 8.
             0 => bytes_from_nibbles_32(xb.add(2)),
             // (nibble | bit << 4) - 16, offset 16.
-            1 => {
-                let qh = xb.add(2).cast::<u32>().read_unaligned();
-                let nib = bytes_from_nibbles_32(xb.add(6));
-                _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
-            }
+            1 => nibbles_bit5(xb.add(6), xb.add(2)),
             // signed byte, offset 128.
             2 => _mm256_xor_si256(
                 _mm256_loadu_si256(xb.add(2) as *const __m256i),
@@ -491,13 +497,7 @@ unsafe fn q1<const T: u8, const RN: usize>(
             let mut u = [_mm256_setzero_si256(); 4];
             for i in 0..4 {
                 let xb = w[i].add(off);
-                u[i] = if T == 0 {
-                    bytes_from_nibbles_32(xb.add(4))
-                } else {
-                    let qh = xb.add(4).cast::<u32>().read_unaligned();
-                    let nib = bytes_from_nibbles_32(xb.add(8));
-                    _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
-                };
+                u[i] = q1_unsigned::<T>(xb);
             }
             for j in 0..RN {
                 let y = _mm256_loadu_si256(a[j].add(ib * 36 + 4) as *const __m256i);
@@ -564,15 +564,9 @@ pub(crate) unsafe fn rows16(
     out: &mut [f32],
 ) {
     // SAFETY (all arms): by this function's contract.
-    match kind {
-        crate::kernels::tile::TileKind::Q0(0) => unsafe { q0_rows16::<0, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(1) => unsafe { q0_rows16::<1, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(2) => unsafe { q0_rows16::<2, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q0(_) => unsafe { q0_rows16::<3, false>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q1(false) => unsafe { q0_rows16::<0, true>(nb, w, a, out) },
-        crate::kernels::tile::TileKind::Q1(true) => unsafe { q0_rows16::<1, true>(nb, w, a, out) },
+    q_kinds!(kind, q0_rows16, (nb, w, a, out);
         _ => unreachable!("avx512::rows16 called without a kernel"),
-    }
+    )
 }
 
 /// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0 per output (Q4_0 `T == 0`, Q5_0 1, Q8_0 2, IQ4_NL
@@ -844,13 +838,22 @@ unsafe fn rows16_tile<const RN: usize, const Q1: bool>(
 unsafe fn q1_unsigned<const T: u8>(xb: *const u8) -> __m256i {
     // SAFETY: `xb` points at a whole block; AVX-512 BW/VL enabled by the caller.
     unsafe {
-        if T == 0 {
-            bytes_from_nibbles_32(xb.add(4))
-        } else {
-            let qh = xb.add(4).cast::<u32>().read_unaligned();
-            let nib = bytes_from_nibbles_32(xb.add(8));
-            _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+        match T {
+            0 => bytes_from_nibbles_32(xb.add(4)),
+            _ => nibbles_bit5(xb.add(8), xb.add(4)),
         }
+    }
+}
+
+/// The 32 nibbles at `qs` as bytes, plus 16 where bit `i` of the u32 at `qh` is set: the
+/// unsigned values of a Q5_0 or Q5_1 block.
+#[inline(always)]
+unsafe fn nibbles_bit5(qs: *const u8, qh: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes at `qs` and 4 at `qh`; AVX-512 BW/VL enabled by the caller.
+    unsafe {
+        let nib = bytes_from_nibbles_32(qs);
+        let bits = qh.cast::<u32>().read_unaligned();
+        _mm256_mask_add_epi8(nib, bits, nib, _mm256_set1_epi8(16))
     }
 }
 
