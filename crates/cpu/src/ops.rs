@@ -159,9 +159,7 @@ pub(crate) fn compute(node: &NodePlan, ctx: &WorkerCtx<'_>, work: Work, err: &Er
                 *o = v * scale + bias;
             }
         }),
-        Op::RmsNorm { eps } => {
-            map_rows(node, a, ctx, work, |x, y| kernels::rms_norm_row(x, eps, y))
-        }
+        Op::RmsNorm { eps } => rms_norm(node, a, eps, ctx, work),
         Op::Norm { eps } => map_rows(node, a, ctx, work, |x, y| kernels::norm_row(x, eps, y)),
         Op::Unary(UnaryOp::Silu) => map_rows(node, a, ctx, work, kernels::silu_row),
         Op::Unary(UnaryOp::Gelu) => map_rows(node, a, ctx, work, kernels::gelu_row),
@@ -227,6 +225,35 @@ fn map_rows(
             let x = src_row(&a, i1, i2, i3, buf);
             f(x, d.row_f32_mut(i1, i2, i3));
         }
+    }
+}
+
+/// `rms_norm` over this thread's rows, 4 rows' sums of squares at a time where the source
+/// rows are packed f32 (each row's sum keeps its order: the same bits as row by row).
+fn rms_norm(node: &NodePlan, a: TView, eps: f32, ctx: &WorkerCtx<'_>, work: Work) {
+    if a.l.dtype != DType::F32 || !a.l.rows_packed() {
+        return map_rows(node, a, ctx, work, |x, y| kernels::rms_norm_row(x, eps, y));
+    }
+    let d = node.dst;
+    let rows = split(d.l.nrows(), ctx.ith, ctx.nth);
+    let mut r = rows.start;
+    while r < rows.end {
+        let k = (rows.end - r).min(4);
+        let at = |j: usize| unravel_row(r + j.min(k - 1), d.l.ne);
+        // SAFETY: as in `map_rows` (rows past this thread's range are never taken: a short
+        // group repeats its last row, whose extra sum is not used).
+        unsafe {
+            let x = [0, 1, 2, 3].map(|j| {
+                let (i1, i2, i3) = at(j);
+                &a.row_f32(i1, i2, i3)[..a.l.ne[0]]
+            });
+            let sums = kernels::sum_sq_rows4(x);
+            for j in 0..k {
+                let (i1, i2, i3) = at(j);
+                kernels::rms_norm_scale(x[j], sums[j], eps, d.row_f32_mut(i1, i2, i3));
+            }
+        }
+        r += k;
     }
 }
 

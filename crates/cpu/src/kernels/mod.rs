@@ -32,8 +32,8 @@ mod tile;
 use std::sync::OnceLock;
 
 pub use act::{
-    geglu_row, gelu_row, norm_row, rms_norm_row, rope_cache, rope_rotate, silu_row, softmax_row,
-    softmax_row_sink, swiglu_row,
+    geglu_row, gelu_row, norm_row, rms_norm_row, rms_norm_scale, rope_cache, rope_rotate, silu_row,
+    softmax_row, softmax_row_sink, sum_sq_rows4, swiglu_row,
 };
 pub use dot::{vec_dot, vec_dot_scalar};
 pub use fdot::{tinyblas_dot_f16, tinyblas_dot_f32, tinyblas_f_applies, vec_dot_f16, vec_dot_f32};
