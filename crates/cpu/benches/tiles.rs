@@ -18,23 +18,16 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use lamina_core::DType;
 use lamina_cpu::kernels::{available_isas, matmul::MatMul, table::table};
 
-/// Deterministic bytes (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+// The integration tests' deterministic generator (xorshift).
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::Rng;
 
 /// `m` weight rows of `dtype` with `k` values each: random bytes with every block's leading
 /// f16 scale(s) set to a small normal value (random scales would give infinities and NaNs).
 fn weights(rng: &mut Rng, dtype: DType, m: usize, k: usize) -> Vec<u8> {
     let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
-    let mut w: Vec<u8> = (0..row * m).map(|_| rng.next() as u8).collect();
+    let mut w: Vec<u8> = (0..row * m).map(|_| rng.next_u64() as u8).collect();
     match dtype {
         DType::F16 => {
             for v in w.chunks_exact_mut(2) {
@@ -83,7 +76,7 @@ fn bench_tiles(c: &mut Criterion) {
         (DType::F16, 256),
         (DType::F32, 256),
     ];
-    let mut rng = Rng(0x7113_5eed_0bad_f00d);
+    let mut rng = Rng::new(0x7113_5eed_0bad_f00d);
     for (dtype, k) in cases {
         let m = 64;
         let w = weights(&mut rng, dtype, m, k);
@@ -125,9 +118,7 @@ fn activations(rng: &mut Rng, plan: &MatMul, n: usize, k: usize) -> (Vec<u32>, u
     let mut abuf = vec![0u32; (arow * n).div_ceil(4)];
     let acts = bytemuck_bytes(&mut abuf, arow * n);
     for j in 0..n {
-        let x: Vec<f32> = (0..k)
-            .map(|_| (rng.next() % 1000) as f32 / 300.0 - 1.6)
-            .collect();
+        let x: Vec<f32> = (0..k).map(|_| rng.next() * 1.6).collect();
         plan.convert_act(j, &x, &mut acts[j * arow..(j + 1) * arow]);
     }
     (abuf, arow)
@@ -149,7 +140,7 @@ fn bench_stream(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
-    let mut rng = Rng(0x57e4_a11d_0bad_f00d);
+    let mut rng = Rng::new(0x57e4_a11d_0bad_f00d);
     for (dtype, k) in [(DType::Q4_1, 576), (DType::Q5_0, 640)] {
         let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
         let m = (96 << 20) / row / 64 * 64;

@@ -12,12 +12,17 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    /// The next value in [-1, 1).
-    pub fn next(&mut self) -> f32 {
+    /// The next raw 64-bit state.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        self.0
+    }
+
+    /// The next value in [-1, 1).
+    pub fn next(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
     /// `n` values in [-scale, scale).
