@@ -132,8 +132,8 @@ fn bytemuck_bytes(buf: &mut [u32], len: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), len) }
 }
 
-/// A decode step's products with weights from memory: 96 MiB of Q4_1 or Q5_0 rows (SmolLM2's
-/// and Gemma 3's k), 64 rows per `dot_tile` call, against 1 or 4 activation rows; the best
+/// A decode step's products with weights from memory: 96 MiB of Q4_1, Q5_0 or Q8_0 rows
+/// (SmolLM2's, Gemma 3's k; SmolLM2's Q8_0 output), 64 rows per `dot_tile` call, against 1 or 4 activation rows; the best
 /// pass of each batch, as weight bytes per second.
 fn bench_stream(c: &mut Criterion) {
     let mut g = c.benchmark_group("stream");
@@ -141,7 +141,7 @@ fn bench_stream(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
     let mut rng = Rng::new(0x57e4_a11d_0bad_f00d);
-    for (dtype, k) in [(DType::Q4_1, 576), (DType::Q5_0, 640)] {
+    for (dtype, k) in [(DType::Q4_1, 576), (DType::Q5_0, 640), (DType::Q8_0, 576)] {
         let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
         let m = (96 << 20) / row / 64 * 64;
         let w = weights(&mut rng, dtype, m, k);

@@ -520,23 +520,39 @@ unsafe fn q1<const T: u8, const RN: usize>(
     }
 }
 
-/// Blocks per row (k up to 1024) that [`q0_rows16`] takes: its per-call tables live on the
-/// stack.
+/// Blocks per row (k up to 1024) for which [`q0_rows16`] takes any number of activation
+/// rows; its per-call tables live on the stack, sized for this many blocks per weight-row
+/// group ([`ROWS16_W`] / 16 groups) and per activation row ([`ROWS16_A`] rows).
 pub(crate) const ROWS16_BLOCKS: usize = 32;
+/// Longest rows (k up to 2048) [`q0_rows16`] takes, with as few activation rows as one
+/// chunk of the tables holds (a decode step's: `ffn_down`, k = 1536 for SmolLM2).
+const ROWS16_MAX_BLOCKS: usize = 64;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
 const ROWS16_W: usize = 64;
-/// Activation rows below which [`q0_rows16`] is left to the offset tiles: decoding and
-/// transposing 16 weight rows costs as much as their products with ~4 activation rows, and
-/// reading 16 rows at once from memory (a decode step streams the weights) ran at a third
-/// of the offset tiles' rate, prefetched or not (Q4_1 k = 576, 4 activation rows, weights
-/// from DRAM, one Zen 4 core: 25 against 43 GMAC/s).
-const ROWS16_MIN_A: usize = 16;
-/// Activation rows whose tables [`q0_rows16`] builds at a time.
+/// Activation rows below which [`q0_rows16`] is left to the offset tiles. With 4 rows (a
+/// decode step of 4 slots) the decode of each block of 16 rows — loads as 4-byte words
+/// transposed in registers ([`decode16_nibbles`]) — is shared by few products, but the
+/// products in lanes still win (Q5_0 k = 640, one Zen 4 core, in cache: 58 against 40
+/// GMAC/s; weights from memory, prefetched ahead into L2: 7.0 against 5.0 GiB/s); with one
+/// row they lose (Q5_0 from memory: 7.0 against 9.4 GiB/s).
+const ROWS16_MIN_A: usize = 4;
+/// Activation rows whose tables [`q0_rows16`] builds at a time (for rows of
+/// [`ROWS16_BLOCKS`] blocks; proportionally fewer for longer rows).
 const ROWS16_A: usize = 32;
+/// How many groups of 16 weight rows ahead [`decode16`] asks for the rows it will decode
+/// (into L2: into L1, or with the next group only, the 16 rows' interleaved reads still
+/// waited on memory).
+const ROWS16_PREFETCH: usize = 2;
+
+/// Activation rows per chunk of [`q0_rows16`]'s tables for rows of `nb` blocks.
+fn rows16_chunk(nb: usize) -> usize {
+    ROWS16_A * ROWS16_BLOCKS / nb.max(1)
+}
 
 /// Whether [`q0_rows16`] takes this product: a Q0 type under `ggml_vec_dot_*`/tinyBLAS_Q0
 /// (Q4_0, Q5_0, Q8_0, IQ4_NL) or Q4_1/Q5_1, whole groups of 8 weight rows, at least
-/// [`ROWS16_MIN_A`] activation rows.
+/// [`ROWS16_MIN_A`] activation rows; rows longer than [`ROWS16_BLOCKS`] blocks only with
+/// one chunk of activation rows (decoded group by group, one table slot).
 pub(crate) fn rows16_covers(
     kind: crate::kernels::tile::TileKind,
     nb: usize,
@@ -546,7 +562,7 @@ pub(crate) fn rows16_covers(
     matches!(
         kind,
         crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
-    ) && nb <= ROWS16_BLOCKS
+    ) && (nb <= ROWS16_BLOCKS || (nb <= ROWS16_MAX_BLOCKS && na <= rows16_chunk(nb)))
         && nw.is_multiple_of(8)
         && nw <= ROWS16_W
         && na >= ROWS16_MIN_A
@@ -618,32 +634,36 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
     };
     // Per group of 16 weight rows and block: the 8 positions' transposed unsigned bytes, and
     // the rows' `dx` (uninitialised until written; only `nb` blocks of `ng` groups are).
-    let mut dec = std::mem::MaybeUninit::<[[[__m512i; 8]; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let mut dec = std::mem::MaybeUninit::<[[__m512i; 8]; ROWS16_BLOCKS * ROWS16_W / 16]>::uninit();
     let dec = dec.as_mut_ptr().cast::<[__m512i; 8]>();
-    let mut dxs = std::mem::MaybeUninit::<[[__m512; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let mut dxs = std::mem::MaybeUninit::<[__m512; ROWS16_BLOCKS * ROWS16_W / 16]>::uninit();
     let dxs = dxs.as_mut_ptr().cast::<__m512>();
     // Q1: the rows' `m` per group and block.
-    let mut mxs = std::mem::MaybeUninit::<[[__m512; ROWS16_BLOCKS]; ROWS16_W / 16]>::uninit();
+    let mut mxs = std::mem::MaybeUninit::<[__m512; ROWS16_BLOCKS * ROWS16_W / 16]>::uninit();
     let mxs = mxs.as_mut_ptr().cast::<__m512>();
     // Per activation row (of a chunk) and block: `1.5·2^23 + o·Σy` of each position, and `dy`.
-    let mut corr = std::mem::MaybeUninit::<[[[f32; 8]; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let mut corr = std::mem::MaybeUninit::<[[f32; 8]; ROWS16_BLOCKS * ROWS16_A]>::uninit();
     let corr = corr.as_mut_ptr().cast::<[f32; 8]>();
-    let mut dys = std::mem::MaybeUninit::<[[f32; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let mut dys = std::mem::MaybeUninit::<[f32; ROWS16_BLOCKS * ROWS16_A]>::uninit();
     let dys = dys.as_mut_ptr().cast::<f32>();
     // Q1: per activation row and block, `s`.
-    let mut sys = std::mem::MaybeUninit::<[[f32; ROWS16_BLOCKS]; ROWS16_A]>::uninit();
+    let mut sys = std::mem::MaybeUninit::<[f32; ROWS16_BLOCKS * ROWS16_A]>::uninit();
     let sys = sys.as_mut_ptr().cast::<f32>();
-    // SAFETY: rows hold `nb <= ROWS16_BLOCKS` blocks, `nw <= ROWS16_W` (the caller's
-    // contract); every table entry is written before it is read.
+    // SAFETY: rows hold `nb` blocks, `nw <= ROWS16_W` (the caller's contract); `rows16_covers`
+    // keeps `ng * nb` (all groups decoded) or `nb` (one slot) within the weight tables and
+    // `chunk * nb` within the activation tables; every entry is written before it is read.
     unsafe {
         // With one chunk of activation rows each group of weight rows is decoded right
         // before its products, into one table slot that stays in L1; with more, every group
         // is decoded once for all the chunks.
-        let single = na <= ROWS16_A;
+        // Activation rows a chunk of the tables holds, and the tables' stride per group and
+        // per activation row: `nb` entries.
+        let chunk = rows16_chunk(nb);
+        let single = na <= chunk;
         let decode = |g: usize, slot: usize| {
             // A short last group repeats its last row (those outputs are not stored).
             let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
-            let at = slot * ROWS16_BLOCKS;
+            let at = slot * nb;
             decode16::<T, Q1>(rows, nb, bx, dec.add(at), dxs.add(at), mxs.add(at));
         };
         if !single {
@@ -652,15 +672,15 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
             }
         }
         let ones = _mm256_set1_epi8(1);
-        for c0 in (0..na).step_by(ROWS16_A) {
-            let cn = ROWS16_A.min(na - c0);
+        for c0 in (0..na).step_by(chunk) {
+            let cn = chunk.min(na - c0);
             for j in 0..cn {
                 let row = a[c0 + j].as_ptr();
                 for b in 0..nb {
                     let yb = row.add(b * by);
-                    *dys.add(j * ROWS16_BLOCKS + b) = ld_f16(yb);
+                    *dys.add(j * nb + b) = ld_f16(yb);
                     if Q1 {
-                        *sys.add(j * ROWS16_BLOCKS + b) = ld_f16(yb.add(2));
+                        *sys.add(j * nb + b) = ld_f16(yb.add(2));
                         continue;
                     }
                     let y = _mm256_loadu_si256(yb.add(2).cast());
@@ -669,7 +689,7 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                         _mm256_cvtepi32_ps(_mm256_mullo_epi32(sum, _mm256_set1_epi32(o))),
                         _mm256_set1_ps(MAGIC_F),
                     );
-                    _mm256_storeu_ps((*corr.add(j * ROWS16_BLOCKS + b)).as_mut_ptr(), c);
+                    _mm256_storeu_ps((*corr.add(j * nb + b)).as_mut_ptr(), c);
                 }
             }
             for g in 0..ng {
@@ -679,7 +699,7 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                 } else {
                     g
                 };
-                let at = slot * ROWS16_BLOCKS;
+                let at = slot * nb;
                 let (wd, wdx, wmx) = (
                     dec.add(at).cast_const(),
                     dxs.add(at).cast_const(),
@@ -693,7 +713,7 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                     let mut tp = [(std::ptr::null(), std::ptr::null(), std::ptr::null()); 2];
                     for jj in 0..rn {
                         yp[jj] = a[c0 + j + jj].as_ptr().add(yo);
-                        let r = (j + jj) * ROWS16_BLOCKS;
+                        let r = (j + jj) * nb;
                         tp[jj] = (
                             dys.add(r).cast_const(),
                             corr.add(r).cast_const(),
@@ -736,9 +756,14 @@ unsafe fn decode16<const T: u8, const Q1: bool>(
     dxs: *mut __m512,
     mxs: *mut __m512,
 ) {
+    if T != 2 {
+        // SAFETY: as this function's.
+        return unsafe { decode16_nibbles::<T, Q1>(rows, nb, bx, dec, dxs, mxs) };
+    }
     // SAFETY: by the caller's contract.
     unsafe {
         for b in 0..nb {
+            prefetch_group(rows[0], nb, bx, b);
             let mut v = [_mm256_setzero_si256(); 16];
             let mut dx = [0u16; 16];
             let mut mx = [0u16; 16];
@@ -763,6 +788,181 @@ unsafe fn decode16<const T: u8, const Q1: bool>(
             let mut u = [_mm512_setzero_si512(); 8];
             for p in 0..8 {
                 u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
+            }
+            dec.add(b).write(u);
+        }
+    }
+}
+
+/// Asks L2 for part `b` (of `nb`) of the group of 16 weight rows [`ROWS16_PREFETCH`] groups
+/// past the one at `first`, in address order (weight rows lie one after another; a hint
+/// only, whatever lies there). A decode step reads every weight once, and the 16 rows'
+/// interleaved reads left the hardware prefetcher behind.
+#[inline(always)]
+fn prefetch_group(first: *const u8, nb: usize, bx: usize, b: usize) {
+    let span = 16 * nb * bx;
+    let lines = span.div_ceil(64);
+    let per = lines.div_ceil(nb);
+    let start = first.wrapping_add(ROWS16_PREFETCH * span);
+    for l in b * per..((b + 1) * per).min(lines) {
+        // SAFETY: a prefetch never faults, whatever the address; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(64 * l) as *const i8) };
+    }
+}
+
+/// [`decode16`] for the nibble types (Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1): the 16 rows' 16
+/// bytes of nibbles are transposed as 4-byte words in registers (two `vpermt2d` levels), so
+/// that word `k` of every row lands in lane `r` of one register; its low nibbles are then
+/// position `k` and its high nibbles position `k + 4` (values `4k..4k+3` and `16+4k..`).
+/// A fifth bit (Q5_0, Q5_1) comes from the rows' `qh` words: bits `4p..4p+3`, looked up as
+/// one lane index in a table that spreads 4 bits to bit 4 of 4 bytes. Against decoding each
+/// row to 32 bytes and transposing those, about a third of the instructions: at 4 activation
+/// rows a call the decode was as long as the products.
+///
+/// # Safety
+/// As [`decode16`].
+#[inline(always)]
+unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
+    rows: [*const u8; 16],
+    nb: usize,
+    bx: usize,
+    dec: *mut [__m512i; 8],
+    dxs: *mut __m512,
+    mxs: *mut __m512,
+) {
+    // Where a block's nibbles and (Q5) its `qh` word start.
+    let qo = match (Q1, T) {
+        (false, 1) => 6,
+        (false, _) => 2,
+        (true, 0) => 4,
+        (true, _) => 8,
+    };
+    let bit5 = (!Q1 && T == 1) || (Q1 && T == 1);
+    // SAFETY: by the caller's contract: 16 readable bytes at `qo` and 4 at `ho` of each block.
+    unsafe {
+        // Level 1: from rows 4i..4i+3 (`x[i]`, a row per 128-bit lane) and 4i+4..4i+7, words
+        // k and k + 1 of all 8 rows (`[x k, y k, x k+1, y k+1]`, 4 words each).
+        let lvl1_01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+        let lvl1_23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+        let m4 = _mm512_set1_epi8(0x0F);
+        // Lane index t (4 bits) -> 0x10 in byte b where bit b of t is set.
+        let spread = _mm512_setr_epi32(
+            0x0000_0000,
+            0x0000_0010,
+            0x0000_1000,
+            0x0000_1010,
+            0x0010_0000,
+            0x0010_0010,
+            0x0010_1000,
+            0x0010_1010,
+            0x1000_0000,
+            0x1000_0010,
+            0x1000_1000,
+            0x1000_1010,
+            0x1010_0000,
+            0x1010_0010,
+            0x1010_1000,
+            0x1010_1010,
+        );
+        let iq4 = _mm512_broadcast_i32x4(_mm_xor_si128(
+            _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i),
+            _mm_set1_epi8(0x80u8 as i8),
+        ));
+        for b in 0..nb {
+            let off = b * bx;
+            let mut x = [_mm512_setzero_si512(); 4];
+            prefetch_group(rows[0], nb, bx, b);
+            for (i, xi) in x.iter_mut().enumerate() {
+                let r = &rows[4 * i..4 * i + 4];
+                let v = _mm512_castsi128_si512(_mm_loadu_si128(r[0].add(off + qo).cast()));
+                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(r[1].add(off + qo).cast()));
+                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(r[2].add(off + qo).cast()));
+                *xi = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(r[3].add(off + qo).cast()));
+            }
+            // The block headers the same way: words 0 and 1 of the 16 rows.
+            let mut hd = [_mm512_setzero_si512(); 4];
+            for (i, hi) in hd.iter_mut().enumerate() {
+                let r = &rows[4 * i..4 * i + 4];
+                let v = _mm512_castsi128_si512(_mm_loadu_si128(r[0].add(off).cast()));
+                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(r[1].add(off).cast()));
+                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(r[2].add(off).cast()));
+                *hi = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(r[3].add(off).cast()));
+            }
+            let ha = _mm512_permutex2var_epi32(hd[0], lvl1_01, hd[1]);
+            let hc = _mm512_permutex2var_epi32(hd[2], lvl1_01, hd[3]);
+            let w0 = _mm512_shuffle_i64x2::<0x44>(ha, hc);
+            dxs.add(b).write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0)));
+            if Q1 {
+                mxs.add(b)
+                    .write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<
+                        16,
+                    >(
+                        w0
+                    ))));
+            }
+            let h = if bit5 {
+                let w1 = _mm512_shuffle_i64x2::<0xEE>(ha, hc);
+                if Q1 {
+                    w1
+                } else {
+                    // Q5_0's `qh` starts at byte 2.
+                    _mm512_or_si512(_mm512_srli_epi32::<16>(w0), _mm512_slli_epi32::<16>(w1))
+                }
+            } else {
+                _mm512_setzero_si512()
+            };
+            // Words k, k+1 of rows 0-7 (`a`) and 8-15 (`c`), then word k of all 16 rows.
+            let a01 = _mm512_permutex2var_epi32(x[0], lvl1_01, x[1]);
+            let a23 = _mm512_permutex2var_epi32(x[0], lvl1_23, x[1]);
+            let c01 = _mm512_permutex2var_epi32(x[2], lvl1_01, x[3]);
+            let c23 = _mm512_permutex2var_epi32(x[2], lvl1_23, x[3]);
+            let z = [
+                _mm512_shuffle_i64x2::<0x44>(a01, c01),
+                _mm512_shuffle_i64x2::<0xEE>(a01, c01),
+                _mm512_shuffle_i64x2::<0x44>(a23, c23),
+                _mm512_shuffle_i64x2::<0xEE>(a23, c23),
+            ];
+            let mut u = [_mm512_setzero_si512(); 8];
+            for k in 0..4 {
+                u[k] = _mm512_and_si512(z[k], m4);
+                u[k + 4] = _mm512_and_si512(_mm512_srli_epi32::<4>(z[k]), m4);
+            }
+            if bit5 {
+                // Position p: bits 4p..4p+3 of each row's word (vpermd reads 4 index bits).
+                u[0] = _mm512_or_si512(u[0], _mm512_permutexvar_epi32(h, spread));
+                u[1] = _mm512_or_si512(
+                    u[1],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<4>(h), spread),
+                );
+                u[2] = _mm512_or_si512(
+                    u[2],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<8>(h), spread),
+                );
+                u[3] = _mm512_or_si512(
+                    u[3],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<12>(h), spread),
+                );
+                u[4] = _mm512_or_si512(
+                    u[4],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<16>(h), spread),
+                );
+                u[5] = _mm512_or_si512(
+                    u[5],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<20>(h), spread),
+                );
+                u[6] = _mm512_or_si512(
+                    u[6],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<24>(h), spread),
+                );
+                u[7] = _mm512_or_si512(
+                    u[7],
+                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<28>(h), spread),
+                );
+            }
+            if !Q1 && T == 3 {
+                for v in u.iter_mut() {
+                    *v = _mm512_shuffle_epi8(iq4, *v);
+                }
             }
             dec.add(b).write(u);
         }
