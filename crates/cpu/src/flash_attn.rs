@@ -190,8 +190,45 @@ impl FlashPlan {
         }
     }
 
+    /// Bytes of the tiled path's row spans: per query row, its unmasked span `[lo, hi)`
+    /// (`lo == hi`: none), found once for all heads.
+    fn spans_bytes(&self) -> usize {
+        if self.path == Path::Tiled {
+            8 * self.n_q
+        } else {
+            0
+        }
+    }
+
     pub(crate) fn work_bytes(&self, nth: usize) -> usize {
-        nth * self.per_thread() + self.partials_bytes() + self.lists_bytes()
+        nth * self.per_thread() + self.partials_bytes() + self.lists_bytes() + self.spans_bytes()
+    }
+
+    /// Finds the unmasked spans of query rows `rows` (each thread its own rows).
+    ///
+    /// # Safety
+    /// The rows' span entries are this thread's; the mask is read-only during the node.
+    unsafe fn build_spans(&self, rows: std::ops::Range<usize>, work: Work, off: usize) {
+        for i in rows {
+            // SAFETY: by the caller's contract; the entry is inside `spans_bytes`.
+            unsafe {
+                let e = work.u32s(off + 8 * i, 2);
+                let span = kernels::unmasked_span(&self.mask.row_f32(i, 0, 0)[..self.n_kv]);
+                let (lo, hi) = span.unwrap_or((0, 0));
+                e[0] = lo as u32;
+                e[1] = hi as u32;
+            }
+        }
+    }
+
+    /// Query row `i`'s unmasked span, from [`FlashPlan::build_spans`].
+    ///
+    /// # Safety
+    /// The spans are complete (after the barrier) and only read.
+    unsafe fn span(&self, i: usize, work: Work, off: usize) -> Option<(usize, usize)> {
+        // SAFETY: by the caller's contract.
+        let e = unsafe { work.u32s_ref(off + 8 * i, 2) };
+        (e[0] < e[1]).then_some((e[0] as usize, e[1] as usize))
     }
 
     /// Lists the unmasked cells of query rows `rows` (each thread its own rows).
@@ -206,9 +243,26 @@ impl FlashPlan {
                 let list = work.u32s(off + 4 * i * stride, stride);
                 let mrow = self.mask.row_f32(i, 0, 0);
                 let mut n = 0;
-                for (ic, &m) in mrow.iter().enumerate().take(self.n_kv) {
+                // Runs of 16 hidden cells are skipped whole (the other sequences' streams
+                // are most of a multi-sequence mask row): -inf is one bit pattern.
+                const NEG_INF: u32 = 0xFF80_0000;
+                let row = &mrow[..self.n_kv];
+                let mut chunks = row.chunks_exact(16);
+                for (c, chunk) in chunks.by_ref().enumerate() {
+                    if chunk.iter().fold(0, |acc, m| acc | (m.to_bits() ^ NEG_INF)) == 0 {
+                        continue;
+                    }
+                    for (j, &m) in chunk.iter().enumerate() {
+                        if m != f32::NEG_INFINITY {
+                            list[1 + n] = (16 * c + j) as u32;
+                            n += 1;
+                        }
+                    }
+                }
+                let tail0 = row.len() / 16 * 16;
+                for (j, &m) in chunks.remainder().iter().enumerate() {
                     if m != f32::NEG_INFINITY {
-                        list[1 + n] = ic as u32;
+                        list[1 + n] = (tail0 + j) as u32;
                         n += 1;
                     }
                 }
@@ -285,6 +339,12 @@ pub(crate) fn compute(
         unsafe { p.build_lists(split(p.n_q, ctx.ith, ctx.nth), work, lists_off) };
         ctx.barrier.wait();
     }
+    let spans_off = lists_off + p.lists_bytes();
+    if p.path == Path::Tiled {
+        // SAFETY: as the lists.
+        unsafe { p.build_spans(split(p.n_q, ctx.ith, ctx.nth), work, spans_off) };
+        ctx.barrier.wait();
+    }
     match p.path {
         Path::Rows => {
             let blocks = p.n_q.div_ceil(ROWS_PER_TASK);
@@ -307,8 +367,9 @@ pub(crate) fn compute(
                 let (h, b) = (t / blocks, t % blocks);
                 let i0 = b * TILE_Q;
                 let rows = TILE_Q.min(p.n_q - i0);
-                // SAFETY: this thread's scratch; dst rows (h, i0..i0 + rows) are task t's.
-                unsafe { p.tile(&prm, node.dst, h, i0, rows, work, base) };
+                // SAFETY: this thread's scratch; dst rows (h, i0..i0 + rows) are task t's;
+                // the spans are complete.
+                unsafe { p.tile(&prm, node.dst, h, i0, rows, work, base, spans_off) };
             }
         }
         Path::SplitKv { chunks } => {
@@ -594,6 +655,7 @@ impl FlashPlan {
         rows: usize,
         work: Work,
         base: usize,
+        spans_off: usize,
     ) {
         let (dk, dv) = (self.dk, self.dv);
         let hkv = h / self.group;
@@ -627,7 +689,7 @@ impl FlashPlan {
             // one batch leave long hidden runs between them).
             let mut spans = [None; TILE_Q];
             for (tq, span) in spans.iter_mut().enumerate().take(rows) {
-                *span = kernels::unmasked_span(&self.mask.row_f32(i0 + tq, 0, 0)[..self.n_kv]);
+                *span = self.span(i0 + tq, work, spans_off);
             }
             for ic in (0..self.n_kv).step_by(TILE_KV) {
                 let kv_tile = TILE_KV.min(self.n_kv - ic);

@@ -36,7 +36,7 @@ pub(crate) fn work_size(node: &NodePlan, nth: usize) -> usize {
         },
         Op::MulMatId => MulMatIdPlan::new(kernels::table(), node, nth).map_or(0, |p| p.work_bytes),
         Op::Attention { .. } => match AttentionPlan::new(kernels::table(), node) {
-            Some(p) => nth * p.scratch_bytes(),
+            Some(p) => nth * p.scratch_bytes() + 8 * p.q.l.ne[1],
             None => 0,
         },
         Op::FlashAttnExt { kv_chunks, .. } => crate::flash_attn::work_size(node, nth, kv_chunks),
@@ -1179,6 +1179,21 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
     let scores_off = base + ATTN_ROWS * p.q_row;
     let probs_off = scores_off + ((ATTN_ROWS + 1) * n_kv * 4).next_multiple_of(64);
     let qf_off = probs_off + ATTN_ROWS * p.p_row;
+    // Per query row, the span of cells its mask leaves open (`[lo, hi)`, `lo == hi`: none),
+    // found once for all heads: a group of cells outside it for the leading rows of a task
+    // (a causal mask above the diagonal, a sliding window before it) is not computed. (Cells
+    // hidden inside a span are computed and then masked, as llama.cpp computes them all.)
+    let spans_off = ctx.nth * p.scratch_bytes();
+    for j in split(n_tokens, ctx.ith, ctx.nth) {
+        // SAFETY: entry j is this thread's (rows are split); the mask is read-only.
+        unsafe {
+            let e = work.u32s(spans_off + 8 * j, 2);
+            let (lo, hi) = kernels::unmasked_span(&mk.row_f32(j, 0, 0)[..n_kv]).unwrap_or((0, 0));
+            e[0] = lo as u32;
+            e[1] = hi as u32;
+        }
+    }
+    ctx.barrier.wait();
     const WR: usize = 8;
     let mut out = [0f32; WR * ATTN_ROWS];
     for t in split(n_head * blocks, ctx.ith, ctx.nth) {
@@ -1201,13 +1216,10 @@ fn attention(node: &NodePlan, scale: f32, ctx: &WorkerCtx<'_>, work: Work, err: 
             let kq_k = p.kq.trimmed_k(head_k, qrows);
             let scores = work.f32s(scores_off, (rn + 1) * n_kv);
             let (scores, spare) = scores.split_at_mut(rn * n_kv);
-            // Per query row, the span of cells its mask leaves open: a group of cells outside
-            // it for the leading rows (a causal mask above the diagonal, a sliding window
-            // before it) is not computed. (Cells hidden inside a span are computed and then
-            // masked, as llama.cpp computes them all.)
             let mut spans = [None; ATTN_ROWS];
             for (j, span) in spans.iter_mut().enumerate().take(rn) {
-                *span = kernels::unmasked_span(&mk.row_f32(j0 + j, 0, 0)[..n_kv]);
+                let e = work.u32s_ref(spans_off + 8 * (j0 + j), 2);
+                *span = (e[0] < e[1]).then_some((e[0] as usize, e[1] as usize));
             }
             for i0 in (0..n_kv).step_by(WR) {
                 let rm = WR.min(n_kv - i0);

@@ -44,9 +44,15 @@ pub unsafe fn mad_f32(y: &mut [f32], x: &[f32], v: f32) {
     }
 }
 
+/// Cells whose scores [`f16_row_online`] computes ahead of their softmax steps.
+const SCORE_BATCH: usize = 8;
+
 /// [`crate::kernels::fattn::f16_row_online`] with the accumulator held as `NV` vectors of f32 values that
 /// are always exactly f16 (each step rounds through `vcvtps2ph`, as ggml's store does), so
-/// no accumulator round trip goes through memory.
+/// no accumulator round trip goes through memory. The scores of up to [`SCORE_BATCH`] cells
+/// are computed before their softmax steps (each as `ggml_vec_dot_f16` forms it, the query
+/// widened once): independent dots overlap, where one dot per step left each step waiting
+/// on its dot's reduction.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_row_online<const NV: usize>(
     r: &crate::kernels::fattn::F16Row<'_>,
@@ -58,40 +64,71 @@ pub unsafe fn f16_row_online<const NV: usize>(
         // SAFETY: register-only; F16C enabled by the caller.
         unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)) }
     }
+    // The query widened to f32 (the values `vec_dot_f16` converts at each call).
+    let mut qf = [0f32; 256];
+    let dk = r.dk.min(qf.len());
+    for (i, v) in qf.iter_mut().enumerate().take(dk) {
+        *v = crate::kernels::fdot::f16s(r.q, i);
+    }
     let mut acc = [_mm256_setzero_ps(); NV];
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-    for (ic, mv) in cells {
-        let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
-        let vrow = &r.v[ic * r.v_stride..][..2 * NV * 8];
-        // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
-        let mut sc = unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) } * r.scale;
-        if r.softcap != 0.0 {
-            sc = r.softcap * sc.tanh();
+    let mut batch = [(0usize, 0f32); SCORE_BATCH];
+    let mut scores = [0f32; SCORE_BATCH];
+    loop {
+        let mut n = 0;
+        while n < SCORE_BATCH {
+            let Some(c) = cells.next() else { break };
+            batch[n] = c;
+            n += 1;
         }
-        sc += mv;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        // SAFETY (both blocks): register arithmetic, and loads of 8 f16 values at
-        // `8 * j < 8 * NV = dv` within `vrow`.
-        if sc > m {
-            let m_old = m;
-            m = sc;
-            ms = (m_old - m).exp();
-            let vms = _mm256_set1_ps(ms);
-            for a in acc.iter_mut() {
-                *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+        if n == 0 {
+            break;
+        }
+        for (sc, &(ic, _)) in scores.iter_mut().zip(&batch).take(n) {
+            let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
+            *sc = if r.dk <= qf.len() {
+                // SAFETY: `krow` holds `dk` f16 values and `qf` `dk` f32 values; AVX2 present.
+                unsafe { crate::kernels::fdot::avx2::vec_dot_f16_f32q(r.dk, krow, &qf) }
+            } else {
+                // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
+                unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) }
+            };
+        }
+        for (&sc0, &(ic, mv)) in scores.iter().zip(&batch).take(n) {
+            let vrow = &r.v[ic * r.v_stride..][..2 * NV * 8];
+            let mut sc = sc0 * r.scale;
+            if r.softcap != 0.0 {
+                sc = r.softcap * sc.tanh();
             }
-        } else {
-            vs = (sc - m).exp();
-        }
-        let vvs = _mm256_set1_ps(vs);
-        for (j, a) in acc.iter_mut().enumerate() {
-            unsafe {
-                let x =
-                    _mm256_cvtph_ps(_mm_loadu_si128(vrow.as_ptr().add(16 * j) as *const __m128i));
-                *a = round16(_mm256_fmadd_ps(x, vvs, *a));
+            sc += mv;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            // SAFETY (both blocks): register arithmetic, and loads of 8 f16 values at
+            // `8 * j < 8 * NV = dv` within `vrow`.
+            if sc > m {
+                let m_old = m;
+                m = sc;
+                ms = (m_old - m).exp();
+                let vms = _mm256_set1_ps(ms);
+                for a in acc.iter_mut() {
+                    *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+                }
+            } else {
+                vs = (sc - m).exp();
             }
+            let vvs = _mm256_set1_ps(vs);
+            for (j, a) in acc.iter_mut().enumerate() {
+                unsafe {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(
+                        vrow.as_ptr().add(16 * j) as *const __m128i
+                    ));
+                    *a = round16(_mm256_fmadd_ps(x, vvs, *a));
+                }
+            }
+            s = s.mul_add(ms, vs);
         }
-        s = s.mul_add(ms, vs);
+        if n < SCORE_BATCH {
+            break;
+        }
     }
     for (j, a) in acc.iter().enumerate() {
         // SAFETY: `out` holds `dv = 8 * NV` values.

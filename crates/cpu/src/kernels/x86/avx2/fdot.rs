@@ -86,6 +86,35 @@ pub unsafe fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
     }
 }
 
+/// [`vec_dot_f16`] with `y` given widened to f32 (`y[i]` = f16 value `i`, exactly): the same
+/// products, accumulators and reduction, so the same bits.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `x` holds `n` f16 values and `y` at least `n` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub unsafe fn vec_dot_f16_f32q(n: usize, x: &[u8], y: &[f32]) -> f32 {
+    assert!(x.len() >= 2 * n && y.len() >= n);
+    // SAFETY: the slices hold `n` values (asserted); vector loads stay below `n & !31`.
+    unsafe {
+        let np = n & !31;
+        let mut s = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(32) {
+            for (j, sj) in s.iter_mut().enumerate() {
+                let k = i + 8 * j;
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
+                let yv = _mm256_loadu_ps(y.as_ptr().add(k));
+                *sj = _mm256_fmadd_ps(xv, yv, *sj);
+            }
+        }
+        let mut sumf = f64::from(reduce4(s));
+        for i in np..n {
+            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * y[i]);
+        }
+        sumf as f32
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
