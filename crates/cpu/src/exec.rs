@@ -164,6 +164,14 @@ impl TView {
     pub unsafe fn set_run(&self, i: [usize; 4], vals: &[f32]) {
         let p = self.at(i);
         let step = self.l.nb[0];
+        if self.l.dtype == DType::F32 && step == 4 {
+            // Packed f32 (a matmul's output rows): one copy, not a store per value.
+            // SAFETY: as below; the run's `vals.len()` f32 values are consecutive.
+            unsafe {
+                std::ptr::copy_nonoverlapping(vals.as_ptr(), p as *mut f32, vals.len());
+            }
+            return;
+        }
         for (k, &v) in vals.iter().enumerate() {
             // SAFETY: in range by contract; alignment validated at enqueue.
             unsafe {
