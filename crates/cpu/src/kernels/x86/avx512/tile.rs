@@ -760,37 +760,84 @@ unsafe fn decode16<const T: u8, const Q1: bool>(
         // SAFETY: as this function's.
         return unsafe { decode16_nibbles::<T, Q1>(rows, nb, bx, dec, dxs, mxs) };
     }
-    // SAFETY: by the caller's contract.
+    // Q8_0: the 16 rows' 32 bytes transposed as 4-byte words in registers, offset to
+    // unsigned. Level 1 takes rows 4i..4i+3 (two registers of two rows each) to words 0-3
+    // and 4-7, one word per 128-bit lane; level 2 gathers lane p of the four row quads.
+    // SAFETY: by the caller's contract (34-byte blocks: `d`, then 32 bytes).
     unsafe {
+        let lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+        let hi = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+        let bias = _mm512_set1_epi8(0x80u8 as i8);
         for b in 0..nb {
             prefetch_group(rows[0], nb, bx, b);
-            let mut v = [_mm256_setzero_si256(); 16];
-            let mut dx = [0u16; 16];
-            let mut mx = [0u16; 16];
-            for i in 0..16 {
-                let xb = rows[i].add(b * bx);
-                dx[i] = xb.cast::<u16>().read_unaligned();
-                v[i] = if Q1 {
-                    mx[i] = xb.add(2).cast::<u16>().read_unaligned();
-                    q1_unsigned::<T>(xb)
-                } else {
-                    q0_unsigned::<T>(xb)
-                };
+            let off = b * bx;
+            let mut y = [_mm512_setzero_si512(); 8];
+            for (i, yi) in y.iter_mut().enumerate() {
+                let v = _mm512_castsi256_si512(_mm256_loadu_si256(rows[2 * i].add(off + 2).cast()));
+                *yi = _mm512_inserti64x4::<1>(
+                    v,
+                    _mm256_loadu_si256(rows[2 * i + 1].add(off + 2).cast()),
+                );
             }
-            dxs.add(b)
-                .write(_mm512_cvtph_ps(_mm256_loadu_si256(dx.as_ptr().cast())));
-            if Q1 {
-                mxs.add(b)
-                    .write(_mm512_cvtph_ps(_mm256_loadu_si256(mx.as_ptr().cast())));
+            // Per row quad q: words 0-3 (`l[q]`) and 4-7 (`h[q]`), lane = word.
+            let mut l = [_mm512_setzero_si512(); 4];
+            let mut h = [_mm512_setzero_si512(); 4];
+            for q in 0..4 {
+                l[q] = _mm512_permutex2var_epi32(y[2 * q], lo, y[2 * q + 1]);
+                h[q] = _mm512_permutex2var_epi32(y[2 * q], hi, y[2 * q + 1]);
             }
-            let lo = transpose8(v[..8].try_into().expect("8 rows"));
-            let hi = transpose8(v[8..].try_into().expect("8 rows"));
             let mut u = [_mm512_setzero_si512(); 8];
-            for p in 0..8 {
-                u[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
+            for (half, src) in [l, h].iter().enumerate() {
+                // Words 2k, 2k + 1 of quads 0, 1 and of quads 2, 3, then each word's 4 quads.
+                for k in 0..2 {
+                    let (ab, cd) = if k == 0 {
+                        (
+                            _mm512_shuffle_i64x2::<0x44>(src[0], src[1]),
+                            _mm512_shuffle_i64x2::<0x44>(src[2], src[3]),
+                        )
+                    } else {
+                        (
+                            _mm512_shuffle_i64x2::<0xEE>(src[0], src[1]),
+                            _mm512_shuffle_i64x2::<0xEE>(src[2], src[3]),
+                        )
+                    };
+                    let p = 4 * half + 2 * k;
+                    u[p] = _mm512_xor_si512(_mm512_shuffle_i64x2::<0x88>(ab, cd), bias);
+                    u[p + 1] = _mm512_xor_si512(_mm512_shuffle_i64x2::<0xDD>(ab, cd), bias);
+                }
             }
+            let (w0, _) = headers16(&rows, off);
+            dxs.add(b).write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0)));
             dec.add(b).write(u);
         }
+    }
+}
+
+/// Words 0 and 1 of block `off` of the 16 `rows` (lane `r`: row `r`'s), from four 128-bit
+/// loads per row quad and two `vpermt2d` levels: a block's scales (and Q5 `qh`) without 16
+/// scalar loads, stores and a reload.
+///
+/// # Safety
+/// 16 readable bytes at `off` of each row; AVX-512 F enabled by the caller.
+#[inline(always)]
+unsafe fn headers16(rows: &[*const u8; 16], off: usize) -> (__m512i, __m512i) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let lvl1 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+        let mut hd = [_mm512_setzero_si512(); 4];
+        for (i, hi) in hd.iter_mut().enumerate() {
+            let r = &rows[4 * i..4 * i + 4];
+            let v = _mm512_castsi128_si512(_mm_loadu_si128(r[0].add(off).cast()));
+            let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(r[1].add(off).cast()));
+            let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(r[2].add(off).cast()));
+            *hi = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(r[3].add(off).cast()));
+        }
+        let ha = _mm512_permutex2var_epi32(hd[0], lvl1, hd[1]);
+        let hc = _mm512_permutex2var_epi32(hd[2], lvl1, hd[3]);
+        (
+            _mm512_shuffle_i64x2::<0x44>(ha, hc),
+            _mm512_shuffle_i64x2::<0xEE>(ha, hc),
+        )
     }
 }
 
@@ -879,18 +926,8 @@ unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
                 let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(r[2].add(off + qo).cast()));
                 *xi = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(r[3].add(off + qo).cast()));
             }
-            // The block headers the same way: words 0 and 1 of the 16 rows.
-            let mut hd = [_mm512_setzero_si512(); 4];
-            for (i, hi) in hd.iter_mut().enumerate() {
-                let r = &rows[4 * i..4 * i + 4];
-                let v = _mm512_castsi128_si512(_mm_loadu_si128(r[0].add(off).cast()));
-                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(r[1].add(off).cast()));
-                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(r[2].add(off).cast()));
-                *hi = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(r[3].add(off).cast()));
-            }
-            let ha = _mm512_permutex2var_epi32(hd[0], lvl1_01, hd[1]);
-            let hc = _mm512_permutex2var_epi32(hd[2], lvl1_01, hd[3]);
-            let w0 = _mm512_shuffle_i64x2::<0x44>(ha, hc);
+            // The block headers: words 0 and 1 of the 16 rows.
+            let (w0, w1) = headers16(&rows, off);
             dxs.add(b).write(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0)));
             if Q1 {
                 mxs.add(b)
@@ -901,7 +938,6 @@ unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
                     ))));
             }
             let h = if bit5 {
-                let w1 = _mm512_shuffle_i64x2::<0xEE>(ha, hc);
                 if Q1 {
                     w1
                 } else {
@@ -1054,35 +1090,6 @@ unsafe fn nibbles_bit5(qs: *const u8, qh: *const u8) -> __m256i {
         let nib = bytes_from_nibbles_32(qs);
         let bits = qh.cast::<u32>().read_unaligned();
         _mm256_mask_add_epi8(nib, bits, nib, _mm256_set1_epi8(16))
-    }
-}
-
-/// The 8 rows' 32-byte blocks `v` as 8 positions: lane `r` of result `p` is dword `p` of
-/// `v[r]`.
-#[inline(always)]
-unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
-    // SAFETY: register-only; AVX2 enabled by the caller.
-    unsafe {
-        let mut t = [_mm256_setzero_si256(); 8];
-        for h in 0..2 {
-            let r = 4 * h;
-            let a0 = _mm256_unpacklo_epi32(v[r], v[r + 1]);
-            let a1 = _mm256_unpackhi_epi32(v[r], v[r + 1]);
-            let a2 = _mm256_unpacklo_epi32(v[r + 2], v[r + 3]);
-            let a3 = _mm256_unpackhi_epi32(v[r + 2], v[r + 3]);
-            // Rows r..r+4: dwords (0,4), (1,5), (2,6), (3,7) in the two 128-bit halves.
-            t[4 * h] = _mm256_unpacklo_epi64(a0, a2);
-            t[4 * h + 1] = _mm256_unpackhi_epi64(a0, a2);
-            t[4 * h + 2] = _mm256_unpacklo_epi64(a1, a3);
-            t[4 * h + 3] = _mm256_unpackhi_epi64(a1, a3);
-        }
-        let mut p = [_mm256_setzero_si256(); 8];
-        for k in 0..4 {
-            // Position k from the low halves, k + 4 from the high halves, rows 0-3 then 4-7.
-            p[k] = _mm256_permute2x128_si256(t[k], t[k + 4], 0x20);
-            p[k + 4] = _mm256_permute2x128_si256(t[k], t[k + 4], 0x31);
-        }
-        p
     }
 }
 
