@@ -884,7 +884,8 @@ unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
         (true, 0) => 4,
         (true, _) => 8,
     };
-    let bit5 = (!Q1 && T == 1) || (Q1 && T == 1);
+    // Q5_0 (`T == 1`) and Q5_1 (`Q1`, `T == 1`) carry a fifth bit.
+    let bit5 = T == 1;
     // SAFETY: by the caller's contract: 16 readable bytes at `qo` and 4 at `ho` of each block.
     unsafe {
         // Level 1: from rows 4i..4i+3 (`x[i]`, a row per 128-bit lane) and 4i+4..4i+7, words
