@@ -417,6 +417,7 @@ fn tiles_match_scalar() {
         for (m, n) in [
             (8usize, 1usize),
             (12, 1),
+            (16, 2),
             (8, 4),
             (16, 5),
             (9, 8),

@@ -529,13 +529,13 @@ pub(crate) const ROWS16_BLOCKS: usize = 32;
 const ROWS16_MAX_BLOCKS: usize = 64;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
 const ROWS16_W: usize = 64;
-/// Activation rows below which [`q0_rows16`] is left to the offset tiles. With 4 rows (a
-/// decode step of 4 slots) the decode of each block of 16 rows — loads as 4-byte words
+/// Activation rows below which [`q0_rows16`] is left to the offset tiles. With 2 to 4 rows (a
+/// decode step of a few slots) the decode of each block of 16 rows — loads as 4-byte words
 /// transposed in registers ([`decode16_nibbles`]) — is shared by few products, but the
-/// products in lanes still win (Q5_0 k = 640, one Zen 4 core, in cache: 58 against 40
-/// GMAC/s; weights from memory, prefetched ahead into L2: 7.0 against 5.0 GiB/s); with one
-/// row they lose (Q5_0 from memory: 7.0 against 9.4 GiB/s).
-const ROWS16_MIN_A: usize = 4;
+/// products in lanes still win (Q5_0 k = 640, one Zen 4 core: 4 rows in cache 58 against 40
+/// GMAC/s; weights from memory, prefetched ahead into L2, 4 rows 7.0 against 5.0 GiB/s and
+/// 2 rows 8.0 against 6.5); with one row they lose (Q5_0 from memory: 7.0 against 9.4 GiB/s).
+const ROWS16_MIN_A: usize = 2;
 /// Activation rows whose tables [`q0_rows16`] builds at a time (for rows of
 /// [`ROWS16_BLOCKS`] blocks; proportionally fewer for longer rows).
 const ROWS16_A: usize = 32;
