@@ -88,7 +88,7 @@ pub unsafe fn f16_row_online<const NV: usize>(
             let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
             *sc = if r.dk <= qf.len() {
                 // SAFETY: `krow` holds `dk` f16 values and `qf` `dk` f32 values; AVX2 present.
-                unsafe { crate::kernels::fdot::avx2::vec_dot_f16_f32q(r.dk, krow, &qf) }
+                unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, &qf[..]) }
             } else {
                 // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
                 unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) }

@@ -86,39 +86,51 @@ pub unsafe fn vec_dot_f32(n: usize, x: &[f32], y: &[f32]) -> f32 {
     }
 }
 
-/// [`vec_dot_f16`] with `y` given widened to f32 (`y[i]` = f16 value `i`, exactly): the same
-/// products, accumulators and reduction, so the same bits.
+/// The second operand of [`vec_dot_f16`]: f16 bytes, or the same values widened to f32.
+pub trait F16DotRhs {
+    /// Values `k..k + 8` as f32.
+    ///
+    /// # Safety
+    /// `k + 8` values are readable; AVX2/F16C present.
+    unsafe fn load8(&self, k: usize) -> __m256;
+    /// Value `i` as f32.
+    fn at(&self, i: usize) -> f32;
+}
+
+impl F16DotRhs for &[u8] {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8(&self, k: usize) -> __m256 {
+        // SAFETY: by the caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.as_ptr().add(2 * k) as *const __m128i)) }
+    }
+    fn at(&self, i: usize) -> f32 {
+        crate::kernels::fdot::f16s(self, i)
+    }
+}
+
+impl F16DotRhs for &[f32] {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8(&self, k: usize) -> __m256 {
+        // SAFETY: by the caller's contract.
+        unsafe { _mm256_loadu_ps(self.as_ptr().add(k)) }
+    }
+    fn at(&self, i: usize) -> f32 {
+        self[i]
+    }
+}
+
+/// `ggml_vec_dot_f16` (AVX2 build): four 8-lane FMA accumulators over steps of 32, reduced,
+/// the leftovers in `double`. `y` is f16 bytes, or (flash attention's decode rows, the query
+/// widened once) the same values as f32: the same products, so the same bits.
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; `x` holds `n` f16 values and `y` at least `n` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub unsafe fn vec_dot_f16_f32q(n: usize, x: &[u8], y: &[f32]) -> f32 {
-    assert!(x.len() >= 2 * n && y.len() >= n);
-    // SAFETY: the slices hold `n` values (asserted); vector loads stay below `n & !31`.
-    unsafe {
-        let np = n & !31;
-        let mut s = [_mm256_setzero_ps(); 4];
-        for i in (0..np).step_by(32) {
-            for (j, sj) in s.iter_mut().enumerate() {
-                let k = i + 8 * j;
-                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
-                let yv = _mm256_loadu_ps(y.as_ptr().add(k));
-                *sj = _mm256_fmadd_ps(xv, yv, *sj);
-            }
-        }
-        let mut sumf = f64::from(reduce4(s));
-        for i in np..n {
-            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * y[i]);
-        }
-        sumf as f32
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    // SAFETY: the slices hold `n` f16 values; vector loads stay below `n & !31`.
+pub unsafe fn vec_dot_f16<Y: F16DotRhs>(n: usize, x: &[u8], y: Y) -> f32 {
+    // SAFETY: the slices hold `n` values; vector loads stay below `n & !31`.
     unsafe {
         let np = n & !31;
         let mut s = [_mm256_setzero_ps(); 4];
@@ -127,13 +139,12 @@ pub unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
             for (j, sj) in s.iter_mut().enumerate() {
                 let k = i + 8 * j;
                 let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
-                let yv = _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(2 * k) as *const __m128i));
-                *sj = _mm256_fmadd_ps(xv, yv, *sj);
+                *sj = _mm256_fmadd_ps(xv, y.load8(k), *sj);
             }
         }
         let mut sumf = f64::from(reduce4(s));
         for i in np..n {
-            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * crate::kernels::fdot::f16s(y, i));
+            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * y.at(i));
         }
         sumf as f32
     }

@@ -966,35 +966,10 @@ unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
             }
             if bit5 {
                 // Position p: bits 4p..4p+3 of each row's word (vpermd reads 4 index bits).
-                u[0] = _mm512_or_si512(u[0], _mm512_permutexvar_epi32(h, spread));
-                u[1] = _mm512_or_si512(
-                    u[1],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<4>(h), spread),
-                );
-                u[2] = _mm512_or_si512(
-                    u[2],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<8>(h), spread),
-                );
-                u[3] = _mm512_or_si512(
-                    u[3],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<12>(h), spread),
-                );
-                u[4] = _mm512_or_si512(
-                    u[4],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<16>(h), spread),
-                );
-                u[5] = _mm512_or_si512(
-                    u[5],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<20>(h), spread),
-                );
-                u[6] = _mm512_or_si512(
-                    u[6],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<24>(h), spread),
-                );
-                u[7] = _mm512_or_si512(
-                    u[7],
-                    _mm512_permutexvar_epi32(_mm512_srli_epi32::<28>(h), spread),
-                );
+                for (p, v) in u.iter_mut().enumerate() {
+                    let bits = _mm512_srlv_epi32(h, _mm512_set1_epi32(4 * p as i32));
+                    *v = _mm512_or_si512(*v, _mm512_permutexvar_epi32(bits, spread));
+                }
             }
             if !Q1 && T == 3 {
                 for v in u.iter_mut() {
