@@ -287,6 +287,27 @@ impl FlashPlan {
         }
     }
 
+    /// Whether the rows path takes the query heads of each KV head together
+    /// ([`FlashPlan::rows_grouped`]): several heads share each KV head, K and V are f16 with
+    /// no soft cap and cell lists are on, and the `(KV head, head part, query row)` tasks
+    /// split evenly over `nth` threads. Then `(tasks, parts per KV head, heads per part)`.
+    fn grouped_tasks(&self, nth: usize, softcap: f32) -> Option<(usize, usize, usize)> {
+        let f16 = self.k.l.dtype == DType::F16 && self.v.l.dtype == DType::F16;
+        let takes = self.lists
+            && f16
+            && self.group > 1
+            && softcap == 0.0
+            && fattn::f16_rows_online_supported(self.dk, self.dv);
+        if !takes {
+            return None;
+        }
+        let parts = self.group.div_ceil(fattn::MAX_ROWS_HEADS);
+        let per = self.group.div_ceil(parts);
+        let tasks = self.n_head / self.group * parts * self.n_q;
+        (tasks >= nth && (tasks.is_multiple_of(nth) || tasks >= 4 * nth))
+            .then_some((tasks, parts, per))
+    }
+
     fn per_thread(&self) -> usize {
         match self.path {
             Path::Tiled => self.tiled_scratch(),
@@ -346,6 +367,29 @@ pub(crate) fn compute(
         ctx.barrier.wait();
     }
     match p.path {
+        Path::Rows if p.grouped_tasks(ctx.nth, prm.softcap).is_some() => {
+            let (tasks, parts, per) = p.grouped_tasks(ctx.nth, prm.softcap).unwrap_or_default();
+            for t in split(tasks, ctx.ith, ctx.nth) {
+                // A query row's KV heads in turn: their K and V rows share cache lines
+                // (one cell's heads are adjacent) and DRAM pages.
+                let (i, c) = (t / (tasks / p.n_q), t % (tasks / p.n_q));
+                let (hkv, part) = (c / parts, c % parts);
+                let h0 = hkv * p.group + part * per;
+                let heads = h0..(h0 + per).min((hkv + 1) * p.group);
+                // SAFETY: this thread's scratch; dst rows (heads, i) belong to task t only;
+                // the lists are complete.
+                unsafe {
+                    let cells = p.list(i, work, lists_off).unwrap_or_default();
+                    if !p.rows_grouped(&prm, node.dst, heads.clone(), i, cells) {
+                        for h in heads {
+                            let cells = p.list(i, work, lists_off);
+                            let (st, acc) = p.row_chunk(&prm, h, i, 0, p.n_kv, cells, work, base);
+                            p.finish_row(node.dst, h, i, st, acc);
+                        }
+                    }
+                }
+            }
+        }
         Path::Rows => {
             let blocks = p.n_q.div_ceil(ROWS_PER_TASK);
             for t in split(p.n_head * blocks, ctx.ith, ctx.nth) {
@@ -480,16 +524,20 @@ impl FlashPlan {
             let kf16 = self.k.l.dtype == DType::F16;
             if v16 && kf16 && prm.softcap == 0.0 {
                 // The common case, with the accumulator in registers (same bits).
-                let row = fattn::F16Row {
+                let row = fattn::F16Rows {
                     k: self.k.row_span(hkv, self.n_kv),
                     k_stride: self.k.l.nb[1],
                     v: self.v.row_span(hkv, self.n_kv),
                     v_stride: self.v.l.nb[1],
                     dk,
                     dv,
-                    q: &qc[..2 * dk],
+                    q: &[&qc[..2 * dk]],
                     scale: prm.scale,
                     softcap: prm.softcap,
+                };
+                let mut state = [(0f32, 0f32)];
+                let mut online = |it: &mut dyn Iterator<Item = (usize, f32)>| {
+                    fattn::f16_rows_online(&row, it, &[1.0], acc, &mut state).then_some(state[0])
                 };
                 let done = match cells {
                     Some(list) => {
@@ -499,7 +547,7 @@ impl FlashPlan {
                             let ic = ic as usize;
                             (ic, slope * mask_value(mrow[ic]))
                         });
-                        fattn::f16_row_online(&row, &mut it, acc)
+                        online(&mut it)
                     }
                     None => {
                         let mut it = mrow[c0..c1]
@@ -507,7 +555,7 @@ impl FlashPlan {
                             .enumerate()
                             .map(|(j, &mraw)| (c0 + j, slope * mask_value(mraw)))
                             .filter(|&(_, mv)| mv != f32::NEG_INFINITY);
-                        fattn::f16_row_online(&row, &mut it, acc)
+                        online(&mut it)
                     }
                 };
                 if let Some((m, s)) = done {
@@ -578,6 +626,78 @@ impl FlashPlan {
             }
             (st, acc)
         }
+    }
+
+    /// Heads `heads` (of one KV head) of query row `i` in one pass over the row's `cells`:
+    /// each head's output is the one [`FlashPlan::row_chunk`] and
+    /// [`FlashPlan::finish_row`] give, with each K and V row loaded once for all of them.
+    /// Returns `false` (nothing written) when the kernel does not take these shapes.
+    ///
+    /// # Safety
+    /// dst rows `(heads, i)` are this thread's; the sources are read-only during the node.
+    unsafe fn rows_grouped(
+        &self,
+        prm: &Params,
+        d: TView,
+        heads: std::ops::Range<usize>,
+        i: usize,
+        cells: &[u32],
+    ) -> bool {
+        const G: usize = fattn::MAX_ROWS_HEADS;
+        let (dk, dv, g) = (self.dk, self.dv, heads.len());
+        if g > G || dk > 256 || dv > 256 || prm.softcap != 0.0 {
+            return false;
+        }
+        let mut qbuf = [[0u8; 512]; G];
+        let mut slopes = [0f32; G];
+        let mut out = [0f32; G * 256];
+        let mut states = [(0f32, 0f32); G];
+        // SAFETY (all blocks): rows in range of the checked graph; see the contract.
+        for (k, h) in heads.clone().enumerate() {
+            self.convert_q(
+                unsafe { &self.q.row_f32(i, h, 0)[..dk] },
+                &mut qbuf[k][..2 * dk],
+            );
+            slopes[k] = alibi_slope(prm.max_bias, h, self.n_head);
+        }
+        let qs: [&[u8]; G] = std::array::from_fn(|k| &qbuf[k][..2 * dk]);
+        let hkv = heads.start / self.group;
+        let mrow = unsafe { self.mask.row_f32(i, 0, 0) };
+        let row = fattn::F16Rows {
+            k: unsafe { self.k.row_span(hkv, self.n_kv) },
+            k_stride: self.k.l.nb[1],
+            v: unsafe { self.v.row_span(hkv, self.n_kv) },
+            v_stride: self.v.l.nb[1],
+            dk,
+            dv,
+            q: &qs[..g],
+            scale: prm.scale,
+            softcap: prm.softcap,
+        };
+        let mut it = cells
+            .iter()
+            .map(|&ic| (ic as usize, mask_value(mrow[ic as usize])));
+        if !fattn::f16_rows_online(
+            &row,
+            &mut it,
+            &slopes[..g],
+            &mut out[..g * dv],
+            &mut states[..g],
+        ) {
+            return false;
+        }
+        for (k, h) in heads.enumerate() {
+            let acc = &mut out[k * dv..][..dv];
+            let mut st = RowState {
+                m: states[k].0,
+                s: states[k].1,
+            };
+            unsafe {
+                self.apply_sink(h, &mut st, acc);
+                self.finish_row(d, h, i, st, acc);
+            }
+        }
+        true
     }
 
     /// Attention sinks: the head's sink logit joins the softmax (no value).

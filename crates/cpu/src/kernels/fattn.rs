@@ -150,9 +150,9 @@ fn gemm_acc_impl(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usi
 }
 
 /// One query row of the per-row flash-attention path for f16 K and V (`_one_chunk` with its
-/// f16 accumulator): the cells to visit with their mask values, the converted f16 query, and
-/// where K and V rows start.
-pub struct F16Row<'a> {
+/// f16 accumulator), for one or more query heads that share a KV head: the converted f16
+/// queries and where K and V rows start.
+pub struct F16Rows<'a> {
     /// Cell 0's K row of this KV head, and the byte stride between cells.
     pub k: &'a [u8],
     pub k_stride: usize,
@@ -160,36 +160,70 @@ pub struct F16Row<'a> {
     pub v_stride: usize,
     pub dk: usize,
     pub dv: usize,
-    /// The query as f16 bytes (`dk` values).
-    pub q: &'a [u8],
+    /// Per head, the query as f16 bytes (`dk` values).
+    pub q: &'a [&'a [u8]],
     /// The score scale (already divided by the cap when soft-capping).
     pub scale: f32,
     pub softcap: f32,
 }
 
-/// Runs [`F16Row`]'s online softmax over `cells` (`(cell, mask value)`, masked cells left out),
-/// writing the unnormalized output (the f16 accumulator, widened) to `out` (`dv` values) and
-/// returning `(M, S)`, or `None` when this machine or `dv` has no register-resident kernel
-/// (the caller then runs the generic loop, which gives the same bits).
-pub fn f16_row_online(
-    r: &F16Row<'_>,
-    cells: &mut dyn Iterator<Item = (usize, f32)>,
-    out: &mut [f32],
-) -> Option<(f32, f32)> {
+/// Heads [`f16_rows_online`] takes in one pass.
+pub const MAX_ROWS_HEADS: usize = 4;
+
+/// Whether [`f16_rows_online`] has a kernel for these head sizes on this machine.
+pub fn f16_rows_online_supported(dk: usize, dv: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        // SAFETY: AVX2/FMA/F16C present; the rows are bounds-checked per cell inside.
-        return unsafe {
-            match r.dv {
-                64 => Some(avx2::f16_row_online::<8>(r, cells, out)),
-                128 => Some(avx2::f16_row_online::<16>(r, cells, out)),
-                256 => Some(avx2::f16_row_online::<32>(r, cells, out)),
-                _ => None,
-            }
-        };
+        return dk <= 256 && matches!(dv, 64 | 128 | 256);
+    }
+    let _ = (dk, dv);
+    false
+}
+
+/// Runs [`F16Rows`]'s online softmax for each head over `cells` (`(cell, mask value)`,
+/// masked cells left out; head `g` adds `slopes[g] * mask value`), writing head `g`'s
+/// unnormalized output (the f16 accumulator, widened) to `out[g * dv..][..dv]` and its
+/// `(M, S)` to `states[g]`. Returns `false` when this machine, `dv`, `dk` or the head count
+/// has no register-resident kernel (the caller then runs the generic loop, which gives the
+/// same bits).
+pub fn f16_rows_online(
+    r: &F16Rows<'_>,
+    cells: &mut dyn Iterator<Item = (usize, f32)>,
+    slopes: &[f32],
+    out: &mut [f32],
+    states: &mut [(f32, f32)],
+) -> bool {
+    let g = r.q.len();
+    if r.dk > 256 || slopes.len() != g || states.len() != g || out.len() < g * r.dv {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        macro_rules! run {
+            ($nv:literal) => {
+                // SAFETY: AVX2/FMA/F16C present; `out` holds `g * dv` values and the K and
+                // V rows are bounds-checked per cell inside.
+                unsafe {
+                    match g {
+                        1 => avx2::f16_rows_online::<$nv, 1>(r, cells, slopes, out, states),
+                        2 => avx2::f16_rows_online::<$nv, 2>(r, cells, slopes, out, states),
+                        3 => avx2::f16_rows_online::<$nv, 3>(r, cells, slopes, out, states),
+                        4 => avx2::f16_rows_online::<$nv, 4>(r, cells, slopes, out, states),
+                        _ => return false,
+                    }
+                }
+            };
+        }
+        match r.dv {
+            64 => run!(8),
+            128 => run!(16),
+            256 => run!(32),
+            _ => return false,
+        }
+        return true;
     }
     let _ = (r, cells, out);
-    None
+    false
 }
 
 /// `dst[e * stride + col0 + r] = src[r * n + e]` for rows `r < g` (at most 8) and `e < n`:

@@ -780,3 +780,73 @@ fn transpose_into_matches_its_definition() {
         }
     }
 }
+
+/// `fattn::f16_rows_online` against `_one_chunk`'s scalar steps, one head at a time: 1 to 4
+/// heads sharing the K and V rows, every head size it takes, cells out of order with gaps,
+/// per-head slopes, masks of 0, -inf-free finite values, and scores whose maximum moves.
+#[test]
+fn f16_rows_online_matches_the_scalar_steps() {
+    use super::fattn::{F16Rows, f16_rows_online, mad_f16_scalar, scale_f16_scalar};
+    use super::fdot::vec_dot_f16_scalar;
+    if !super::fattn::f16_rows_online_supported(64, 64) {
+        return;
+    }
+    let mut rng = Rng(0x5eed_fa11);
+    for &(dk, dv) in &[(64, 64), (80, 128), (256, 256), (96, 64)] {
+        for g in 1..=super::fattn::MAX_ROWS_HEADS {
+            let (n_kv, stride_k, stride_v) = (70, 2 * dk + 32, 2 * dv + 64);
+            let f16s = |rng: &mut Rng, n: usize, s: f32| -> Vec<u8> {
+                (0..n).flat_map(|_| rng.f16(s)).collect()
+            };
+            let k = f16s(&mut rng, n_kv * stride_k / 2, 1.0);
+            let v = f16s(&mut rng, n_kv * stride_v / 2, 2.0);
+            let qs: Vec<Vec<u8>> = (0..g).map(|_| f16s(&mut rng, dk, 1.5)).collect();
+            let qrefs: Vec<&[u8]> = qs.iter().map(|q| &q[..]).collect();
+            let slopes: Vec<f32> = (0..g).map(|h| 1.0 / (1 + h) as f32).collect();
+            // Every third cell left out; a few masks are finite non-zero values (ALiBi-like).
+            let cells: Vec<(usize, f32)> = (0..n_kv)
+                .filter(|c| c % 3 != 1)
+                .map(|c| (c, if c % 7 == 0 { -(c as f32) / 8.0 } else { 0.0 }))
+                .collect();
+            let r = F16Rows {
+                k: &k,
+                k_stride: stride_k,
+                v: &v,
+                v_stride: stride_v,
+                dk,
+                dv,
+                q: &qrefs,
+                scale: 0.125,
+                softcap: 0.0,
+            };
+            let mut out = vec![0f32; g * dv];
+            let mut states = vec![(0f32, 0f32); g];
+            let mut it = cells.iter().copied();
+            assert!(f16_rows_online(&r, &mut it, &slopes, &mut out, &mut states));
+            for h in 0..g {
+                let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+                let mut acc = vec![0u16; dv];
+                for &(c, mval) in &cells {
+                    let krow = &k[c * stride_k..][..2 * dk];
+                    let mut sc = vec_dot_f16_scalar(dk, krow, &qs[h]) * r.scale;
+                    sc += slopes[h] * mval;
+                    let (mut ms, mut vs) = (1f32, 1f32);
+                    if sc > m {
+                        ms = (m - sc).exp();
+                        m = sc;
+                        scale_f16_scalar(&mut acc, ms);
+                    } else {
+                        vs = (sc - m).exp();
+                    }
+                    mad_f16_scalar(&mut acc, &v[c * stride_v..][..2 * dv], vs);
+                    s = s.mul_add(ms, vs);
+                }
+                let want: Vec<f32> = acc.iter().map(|&x| fp16_to_fp32(x)).collect();
+                let ctx = format!("dk {dk} dv {dv} heads {g} head {h}");
+                assert_eq!(bits(&out[h * dv..][..dv]), bits(&want), "{ctx}");
+                assert_eq!(states[h].0.to_bits(), m.to_bits(), "{ctx}: M");
+                assert_eq!(states[h].1.to_bits(), s.to_bits(), "{ctx}: S");
+            }
+        }
+    }
+}

@@ -44,97 +44,165 @@ pub unsafe fn mad_f32(y: &mut [f32], x: &[f32], v: f32) {
     }
 }
 
-/// Cells whose scores [`f16_row_online`] computes ahead of their softmax steps.
+/// Cells whose scores [`f16_rows_online`] computes ahead of their softmax steps.
 const SCORE_BATCH: usize = 8;
 
-/// [`crate::kernels::fattn::f16_row_online`] with the accumulator held as `NV` vectors of f32 values that
-/// are always exactly f16 (each step rounds through `vcvtps2ph`, as ggml's store does), so
-/// no accumulator round trip goes through memory. The scores of up to [`SCORE_BATCH`] cells
-/// are computed before their softmax steps (each as `ggml_vec_dot_f16` forms it, the query
-/// widened once): independent dots overlap, where one dot per step left each step waiting
-/// on its dot's reduction.
+/// Batches whose K and V rows are prefetched ahead of the one computing.
+const AHEAD: usize = 1;
+
+/// [`crate::kernels::fattn::f16_rows_online`] for `G` query heads (all of `r.q`) with the
+/// accumulators held as `NV` vectors of f32 values that are always exactly f16 (each step
+/// rounds through `vcvtps2ph`, as ggml's store does), so no accumulator round trip goes
+/// through memory. Each head's arithmetic is its own row's, in the same order: the heads
+/// share only the loads and widening of the K and V rows (the heads of one KV head read the
+/// same cells). The scores of up to [`SCORE_BATCH`] cells are computed before their softmax
+/// steps (each as `ggml_vec_dot_f16` forms it, the query widened once): independent dots
+/// overlap, where one dot per step left each step waiting on its dot's reduction.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn f16_row_online<const NV: usize>(
-    r: &crate::kernels::fattn::F16Row<'_>,
+pub unsafe fn f16_rows_online<const NV: usize, const G: usize>(
+    r: &crate::kernels::fattn::F16Rows<'_>,
     cells: &mut dyn Iterator<Item = (usize, f32)>,
+    slopes: &[f32],
     out: &mut [f32],
-) -> (f32, f32) {
+    states: &mut [(f32, f32)],
+) {
     #[inline(always)]
     unsafe fn round16(x: __m256) -> __m256 {
         // SAFETY: register-only; F16C enabled by the caller.
         unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)) }
     }
-    // The query widened to f32 (the values `vec_dot_f16` converts at each call).
-    let mut qf = [0f32; 256];
-    let dk = r.dk.min(qf.len());
-    for (i, v) in qf.iter_mut().enumerate().take(dk) {
-        *v = crate::kernels::fdot::f16s(r.q, i);
+    const QMAX: usize = 256;
+    let dk = r.dk;
+    debug_assert!(dk <= QMAX && r.q.len() == G && slopes.len() == G);
+    // The queries widened to f32 (the values `vec_dot_f16` converts at each call).
+    let mut qf = [[0f32; QMAX]; G];
+    for (qg, q) in qf.iter_mut().zip(r.q) {
+        for (i, v) in qg.iter_mut().enumerate().take(dk) {
+            *v = crate::kernels::fdot::f16s(q, i);
+        }
     }
-    let mut acc = [_mm256_setzero_ps(); NV];
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-    let mut batch = [(0usize, 0f32); SCORE_BATCH];
-    let mut scores = [0f32; SCORE_BATCH];
-    loop {
+    let np = dk & !31;
+    let mut acc = [[_mm256_setzero_ps(); NV]; G];
+    let mut m = [f32::NEG_INFINITY; G];
+    let mut s = [0f32; G];
+    let mut ring = [[(0usize, 0f32); SCORE_BATCH]; AHEAD + 1];
+    let mut counts = [0usize; AHEAD + 1];
+    let mut scores = [[0f32; SCORE_BATCH]; G];
+    let fill = |b: &mut [(usize, f32); SCORE_BATCH],
+                cells: &mut dyn Iterator<Item = (usize, f32)>| {
         let mut n = 0;
         while n < SCORE_BATCH {
             let Some(c) = cells.next() else { break };
-            batch[n] = c;
+            b[n] = c;
             n += 1;
         }
-        if n == 0 {
-            break;
+        n
+    };
+    // The next batch's K and V rows are asked for while this batch computes: between decode
+    // steps the weights stream through the caches and evict the KV cells.
+    let prefetch = |b: &[(usize, f32)]| {
+        for &(ic, _) in b {
+            let (k0, v0) = (ic * r.k_stride, ic * r.v_stride);
+            for off in (0..2 * dk).step_by(64) {
+                // SAFETY: a prefetch of an address inside `r.k` (no access is made).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(r.k.as_ptr().add(k0 + off) as *const i8) };
+            }
+            for off in (0..2 * 8 * NV).step_by(64) {
+                // SAFETY: as above, inside `r.v`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(r.v.as_ptr().add(v0 + off) as *const i8) };
+            }
         }
-        for (sc, &(ic, _)) in scores.iter_mut().zip(&batch).take(n) {
-            let krow = &r.k[ic * r.k_stride..][..2 * r.dk];
-            *sc = if r.dk <= qf.len() {
-                // SAFETY: `krow` holds `dk` f16 values and `qf` `dk` f32 values; AVX2 present.
-                unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, &qf[..]) }
-            } else {
-                // SAFETY: `krow` and `q` hold `dk` f16 values; AVX2 present.
-                unsafe { crate::kernels::fdot::avx2::vec_dot_f16(r.dk, krow, r.q) }
-            };
+    };
+    // The batches `AHEAD` ahead are filled (and their rows asked for) before this one runs.
+    let mut more = true;
+    for k in 0..AHEAD + 1 {
+        if more {
+            counts[k] = fill(&mut ring[k], cells);
+            more = counts[k] == SCORE_BATCH;
+            prefetch(&ring[k][..counts[k]]);
         }
-        for (&sc0, &(ic, mv)) in scores.iter().zip(&batch).take(n) {
+    }
+    let mut cur = 0;
+    while counts[cur] > 0 {
+        let (n, batch) = (counts[cur], ring[cur]);
+        counts[cur] = 0;
+        if more {
+            counts[cur] = fill(&mut ring[cur], cells);
+            more = counts[cur] == SCORE_BATCH;
+            prefetch(&ring[cur][..counts[cur]]);
+        }
+        cur = (cur + 1) % (AHEAD + 1);
+        for (c, &(ic, _)) in batch.iter().enumerate().take(n) {
+            let krow = &r.k[ic * r.k_stride..][..2 * dk];
+            // `ggml_vec_dot_f16` per head: four 8-lane FMA chains over steps of 32,
+            // reduced, the leftovers in `double`; the K values widened once for all heads.
+            let mut sv = [[_mm256_setzero_ps(); 4]; G];
+            for i in (0..np).step_by(32) {
+                for j in 0..4 {
+                    let k = i + 8 * j;
+                    // SAFETY: `k + 8 <= np <= dk`: inside `krow` and each `qf` row.
+                    unsafe {
+                        let kv = _mm256_cvtph_ps(_mm_loadu_si128(
+                            krow.as_ptr().add(2 * k) as *const __m128i
+                        ));
+                        for (sg, qg) in sv.iter_mut().zip(&qf) {
+                            sg[j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qg.as_ptr().add(k)), sg[j]);
+                        }
+                    }
+                }
+            }
+            for g in 0..G {
+                // SAFETY: register-only.
+                let mut sumf = f64::from(unsafe { super::fdot::reduce4(sv[g]) });
+                for i in np..dk {
+                    sumf += f64::from(crate::kernels::fdot::f16s(krow, i) * qf[g][i]);
+                }
+                scores[g][c] = sumf as f32;
+            }
+        }
+        for (c, &(ic, mval)) in batch.iter().enumerate().take(n) {
             let vrow = &r.v[ic * r.v_stride..][..2 * NV * 8];
-            let mut sc = sc0 * r.scale;
-            if r.softcap != 0.0 {
-                sc = r.softcap * sc.tanh();
+            let mut vx = [_mm256_setzero_ps(); NV];
+            for (j, x) in vx.iter_mut().enumerate() {
+                // SAFETY: 8 f16 values at `8 * j < 8 * NV = dv` within `vrow`.
+                *x = unsafe {
+                    _mm256_cvtph_ps(_mm_loadu_si128(vrow.as_ptr().add(16 * j) as *const __m128i))
+                };
             }
-            sc += mv;
-            let (mut ms, mut vs) = (1f32, 1f32);
-            // SAFETY (both blocks): register arithmetic, and loads of 8 f16 values at
-            // `8 * j < 8 * NV = dv` within `vrow`.
-            if sc > m {
-                let m_old = m;
-                m = sc;
-                ms = (m_old - m).exp();
-                let vms = _mm256_set1_ps(ms);
-                for a in acc.iter_mut() {
-                    *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+            for g in 0..G {
+                let mut sc = scores[g][c] * r.scale;
+                if r.softcap != 0.0 {
+                    sc = r.softcap * sc.tanh();
                 }
-            } else {
-                vs = (sc - m).exp();
-            }
-            let vvs = _mm256_set1_ps(vs);
-            for (j, a) in acc.iter_mut().enumerate() {
-                unsafe {
-                    let x = _mm256_cvtph_ps(_mm_loadu_si128(
-                        vrow.as_ptr().add(16 * j) as *const __m128i
-                    ));
-                    *a = round16(_mm256_fmadd_ps(x, vvs, *a));
+                sc += slopes[g] * mval;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                // SAFETY (both blocks): register arithmetic.
+                if sc > m[g] {
+                    let m_old = m[g];
+                    m[g] = sc;
+                    ms = (m_old - sc).exp();
+                    let vms = _mm256_set1_ps(ms);
+                    for a in acc[g].iter_mut() {
+                        *a = unsafe { round16(_mm256_mul_ps(*a, vms)) };
+                    }
+                } else {
+                    vs = (sc - m[g]).exp();
                 }
+                let vvs = _mm256_set1_ps(vs);
+                for (a, &x) in acc[g].iter_mut().zip(&vx) {
+                    *a = unsafe { round16(_mm256_fmadd_ps(x, vvs, *a)) };
+                }
+                s[g] = s[g].mul_add(ms, vs);
             }
-            s = s.mul_add(ms, vs);
-        }
-        if n < SCORE_BATCH {
-            break;
         }
     }
-    for (j, a) in acc.iter().enumerate() {
-        // SAFETY: `out` holds `dv = 8 * NV` values.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *a) };
+    for g in 0..G {
+        for (j, a) in acc[g].iter().enumerate() {
+            // SAFETY: `out` holds `G * dv` values, `dv = 8 * NV`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(g * 8 * NV + 8 * j), *a) };
+        }
+        states[g] = (m[g], s[g]);
     }
-    (m, s)
 }
 
 /// `ggml_vec_dot_bf16`'s AVX2 branch: four 8-lane FMA accumulators over steps of 32,

@@ -4,7 +4,7 @@ use crate::kernels::x86::hsum_float_8;
 use std::arch::x86_64::*;
 
 #[inline(always)]
-unsafe fn reduce4(s: [__m256; 4]) -> f32 {
+pub(super) unsafe fn reduce4(s: [__m256; 4]) -> f32 {
     // SAFETY: register-only intrinsics; AVX enabled by the caller.
     unsafe {
         let a = _mm256_add_ps(s[0], s[2]);
