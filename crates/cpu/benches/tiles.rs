@@ -133,7 +133,7 @@ fn bytemuck_bytes(buf: &mut [u32], len: usize) -> &mut [u8] {
 }
 
 /// A decode step's products with weights from memory: 96 MiB of Q4_1, Q5_0 or Q8_0 rows
-/// (SmolLM2's, Gemma 3's k; SmolLM2's Q8_0 output), 64 rows per `dot_tile` call, against 4, 2
+/// (SmolLM2's, Gemma 3's k; SmolLM2's Q8_0 output), 64 rows per `dot_tile` call, against 8, 4, 2
 /// or 1 activation rows; the best pass of each batch, as weight bytes per second.
 fn bench_stream(c: &mut Criterion) {
     let mut g = c.benchmark_group("stream");
@@ -146,7 +146,7 @@ fn bench_stream(c: &mut Criterion) {
         let m = (96 << 20) / row / 64 * 64;
         let w = weights(&mut rng, dtype, m, k);
         let wrows: Vec<&[u8]> = w.chunks_exact(row).collect();
-        for n in [4usize, 2, 1] {
+        for n in [8usize, 4, 2, 1] {
             let plan = MatMul::plan(table(), dtype, 64, n, k, true, true).expect("a kernel");
             let (mut abuf, arow) = activations(&mut rng, &plan, n, k);
             let arows: Vec<&[u8]> = bytemuck_bytes(&mut abuf, arow * n)

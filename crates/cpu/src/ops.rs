@@ -797,17 +797,19 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         return;
     }
     let groups = m.div_ceil(WR);
-    // At most one activation group (token generation, a decode step of up to 4 slots; no
-    // mask, one kernel for all rows): several weight-row groups of one plane per call, so the
-    // per-call work (checks, dispatch, the kernels' activation tables) is spread over more
-    // rows; every output has the same kernel and bits either way.
+    // Few activation rows (token generation, a decode step of several slots; no mask, one
+    // kernel for all rows): several weight-row groups of one plane per call, so the per-call
+    // work (checks, dispatch, the kernels' activation tables, the rows-in-lanes tiles' groups
+    // of 16 weight rows) is spread over more rows; every output has the same kernel and bits
+    // either way. (With 8 weight rows a call, 8 activation rows ran at a third of the speed
+    // of 4: half of each 16-row group was padding and the tables were rebuilt per call.)
     const GEMV_GROUPS: usize = 8;
-    let per_call = if (1..=AR).contains(&n) && mask.is_none() && (boundary == 0 || boundary == n) {
+    let per_call = if mask.is_none() && (boundary == 0 || boundary == n) {
         GEMV_GROUPS
     } else {
         1
     };
-    let mut gemv_out = [0f32; WR * GEMV_GROUPS * AR];
+    let mut gemv_out = [0f32; WR * GEMV_GROUPS * CALL];
     let range = split(groups * planes, ctx.ith, ctx.nth);
     let mut t = range.start;
     while t < range.end {
@@ -826,14 +828,17 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             let rm = (g1 * WR).min(m) - i0;
             let mut w = [&[] as &[u8]; WR * GEMV_GROUPS];
             fill_wrows(&mut w[..rm], i0, i12, i13);
-            let out = &mut gemv_out[..rm * n];
-            let acts = arows(0, n, i12, i13);
-            let k = plan.trimmed_k(k, &acts[..n]);
-            plan.dot_tile(k, &w[..rm], &acts[..n], 0, out);
-            for (j, col) in out.chunks_exact(rm).enumerate() {
-                // SAFETY: dst elements (i0..i0 + rm, j, i12, i13) belong to tasks this thread
-                // runs only.
-                unsafe { d.set_run([i0, j, i12, i13], col) };
+            for j0 in (0..n).step_by(CALL) {
+                let rn = CALL.min(n - j0);
+                let out = &mut gemv_out[..rm * rn];
+                let acts = arows(j0, rn, i12, i13);
+                let k = plan.trimmed_k(k, &acts[..rn]);
+                plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out);
+                for (j, col) in out.chunks_exact(rm).enumerate() {
+                    // SAFETY: dst elements (i0..i0 + rm, j0 + j, i12, i13) belong to tasks
+                    // this thread runs only.
+                    unsafe { d.set_run([i0, j0 + j, i12, i13], col) };
+                }
             }
             continue;
         }

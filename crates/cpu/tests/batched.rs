@@ -194,13 +194,14 @@ fn batched_mul_mat_planes_match_scalar_kernels() {
 
 /// A larger K so the tiles run many blocks per output (rows a multiple of 8 and not; 100
 /// rows: calls of up to 64 weight rows, cut before the short last group, in a prompt-sized
-/// product and a 3-row decode step).
+/// product, a 3-row decode step and, with 3 threads, 20 rows split over the weight rows in
+/// calls of 16 and 4 activation rows).
 #[test]
 fn batched_mul_mat_long_rows_match_scalar_kernels() {
     let mut seed = 2000;
     for dtype in WEIGHT_TYPES {
         let k = 8 * k_for(dtype);
-        for (m, n) in [(40, 33), (36, 5), (8, 1), (100, 3), (100, 130)] {
+        for (m, n) in [(40, 33), (36, 5), (8, 1), (100, 3), (100, 20), (100, 130)] {
             seed += 1;
             check(dtype, k, m, n, 1, 1, seed);
         }
