@@ -71,6 +71,7 @@ fn bench_tiles(c: &mut Criterion) {
         (DType::Q5_0, 640),
         (DType::Q8_0, 1024),
         (DType::Q4_1, 1024),
+        (DType::Q4_1, 1536),
         (DType::Q4_K, 1024),
         (DType::Q6_K, 1024),
         (DType::F16, 256),

@@ -399,7 +399,8 @@ fn tiles_match_scalar() {
         .filter(|&t| t != DType::BF16)
         .collect();
     // 32-value blocks also at 20 blocks a row (Gemma 3's k = 640) and at 41: past the
-    // kernels' 32-block scale chunks and tables.
+    // kernels' 32-block scale chunks and tables (64 × 30: the rows-in-lanes tiles decode
+    // each group again per chunk of 24 activation rows).
     let cases = types.into_iter().flat_map(|dtype| {
         let qk = dtype.block_size() as usize;
         let k = if qk == 1 { 72 } else { 3 * qk.max(32) };
@@ -425,6 +426,7 @@ fn tiles_match_scalar() {
             (8, 70),
             (36, 70),
             (64, 18),
+            (64, 30),
             (64, 3),
             (40, 1),
         ] {

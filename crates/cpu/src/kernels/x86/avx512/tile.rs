@@ -520,12 +520,14 @@ unsafe fn q1<const T: u8, const RN: usize>(
     }
 }
 
-/// Blocks per row (k up to 1024) for which [`q0_rows16`] takes any number of activation
-/// rows; its per-call tables live on the stack, sized for this many blocks per weight-row
-/// group ([`ROWS16_W`] / 16 groups) and per activation row ([`ROWS16_A`] rows).
+/// Blocks per row (k up to 1024) for which [`q0_rows16`] decodes every group of weight rows
+/// once per call; its per-call tables live on the stack, sized for this many blocks per
+/// weight-row group ([`ROWS16_W`] / 16 groups) and per activation row ([`ROWS16_A`] rows).
 pub(crate) const ROWS16_BLOCKS: usize = 32;
-/// Longest rows (k up to 2048) [`q0_rows16`] takes, with as few activation rows as one
-/// chunk of the tables holds (a decode step's: `ffn_down`, k = 1536 for SmolLM2).
+/// Longest rows (k up to 2048) [`q0_rows16`] takes (`ffn_down`, k = 1536 for SmolLM2): each
+/// group decoded into one table slot right before its products, again for every chunk of
+/// activation rows (k = 1536, 128 rows, one Zen 4 core: 85 against the offset tiles' 60
+/// GMAC/s).
 const ROWS16_MAX_BLOCKS: usize = 64;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
 const ROWS16_W: usize = 64;
@@ -551,8 +553,7 @@ fn rows16_chunk(nb: usize) -> usize {
 
 /// Whether [`q0_rows16`] takes this product: a Q0 type under `ggml_vec_dot_*`/tinyBLAS_Q0
 /// (Q4_0, Q5_0, Q8_0, IQ4_NL) or Q4_1/Q5_1, whole groups of 8 weight rows, at least
-/// [`ROWS16_MIN_A`] activation rows; rows longer than [`ROWS16_BLOCKS`] blocks only with
-/// one chunk of activation rows (decoded group by group, one table slot).
+/// [`ROWS16_MIN_A`] activation rows, rows of up to [`ROWS16_MAX_BLOCKS`] blocks.
 pub(crate) fn rows16_covers(
     kind: crate::kernels::tile::TileKind,
     nb: usize,
@@ -562,7 +563,7 @@ pub(crate) fn rows16_covers(
     matches!(
         kind,
         crate::kernels::tile::TileKind::Q0(_) | crate::kernels::tile::TileKind::Q1(_)
-    ) && (nb <= ROWS16_BLOCKS || (nb <= ROWS16_MAX_BLOCKS && na <= rows16_chunk(nb)))
+    ) && nb <= ROWS16_MAX_BLOCKS
         && nw.is_multiple_of(8)
         && nw <= ROWS16_W
         && na >= ROWS16_MIN_A
@@ -653,13 +654,16 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
     // keeps `ng * nb` (all groups decoded) or `nb` (one slot) within the weight tables and
     // `chunk * nb` within the activation tables; every entry is written before it is read.
     unsafe {
-        // With one chunk of activation rows each group of weight rows is decoded right
-        // before its products, into one table slot that stays in L1; with more, every group
-        // is decoded once for all the chunks.
+        // With one chunk of activation rows (or rows too long for the tables to hold every
+        // group) each group of weight rows is decoded right before its products, into one
+        // table slot that stays in L1; otherwise every group is decoded once for all the
+        // chunks.
         // Activation rows a chunk of the tables holds, and the tables' stride per group and
         // per activation row: `nb` entries.
         let chunk = rows16_chunk(nb);
-        let single = na <= chunk;
+        // Rows longer than the tables hold for all groups: each chunk decodes the groups
+        // again (a decode is a few percent of 16+ activation rows' products).
+        let single = na <= chunk || nb > ROWS16_BLOCKS;
         let decode = |g: usize, slot: usize| {
             // A short last group repeats its last row (those outputs are not stored).
             let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
