@@ -287,11 +287,17 @@ impl FlashPlan {
         }
     }
 
-    /// Whether the rows path takes the query heads of each KV head together
-    /// ([`FlashPlan::rows_grouped`]): several heads share each KV head, K and V are f16 with
-    /// no soft cap and cell lists are on, and the `(KV head, head part, query row)` tasks
-    /// split evenly over `nth` threads. Then `(tasks, parts per KV head, heads per part)`.
-    fn grouped_tasks(&self, nth: usize, softcap: f32) -> Option<(usize, usize, usize)> {
+    /// Whether the rows and split paths take the query heads of each KV head together
+    /// ([`FlashPlan::heads_online`]): several heads share each KV head, K and V are f16 with
+    /// no soft cap and cell lists are on, and the `(KV head, head part, query row or cell
+    /// chunk)` tasks, `rows` per head part, split evenly over `nth` threads. Then `(tasks,
+    /// parts per KV head, heads per part)`.
+    fn grouped_tasks(
+        &self,
+        nth: usize,
+        softcap: f32,
+        rows: usize,
+    ) -> Option<(usize, usize, usize)> {
         let f16 = self.k.l.dtype == DType::F16 && self.v.l.dtype == DType::F16;
         let takes = self.lists
             && f16
@@ -303,7 +309,7 @@ impl FlashPlan {
         }
         let parts = self.group.div_ceil(fattn::MAX_ROWS_HEADS);
         let per = self.group.div_ceil(parts);
-        let tasks = self.n_head / self.group * parts * self.n_q;
+        let tasks = self.n_head / self.group * parts * rows;
         (tasks >= nth && (tasks.is_multiple_of(nth) || tasks >= 4 * nth))
             .then_some((tasks, parts, per))
     }
@@ -367,8 +373,10 @@ pub(crate) fn compute(
         ctx.barrier.wait();
     }
     match p.path {
-        Path::Rows if p.grouped_tasks(ctx.nth, prm.softcap).is_some() => {
-            let (tasks, parts, per) = p.grouped_tasks(ctx.nth, prm.softcap).unwrap_or_default();
+        Path::Rows if p.grouped_tasks(ctx.nth, prm.softcap, p.n_q).is_some() => {
+            let (tasks, parts, per) = p
+                .grouped_tasks(ctx.nth, prm.softcap, p.n_q)
+                .unwrap_or_default();
             for t in split(tasks, ctx.ith, ctx.nth) {
                 // A query row's KV heads in turn: their K and V rows share cache lines
                 // (one cell's heads are adjacent) and DRAM pages.
@@ -380,7 +388,8 @@ pub(crate) fn compute(
                 // the lists are complete.
                 unsafe {
                     let cells = p.list(i, work, lists_off).unwrap_or_default();
-                    if !p.rows_grouped(&prm, node.dst, heads.clone(), i, cells) {
+                    let finish = |h, st, acc: &mut [f32]| p.finish_row(node.dst, h, i, st, acc);
+                    if !p.heads_online(&prm, heads.clone(), i, cells, true, finish) {
                         for h in heads {
                             let cells = p.list(i, work, lists_off);
                             let (st, acc) = p.row_chunk(&prm, h, i, 0, p.n_kv, cells, work, base);
@@ -420,10 +429,10 @@ pub(crate) fn compute(
             let cs = p.n_kv.div_ceil(chunks);
             let pbase = ctx.nth * p.per_thread();
             let pstride = 2 + p.dv;
-            for t in split(p.n_head * chunks, ctx.ith, ctx.nth) {
-                let (h, c) = (t / chunks, t % chunks);
+            // Head `h`'s partial state over chunk `c`, computed alone.
+            let one = |h: usize, c: usize| {
                 let c0 = c * cs;
-                // SAFETY: partial (h, c) is written by task t only; this thread's scratch.
+                // SAFETY: partial (h, c) is written by this task only; this thread's scratch.
                 unsafe {
                     let part = work.f32s(pbase + 4 * (h * chunks + c) * pstride, pstride);
                     if c0 < p.n_kv {
@@ -437,6 +446,40 @@ pub(crate) fn compute(
                         part[0] = f32::NEG_INFINITY;
                         part[1] = 0.0;
                     }
+                }
+            };
+            if let Some((tasks, parts, per)) = p.grouped_tasks(ctx.nth, prm.softcap, chunks) {
+                // The query heads of one KV head together, as on the rows path.
+                for t in split(tasks, ctx.ith, ctx.nth) {
+                    let (hg, c) = (t / chunks, t % chunks);
+                    let (hkv, part) = (hg / parts, hg % parts);
+                    let h0 = hkv * p.group + part * per;
+                    let heads = h0..(h0 + per).min((hkv + 1) * p.group);
+                    let (c0, c1) = (c * cs, ((c + 1) * cs).min(p.n_kv));
+                    // SAFETY: the lists are complete; partials (heads, c) are this task's.
+                    let took = c0 < p.n_kv
+                        && unsafe {
+                            let list = p.list(0, work, lists_off).unwrap_or_default();
+                            let lo = list.partition_point(|&x| (x as usize) < c0);
+                            let hi = list.partition_point(|&x| (x as usize) < c1);
+                            let write = |h: usize, st: RowState, acc: &mut [f32]| {
+                                let part =
+                                    work.f32s(pbase + 4 * (h * chunks + c) * pstride, pstride);
+                                part[0] = st.m;
+                                part[1] = st.s;
+                                part[2..].copy_from_slice(acc);
+                            };
+                            p.heads_online(&prm, heads.clone(), 0, &list[lo..hi], c0 == 0, write)
+                        };
+                    if !took {
+                        for h in heads {
+                            one(h, c);
+                        }
+                    }
+                }
+            } else {
+                for t in split(p.n_head * chunks, ctx.ith, ctx.nth) {
+                    one(t / chunks, t % chunks);
                 }
             }
             ctx.barrier.wait();
@@ -628,20 +671,22 @@ impl FlashPlan {
         }
     }
 
-    /// Heads `heads` (of one KV head) of query row `i` in one pass over the row's `cells`:
-    /// each head's output is the one [`FlashPlan::row_chunk`] and
-    /// [`FlashPlan::finish_row`] give, with each K and V row loaded once for all of them.
-    /// Returns `false` (nothing written) when the kernel does not take these shapes.
+    /// Heads `heads` (of one KV head) of query row `i` in one pass over `cells` (some of the
+    /// row's cells, in order): each head's softmax state and unnormalized output, handed to
+    /// `done(head, state, output)`, are the ones [`FlashPlan::row_chunk`] gives for the same
+    /// cells (sinks applied when `sink`), with each K and V row loaded once for all heads.
+    /// Returns `false` (`done` not called) when the kernel does not take these shapes.
     ///
     /// # Safety
-    /// dst rows `(heads, i)` are this thread's; the sources are read-only during the node.
-    unsafe fn rows_grouped(
+    /// The sources are read-only during the node; `done` may write what this thread owns.
+    unsafe fn heads_online(
         &self,
         prm: &Params,
-        d: TView,
         heads: std::ops::Range<usize>,
         i: usize,
         cells: &[u32],
+        sink: bool,
+        mut done: impl FnMut(usize, RowState, &mut [f32]),
     ) -> bool {
         const G: usize = fattn::MAX_ROWS_HEADS;
         let (dk, dv, g) = (self.dk, self.dv, heads.len());
@@ -692,10 +737,11 @@ impl FlashPlan {
                 m: states[k].0,
                 s: states[k].1,
             };
-            unsafe {
-                self.apply_sink(h, &mut st, acc);
-                self.finish_row(d, h, i, st, acc);
+            if sink {
+                // SAFETY: the sinks are read-only during the node.
+                unsafe { self.apply_sink(h, &mut st, acc) };
             }
+            done(h, st, acc);
         }
         true
     }
