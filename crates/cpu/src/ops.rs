@@ -801,8 +801,8 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // kernel for all rows): several weight-row groups of one plane per call, so the per-call
     // work (checks, dispatch, the kernels' activation tables, the rows-in-lanes tiles' groups
     // of 16 weight rows) is spread over more rows; every output has the same kernel and bits
-    // either way. (With 8 weight rows a call, 8 activation rows ran at a third of the speed
-    // of 4: half of each 16-row group was padding and the tables were rebuilt per call.)
+    // either way. (With 8 weight rows a call, a step of 8 slots cost 2.9 times one of 4:
+    // half of each 16-row group was padding and the tables were rebuilt per call.)
     const GEMV_GROUPS: usize = 8;
     let per_call = if mask.is_none() && (boundary == 0 || boundary == n) {
         GEMV_GROUPS

@@ -526,7 +526,7 @@ unsafe fn q1<const T: u8, const RN: usize>(
 pub(crate) const ROWS16_BLOCKS: usize = 32;
 /// Longest rows (k up to 2048) [`q0_rows16`] takes (`ffn_down`, k = 1536 for SmolLM2): each
 /// group decoded into one table slot right before its products, again for every chunk of
-/// activation rows (k = 1536, 128 rows, one Zen 4 core: 85 against the offset tiles' 60
+/// activation rows (k = 1536, 128 rows, one Zen 4 core: 86 against the offset tiles' 60
 /// GMAC/s).
 const ROWS16_MAX_BLOCKS: usize = 64;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
