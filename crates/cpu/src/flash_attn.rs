@@ -372,11 +372,12 @@ pub(crate) fn compute(
         unsafe { p.build_spans(split(p.n_q, ctx.ith, ctx.nth), work, spans_off) };
         ctx.barrier.wait();
     }
+    let rows_grouped = match p.path {
+        Path::Rows => p.grouped_tasks(ctx.nth, prm.softcap, p.n_q),
+        _ => None,
+    };
     match p.path {
-        Path::Rows if p.grouped_tasks(ctx.nth, prm.softcap, p.n_q).is_some() => {
-            let (tasks, parts, per) = p
-                .grouped_tasks(ctx.nth, prm.softcap, p.n_q)
-                .unwrap_or_default();
+        Path::Rows if let Some((tasks, parts, per)) = rows_grouped => {
             for t in split(tasks, ctx.ith, ctx.nth) {
                 // A query row's KV heads in turn: their K and V rows share cache lines
                 // (one cell's heads are adjacent) and DRAM pages.

@@ -81,7 +81,7 @@ pub unsafe fn f16_rows_online<const NV: usize, const G: usize>(
             *v = crate::kernels::fdot::f16s(q, i);
         }
     }
-    let np = dk & !31;
+    let qs: [&[f32]; G] = std::array::from_fn(|g| &qf[g][..dk]);
     let mut acc = [[_mm256_setzero_ps(); NV]; G];
     let mut m = [f32::NEG_INFINITY; G];
     let mut s = [0f32; G];
@@ -134,30 +134,10 @@ pub unsafe fn f16_rows_online<const NV: usize, const G: usize>(
         cur = (cur + 1) % (AHEAD + 1);
         for (c, &(ic, _)) in batch.iter().enumerate().take(n) {
             let krow = &r.k[ic * r.k_stride..][..2 * dk];
-            // `ggml_vec_dot_f16` per head: four 8-lane FMA chains over steps of 32,
-            // reduced, the leftovers in `double`; the K values widened once for all heads.
-            let mut sv = [[_mm256_setzero_ps(); 4]; G];
-            for i in (0..np).step_by(32) {
-                for j in 0..4 {
-                    let k = i + 8 * j;
-                    // SAFETY: `k + 8 <= np <= dk`: inside `krow` and each `qf` row.
-                    unsafe {
-                        let kv = _mm256_cvtph_ps(_mm_loadu_si128(
-                            krow.as_ptr().add(2 * k) as *const __m128i
-                        ));
-                        for (sg, qg) in sv.iter_mut().zip(&qf) {
-                            sg[j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qg.as_ptr().add(k)), sg[j]);
-                        }
-                    }
-                }
-            }
-            for g in 0..G {
-                // SAFETY: register-only.
-                let mut sumf = f64::from(unsafe { super::fdot::reduce4(sv[g]) });
-                for i in np..dk {
-                    sumf += f64::from(crate::kernels::fdot::f16s(krow, i) * qf[g][i]);
-                }
-                scores[g][c] = sumf as f32;
+            // SAFETY: `krow` holds `dk` f16 values and each query `dk` f32 values.
+            let dots = unsafe { super::fdot::vec_dots_f16(dk, krow, qs) };
+            for (sg, d) in scores.iter_mut().zip(dots) {
+                sg[c] = d;
             }
         }
         for (c, &(ic, mval)) in batch.iter().enumerate().take(n) {

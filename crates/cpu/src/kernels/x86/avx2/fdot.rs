@@ -4,7 +4,7 @@ use crate::kernels::x86::hsum_float_8;
 use std::arch::x86_64::*;
 
 #[inline(always)]
-pub(super) unsafe fn reduce4(s: [__m256; 4]) -> f32 {
+unsafe fn reduce4(s: [__m256; 4]) -> f32 {
     // SAFETY: register-only intrinsics; AVX enabled by the caller.
     unsafe {
         let a = _mm256_add_ps(s[0], s[2]);
@@ -130,22 +130,44 @@ impl F16DotRhs for &[f32] {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub unsafe fn vec_dot_f16<Y: F16DotRhs>(n: usize, x: &[u8], y: Y) -> f32 {
+    // SAFETY: by the caller's contract.
+    unsafe { vec_dots_f16(n, x, [y])[0] }
+}
+
+/// [`vec_dot_f16`] of one row `x` against `G` rows `ys` (the query heads that share a KV
+/// head): each result is exactly `vec_dot_f16(n, x, ys[g])`, with `x` widened once for all.
+///
+/// # Safety
+/// As [`vec_dot_f16`], for every `ys[g]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub unsafe fn vec_dots_f16<Y: F16DotRhs, const G: usize>(
+    n: usize,
+    x: &[u8],
+    ys: [Y; G],
+) -> [f32; G] {
     // SAFETY: the slices hold `n` values; vector loads stay below `n & !31`.
     unsafe {
         let np = n & !31;
-        let mut s = [_mm256_setzero_ps(); 4];
+        let mut s = [[_mm256_setzero_ps(); 4]; G];
         // No closure for the loads: it would not inherit the target features.
         for i in (0..np).step_by(32) {
-            for (j, sj) in s.iter_mut().enumerate() {
+            for j in 0..4 {
                 let k = i + 8 * j;
                 let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * k) as *const __m128i));
-                *sj = _mm256_fmadd_ps(xv, y.load8(k), *sj);
+                for (sg, y) in s.iter_mut().zip(&ys) {
+                    sg[j] = _mm256_fmadd_ps(xv, y.load8(k), sg[j]);
+                }
             }
         }
-        let mut sumf = f64::from(reduce4(s));
-        for i in np..n {
-            sumf += f64::from(crate::kernels::fdot::f16s(x, i) * y.at(i));
+        let mut out = [0f32; G];
+        for ((o, sg), y) in out.iter_mut().zip(s).zip(&ys) {
+            let mut sumf = f64::from(reduce4(sg));
+            for i in np..n {
+                sumf += f64::from(crate::kernels::fdot::f16s(x, i) * y.at(i));
+            }
+            *o = sumf as f32;
         }
-        sumf as f32
+        out
     }
 }
