@@ -26,7 +26,9 @@ use lamina_core::tensor::Layout;
 use crate::device::DeviceKey;
 use crate::error::BackendError;
 
-/// Host memory that a buffer can wrap without copying (an mmapped file, a `Vec`).
+/// Host memory that a buffer can wrap without copying (an mmapped file, a `Vec`). Its bytes
+/// do not change while wrapped: devices may keep copies derived from them (the CPU's packed
+/// weights) for as long as the buffer lives.
 pub trait HostMemory: Send + Sync + fmt::Debug {
     fn bytes(&self) -> &[u8];
     /// The file these bytes map, whole, if they do: a device in another process maps its own
@@ -423,6 +425,17 @@ impl BufferMemory for BufferShared {
 #[derive(Clone, Debug)]
 pub struct Buffer(Arc<BufferShared>);
 
+/// A [`Buffer`] handle that does not keep it alive.
+#[derive(Clone, Debug)]
+pub struct WeakBuffer(std::sync::Weak<BufferShared>);
+
+impl WeakBuffer {
+    /// Whether the buffer still exists.
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
 impl PartialEq for Buffer {
     fn eq(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -446,6 +459,10 @@ impl Buffer {
     /// Process-unique id.
     pub fn id(&self) -> u64 {
         self.0.id
+    }
+    /// A handle that does not keep the buffer alive (for caches of what it holds).
+    pub fn downgrade(&self) -> WeakBuffer {
+        WeakBuffer(Arc::downgrade(&self.0))
     }
     pub fn size(&self) -> usize {
         self.0.size

@@ -24,8 +24,8 @@ pub mod wait;
 pub use alloc::{AllocPlan, GraphAllocator, plan_graph, plan_graph_where};
 pub use buffer::{
     Buffer, BufferGuard, BufferImpl, BufferSlice, BufferType, BufferTypeImpl, BufferUsage,
-    HOST_ALIGNMENT, HostMemory, bytes_to_f32, f32_to_bytes, tensor_get, tensor_get_f32, tensor_set,
-    tensor_set_f32, tensor_set_i32,
+    HOST_ALIGNMENT, HostMemory, WeakBuffer, bytes_to_f32, f32_to_bytes, tensor_get, tensor_get_f32,
+    tensor_set, tensor_set_f32, tensor_set_i32,
 };
 pub use device::{BackendReg, Device, DeviceCaps, DeviceKey, DeviceType, MemoryInfo, Registry};
 pub use error::BackendError;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lamina_core::DType;
-use lamina_cpu::kernels::{available_isas, matmul::MatMul, table::table};
+use lamina_cpu::kernels::{available_isas, matmul::MatMul, pack16::Packed16, table::table};
 
 // The integration tests' deterministic generator (xorshift).
 #[path = "../tests/common/mod.rs"]
@@ -147,6 +147,9 @@ fn bench_stream(c: &mut Criterion) {
         let m = (96 << 20) / row / 64 * 64;
         let w = weights(&mut rng, dtype, m, k);
         let wrows: Vec<&[u8]> = w.chunks_exact(row).collect();
+        let packed = table()
+            .packed16()
+            .and_then(|_| Packed16::pack(dtype, m, k / 32, |i| wrows[i]));
         for n in [8usize, 4, 2, 1] {
             let plan = MatMul::plan(table(), dtype, 64, n, k, true, true).expect("a kernel");
             let (mut abuf, arow) = activations(&mut rng, &plan, n, k);
@@ -168,6 +171,24 @@ fn bench_stream(c: &mut Criterion) {
                             let t = Instant::now();
                             for chunk in wrows.chunks(64) {
                                 plan.dot_tile_at(isa, k, chunk, &arows, 0, &mut out);
+                                black_box(&out);
+                            }
+                            best = best.min(t.elapsed());
+                        }
+                        best * u32::try_from(iters).unwrap_or(u32::MAX)
+                    })
+                });
+            }
+            // The same products from the weights packed in groups of 16 rows.
+            if let Some(p) = packed.as_ref().filter(|_| plan.takes_packed()) {
+                let id = BenchmarkId::new(format!("{dtype}_96MiBx{n}x{k}"), "packed16");
+                g.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        let mut best = Duration::MAX;
+                        for _ in 0..iters {
+                            let t = Instant::now();
+                            for i0 in (0..m).step_by(64) {
+                                plan.dot_packed(p, i0, 64, &arows, &mut out);
                                 black_box(&out);
                             }
                             best = best.min(t.elapsed());

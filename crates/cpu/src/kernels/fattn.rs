@@ -239,6 +239,7 @@ pub fn transpose_into(
 ) {
     assert!(g <= 8 && src.len() >= g * n && col0 + g <= stride);
     assert!(n == 0 || dst.len() >= (n - 1) * stride + col0 + g);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut e0 = 0;
     #[cfg(target_arch = "x86_64")]
     if simd_available() && g == 8 {

@@ -182,6 +182,28 @@ impl MatMul {
         self.path == Path::TinyBlas
     }
 
+    /// Whether the tier's tile on packed weights ([`super::pack16`]) gives this plan's bits:
+    /// `ggml_vec_dot_*` per output, one kernel for every activation row.
+    pub fn takes_packed(&self) -> bool {
+        self.path == Path::VecDot && self.gemm.is_none() && self.table.packed16().is_some()
+    }
+
+    /// Outputs of packed weight rows `i0..i0 + rows` (whole groups, at most 64 rows) against
+    /// converted activation rows `acts`: `out[j * rows + i]`, the bits of [`MatMul::dot_tile`]
+    /// on the same rows. Only where [`MatMul::takes_packed`].
+    pub fn dot_packed(
+        &self,
+        packed: &super::pack16::Packed16,
+        i0: usize,
+        rows: usize,
+        acts: &[&[u8]],
+        out: &mut [f32],
+    ) {
+        assert!(self.takes_packed() && packed.dtype() == self.weight);
+        let tile = self.table.packed16().expect("checked above");
+        (tile.tile)(packed, i0, rows, acts, out);
+    }
+
     /// The storage type of converted activation rows.
     pub fn act_type(&self) -> DType {
         self.act

@@ -23,6 +23,7 @@ pub mod fattn;
 pub mod fdot;
 mod generic;
 pub mod matmul;
+pub mod pack16;
 pub mod quantize;
 pub mod repack;
 pub mod sort;
@@ -276,6 +277,7 @@ pub(crate) fn prefetch_ahead(row: &[u8]) {
 
 /// [`prefetch_ahead`] for each of `rows`: a tile kernel's group of weight rows, so a decode
 /// step (which streams the weights once, as a gemv does) finds the rows after them cached.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn prefetch_rows(rows: &[&[u8]]) {
     for row in rows {

@@ -24,6 +24,18 @@ pub type ConvertFn = fn(&[f32], &mut [u8]);
 /// `out` alone, when this tier computes that shape no faster than output by output.
 pub type TileFn = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]) -> bool;
 
+/// A tile on weights packed in groups of 16 rows ([`super::pack16`]): `out[j * rows + i]` =
+/// packed row `i0 + i` times activation row `acts[j]` (`i0`, `rows` whole groups, at most 64
+/// rows), bit for bit the tile on the file's rows. Arguments: `(packed, i0, rows, acts, out)`.
+pub type PackedTileFn = fn(&super::pack16::Packed16, usize, usize, &[&[u8]], &mut [f32]);
+
+/// A tier's tile on packed weights and the longest rows (in blocks) it takes.
+#[derive(Clone, Copy)]
+pub struct PackedTile {
+    pub tile: PackedTileFn,
+    pub max_blocks: usize,
+}
+
 /// How one path computes its outputs: one at a time, or in tiles where the tier has them.
 #[derive(Clone, Copy)]
 pub struct Kernel {
@@ -65,6 +77,8 @@ pub struct KernelTable {
     converts: [Option<ConvertFn>; SLOTS],
     /// `ggml_quantize_mat_q8_K_4x8`'s values (Q4_K's repacked gemm).
     convert_q8_k_4x8: ConvertFn,
+    /// The tile on packed weights (Q4_1, Q5_0, Q5_1, Q8_0), where the tier has one.
+    packed16: Option<PackedTile>,
 }
 
 impl KernelTable {
@@ -83,6 +97,7 @@ impl KernelTable {
             types: [TypeKernels::default(); SLOTS],
             converts: [None; SLOTS],
             convert_q8_k_4x8: q8_k_4x8,
+            packed16: None,
         };
         t.converts[DType::F32 as usize] = Some(super::matmul::convert_f32);
         t.converts[DType::F16 as usize] = Some(super::matmul::convert_f16);
@@ -112,6 +127,17 @@ impl KernelTable {
     /// The kernels for weights of type `t`, to fill in.
     pub(super) fn of_mut(&mut self, t: DType) -> &mut TypeKernels {
         &mut self.types[t as usize]
+    }
+
+    /// The tier's tile on weights packed in groups of 16 rows, if it has one.
+    pub fn packed16(&self) -> Option<PackedTile> {
+        self.packed16
+    }
+
+    /// Gives the tier a tile on packed weights.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) fn set_packed16(&mut self, tile: PackedTile) {
+        self.packed16 = Some(tile);
     }
 
     /// The conversion of f32 activation rows to `act` (f32, f16, bf16, Q8_0, Q8_1 or Q8_K).

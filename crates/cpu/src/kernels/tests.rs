@@ -852,3 +852,83 @@ fn f16_rows_online_matches_the_scalar_steps() {
         }
     }
 }
+
+/// Weights packed in groups of 16 rows ([`pack16`]): the layout puts every byte where the
+/// packed tiles read it, and, on a tier with packed tiles, every output of a packed call is
+/// bit-identical to the tile on the file's rows and to the scalar emulation (calls of 16 to
+/// 64 rows at every group offset; 1 to 40 activation rows; rows of 1 to 64 blocks, past the
+/// tiles' 32-block tables).
+#[test]
+fn packed_tiles_match_rows() {
+    use pack16::{GROUP, PackLayout, Packed16};
+    let mut rng = Rng(0x9ac4_ed16_0f0f_1234);
+    for dtype in [DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0] {
+        let l = PackLayout::of(dtype).unwrap();
+        for (m, nb) in [(16usize, 1usize), (64, 18), (48, 41), (128, 64), (32, 20)] {
+            let k = nb * 32;
+            let w = random_weights(&mut rng, dtype, nb * m);
+            let wr: Vec<&[u8]> = w.chunks_exact(nb * l.block).collect();
+            let p = Packed16::pack(dtype, m, nb, |i| wr[i]).unwrap();
+            assert_eq!(p.size_bytes(), m / GROUP * l.group_bytes(nb));
+            // Layout: quants word `q` of row `r`, block `b` at line `q` of the block; the
+            // header's d, m and qh lanes.
+            let g = p.groups(0, m);
+            let gb = l.group_bytes(nb);
+            for _ in 0..200 {
+                let (i, b) = (rng.below(m), rng.below(nb));
+                let (grp, r) = (&g[i / GROUP * gb..][..gb], i % GROUP);
+                let blk = &wr[i][b * l.block..][..l.block];
+                let q = rng.below(l.words);
+                let at = b * l.payload() + 64 * q + 4 * r;
+                assert_eq!(
+                    &grp[at..at + 4],
+                    &blk[l.qs + 4 * q..][..4],
+                    "{dtype} quants"
+                );
+                let h = nb * l.payload() + b * l.header();
+                assert_eq!(&grp[h + 2 * r..h + 2 * r + 2], &blk[..2], "{dtype} d");
+                if let Some(mo) = l.m {
+                    let at = h + l.header_m() + 2 * r;
+                    assert_eq!(&grp[at..at + 2], &blk[mo..mo + 2], "{dtype} m");
+                }
+                if let Some(qo) = l.qh {
+                    let at = h + l.header_qh() + 4 * r;
+                    assert_eq!(&grp[at..at + 4], &blk[qo..qo + 4], "{dtype} qh");
+                }
+            }
+            let table = super::table();
+            if table.packed16().is_none() {
+                continue;
+            }
+            for n in [1usize, 2, 3, 5, 17, 40] {
+                let plan = matmul::MatMul::plan(table, dtype, m, n, k, true, true).unwrap();
+                assert!(plan.takes_packed(), "{dtype} {m}x{n}");
+                let arow = plan.act_row_bytes(k).unwrap();
+                let mut acts = vec![0u8; arow * n];
+                for j in 0..n {
+                    plan.convert_act(j, &rng.vec(k, 3.0), &mut acts[j * arow..(j + 1) * arow]);
+                }
+                let ar: Vec<&[u8]> = acts.chunks_exact(arow).collect();
+                for i0 in (0..m).step_by(GROUP) {
+                    let rows = (m - i0).min(64) / GROUP * GROUP;
+                    let mut out = vec![0f32; rows * n];
+                    plan.dot_packed(&p, i0, rows, &ar, &mut out);
+                    let mut want = vec![0f32; rows * n];
+                    plan.dot_tile(k, &wr[i0..i0 + rows], &ar, 0, &mut want);
+                    for j in 0..n {
+                        for i in 0..rows {
+                            let s = plan.dot_scalar(k, wr[i0 + i], ar[j], j);
+                            assert_eq!(
+                                out[j * rows + i].to_bits(),
+                                want[j * rows + i].to_bits(),
+                                "{dtype} {m}x{n} nb={nb} packed vs rows at ({},{j})",
+                                i0 + i
+                            );
+                            assert_eq!(out[j * rows + i].to_bits(), s.to_bits());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

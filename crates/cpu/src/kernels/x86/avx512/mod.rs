@@ -24,6 +24,10 @@ macro_rules! tiles {
 /// The AVX-512 tier's table.
 pub(crate) fn table() -> KernelTable {
     let mut t = super::avx2::table();
+    t.set_packed16(crate::kernels::table::PackedTile {
+        tile: tile::packed16_tile,
+        max_blocks: tile::ROWS16_MAX_BLOCKS,
+    });
     let retile = |k: &mut Option<Kernel>, tile: Option<TileFn>| {
         if let Some(k) = k {
             k.tile = tile;

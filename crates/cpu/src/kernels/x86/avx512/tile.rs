@@ -528,9 +528,9 @@ pub(crate) const ROWS16_BLOCKS: usize = 32;
 /// group decoded into one table slot right before its products, again for every chunk of
 /// activation rows (k = 1536, 128 rows, one Zen 4 core: 86 against the offset tiles' 60
 /// GMAC/s).
-const ROWS16_MAX_BLOCKS: usize = 64;
+pub(crate) const ROWS16_MAX_BLOCKS: usize = 64;
 /// Weight rows per [`q0_rows16`] call (`ops::mul_mat`'s wide calls carry 64).
-const ROWS16_W: usize = 64;
+pub(crate) const ROWS16_W: usize = 64;
 /// Activation rows below which [`q0_rows16`] is left to the offset tiles. With 2 to 4 rows (a
 /// decode step of a few slots) the decode of each block of 16 rows — loads as 4-byte words
 /// transposed in registers ([`decode16_nibbles`]) — is shared by few products, but the
@@ -581,9 +581,87 @@ pub(crate) unsafe fn rows16(
     out: &mut [f32],
 ) {
     // SAFETY (all arms): by this function's contract.
-    q_kinds!(kind, q0_rows16, (nb, w, a, out);
+    q_kinds!(kind, q0_rows16, (nb, Rows16Src::Rows(w), a, out);
         _ => unreachable!("avx512::rows16 called without a kernel"),
     )
+}
+
+/// [`rows16_packed`] behind the checks that make it safe: the AVX-512 table's
+/// [`crate::kernels::table::PackedTileFn`].
+pub(crate) fn packed16_tile(
+    p: &crate::kernels::pack16::Packed16,
+    i0: usize,
+    rows: usize,
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    let nb = p.blocks();
+    let groups = p.groups(i0, rows);
+    let (_, by, _) = crate::kernels::table::geometry(p.dtype()).expect("a quantized type");
+    assert!(
+        rows <= ROWS16_W
+            && nb <= ROWS16_MAX_BLOCKS
+            && out.len() >= rows * a.len()
+            && a.iter().all(|r| r.len() >= nb * by),
+        "packed tile out of bounds"
+    );
+    // SAFETY: this function is reached only through the AVX-512 table, which exists only
+    // where that tier (AVX-512 F/BW/VL/VNNI with AVX2, FMA, F16C) is detected; `groups` holds
+    // whole packed groups of `nb` blocks of the packed type; the activation rows and `out`
+    // are long enough (checked above).
+    unsafe { rows16_packed(p.dtype(), nb, groups, a, out) }
+}
+
+/// Where [`q0_rows16`] reads its weight rows.
+#[derive(Clone, Copy)]
+enum Rows16Src<'a> {
+    /// The file's rows.
+    Rows(&'a [&'a [u8]]),
+    /// Whole groups of rows packed by [`crate::kernels::pack16`] (`rows` rows from `base`,
+    /// `stride` bytes a group).
+    Packed {
+        base: *const u8,
+        stride: usize,
+        rows: usize,
+    },
+}
+
+/// [`q0_rows16`] on packed weights: `out[j * rows + i]` = row `i` of `groups` (whole packed
+/// groups of [`crate::kernels::pack16::Packed16`], rows of `nb` blocks of `dtype`) times
+/// activation row `a[j]`, at most [`ROWS16_W`] rows. The same bits as from the file's rows.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; `groups` holds whole groups of `nb`
+/// blocks packed for `dtype` (Q4_1, Q5_0, Q5_1 or Q8_0); each activation row holds `nb` blocks
+/// of its type; `nb <= ROWS16_MAX_BLOCKS`; `out` holds `rows * a.len()` outputs.
+pub(crate) unsafe fn rows16_packed(
+    dtype: lamina_core::DType,
+    nb: usize,
+    groups: &[u8],
+    a: &[&[u8]],
+    out: &mut [f32],
+) {
+    use crate::kernels::pack16::{GROUP, PackLayout};
+    let stride = PackLayout::of(dtype)
+        .expect("a packed type")
+        .group_bytes(nb);
+    let rows = groups.len() / stride * GROUP;
+    debug_assert!(rows <= ROWS16_W && nb <= ROWS16_MAX_BLOCKS);
+    let src = Rows16Src::Packed {
+        base: groups.as_ptr(),
+        stride,
+        rows,
+    };
+    // SAFETY (all arms): by this function's contract.
+    unsafe {
+        match dtype {
+            lamina_core::DType::Q4_1 => q0_rows16::<0, true>(nb, src, a, out),
+            lamina_core::DType::Q5_1 => q0_rows16::<1, true>(nb, src, a, out),
+            lamina_core::DType::Q5_0 => q0_rows16::<1, false>(nb, src, a, out),
+            lamina_core::DType::Q8_0 => q0_rows16::<2, false>(nb, src, a, out),
+            _ => unreachable!("avx512::rows16_packed called for {dtype}"),
+        }
+    }
 }
 
 /// `ggml_vec_dot_<t>_q8_0` / tinyBLAS_Q0 per output (Q4_0 `T == 0`, Q5_0 1, Q8_0 2, IQ4_NL
@@ -615,7 +693,7 @@ pub(crate) unsafe fn rows16(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q0_rows16<const T: u8, const Q1: bool>(
     nb: usize,
-    w: &[&[u8]],
+    w: Rows16Src<'_>,
     a: &[&[u8]],
     out: &mut [f32],
 ) {
@@ -626,7 +704,11 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
     } else {
         (q0_bytes(T), 34, 2)
     };
-    let (nw, na) = (w.len(), a.len());
+    let nw = match w {
+        Rows16Src::Rows(w) => w.len(),
+        Rows16Src::Packed { rows, .. } => rows,
+    };
+    let na = a.len();
     let ng = nw.div_ceil(16);
     let o: i32 = match T {
         0 => 8,
@@ -665,10 +747,21 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
         // again (a decode is a few percent of 16+ activation rows' products).
         let single = na <= chunk || nb > ROWS16_BLOCKS;
         let decode = |g: usize, slot: usize| {
-            // A short last group repeats its last row (those outputs are not stored).
-            let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
             let at = slot * nb;
-            decode16::<T, Q1>(rows, nb, bx, dec.add(at), dxs.add(at), mxs.add(at));
+            match w {
+                Rows16Src::Rows(w) => {
+                    // A short last group repeats its last row (those outputs are not stored).
+                    let rows: [*const u8; 16] = crate::kernels::tile::row_ptrs(w, 16 * g);
+                    decode16::<T, Q1>(rows, nb, bx, dec.add(at), dxs.add(at), mxs.add(at));
+                }
+                Rows16Src::Packed { base, stride, .. } => decode16_packed::<T, Q1>(
+                    base.add(g * stride),
+                    nb,
+                    dec.add(at),
+                    dxs.add(at),
+                    mxs.add(at),
+                ),
+            }
         };
         if !single {
             for g in 0..ng {
@@ -817,6 +910,89 @@ unsafe fn decode16<const T: u8, const Q1: bool>(
     }
 }
 
+/// [`decode16`] from a packed group ([`crate::kernels::pack16`]): per block, the quants'
+/// words are already lines of 16 rows, and the headers 16-lane vectors.
+///
+/// # Safety
+/// `group` holds one packed group of `nb` blocks of the type of (`T`, `Q1`) (Q4_1, Q5_0,
+/// Q5_1 or Q8_0); the tables have room for `nb` entries; AVX-512 F/BW/VL, AVX2 and F16C
+/// enabled by the caller.
+#[inline(always)]
+unsafe fn decode16_packed<const T: u8, const Q1: bool>(
+    group: *const u8,
+    nb: usize,
+    dec: *mut [__m512i; 8],
+    dxs: *mut __m512,
+    mxs: *mut __m512,
+) {
+    let layout = crate::kernels::pack16::PackLayout::of(match (T, Q1) {
+        (0, true) => lamina_core::DType::Q4_1,
+        (1, true) => lamina_core::DType::Q5_1,
+        (1, false) => lamina_core::DType::Q5_0,
+        _ => lamina_core::DType::Q8_0,
+    })
+    .expect("a packed type");
+    let (pl, hd) = (layout.payload(), layout.header());
+    let (hm, hq) = (layout.header_m(), layout.header_qh());
+    // SAFETY: by the caller's contract: `nb` payloads, then `nb` headers.
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let bias = _mm512_set1_epi8(0x80u8 as i8);
+        // Lane index t (4 bits) -> 0x10 in byte b where bit b of t is set (as in
+        // `decode16_nibbles`).
+        let spread = _mm512_setr_epi32(
+            0x0000_0000,
+            0x0000_0010,
+            0x0000_1000,
+            0x0000_1010,
+            0x0010_0000,
+            0x0010_0010,
+            0x0010_1000,
+            0x0010_1010,
+            0x1000_0000,
+            0x1000_0010,
+            0x1000_1000,
+            0x1000_1010,
+            0x1010_0000,
+            0x1010_0010,
+            0x1010_1000,
+            0x1010_1010,
+        );
+        let span = layout.group_bytes(nb);
+        for b in 0..nb {
+            prefetch_span(group, span, nb, b);
+            let q = group.add(b * pl);
+            let h = group.add(nb * pl + b * hd);
+            dxs.add(b)
+                .write(_mm512_cvtph_ps(_mm256_loadu_si256(h.cast())));
+            if Q1 {
+                mxs.add(b)
+                    .write(_mm512_cvtph_ps(_mm256_loadu_si256(h.add(hm).cast())));
+            }
+            let mut u = [_mm512_setzero_si512(); 8];
+            if T == 2 {
+                for (p, v) in u.iter_mut().enumerate() {
+                    *v = _mm512_xor_si512(_mm512_loadu_si512(q.add(64 * p).cast()), bias);
+                }
+            } else {
+                for k in 0..4 {
+                    let z = _mm512_loadu_si512(q.add(64 * k).cast());
+                    u[k] = _mm512_and_si512(z, m4);
+                    u[k + 4] = _mm512_and_si512(_mm512_srli_epi32::<4>(z), m4);
+                }
+                if T == 1 {
+                    let bits5 = _mm512_loadu_si512(h.add(hq).cast());
+                    for (p, v) in u.iter_mut().enumerate() {
+                        let bits = _mm512_srlv_epi32(bits5, _mm512_set1_epi32(4 * p as i32));
+                        *v = _mm512_or_si512(*v, _mm512_permutexvar_epi32(bits, spread));
+                    }
+                }
+            }
+            dec.add(b).write(u);
+        }
+    }
+}
+
 /// Words 0 and 1 of block `off` of the 16 `rows` (lane `r`: row `r`'s), from four 128-bit
 /// loads per row quad and two `vpermt2d` levels: a block's scales (and Q5 `qh`) without 16
 /// scalar loads, stores and a reload.
@@ -851,7 +1027,14 @@ unsafe fn headers16(rows: &[*const u8; 16], off: usize) -> (__m512i, __m512i) {
 /// interleaved reads left the hardware prefetcher behind.
 #[inline(always)]
 fn prefetch_group(first: *const u8, nb: usize, bx: usize, b: usize) {
-    let span = 16 * nb * bx;
+    prefetch_span(first, 16 * nb * bx, nb, b);
+}
+
+/// [`prefetch_group`] for groups of `span` bytes (packed groups: their reads are in
+/// address order, but a decode step takes each weight from memory once and the tiles wait
+/// on it otherwise).
+#[inline(always)]
+fn prefetch_span(first: *const u8, span: usize, nb: usize, b: usize) {
     let lines = span.div_ceil(64);
     let per = lines.div_ceil(nb);
     let start = first.wrapping_add(ROWS16_PREFETCH * span);
