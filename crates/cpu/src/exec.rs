@@ -13,7 +13,9 @@ use lamina_core::DType;
 use lamina_core::graph::{Graph, MAX_SRC, Op, TensorId};
 use lamina_core::tensor::Layout;
 
+use crate::kernels::pack16::Packed16;
 use crate::ops;
+use crate::packed::PackCache;
 use crate::pool::WorkerPool;
 
 /// A tensor's memory as the kernels see it.
@@ -377,6 +379,8 @@ pub(crate) struct NodePlan {
     pub op: Op,
     pub dst: TView,
     pub src: [Option<TView>; MAX_SRC],
+    /// A `MUL_MAT`'s weights packed for the tier's packed tiles ([`crate::packed`]).
+    pub packed: Option<Arc<Packed16>>,
 }
 
 /// Thread `ith` of `nth`'s share of `0..n`.
@@ -515,6 +519,8 @@ pub(crate) struct ExecState {
     nodes: Vec<NodePlan>,
     /// Base address of each of the running graph's buffers, kept for its allocation.
     bases: Vec<BasePtr>,
+    /// Weights packed for the tier's packed tiles.
+    packs: PackCache,
 }
 
 impl ExecState {
@@ -525,6 +531,7 @@ impl ExecState {
             work: Vec::new(),
             nodes: Vec::new(),
             bases: Vec::new(),
+            packs: PackCache::default(),
         }
     }
 }
@@ -597,11 +604,36 @@ fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<
             t.src[3].and_then(view),
             t.src[4].and_then(view),
         ];
+        // A product's weights in a read-only buffer, where the packed tiles suit it: packed
+        // once, on first use.
+        let packed = match (
+            t.op,
+            src[0],
+            src[1],
+            t.src[0].and_then(|w| p.loc[w.index()]),
+        ) {
+            (Op::MulMat, Some(w), Some(b), Some((bi, off))) => {
+                // SAFETY: `w` addresses the weight, in bounds (checked by `prepare`), in a
+                // buffer locked for this call.
+                unsafe {
+                    state.packs.get(
+                        state.pool.kernels(),
+                        &p.buffers[bi],
+                        off,
+                        w.ptr,
+                        &w.l,
+                        b.l.ne[1],
+                    )
+                }
+            }
+            _ => None,
+        };
         let node = NodePlan {
             id,
             op: t.op,
             dst,
             src,
+            packed,
         };
         work_bytes = work_bytes.max(ops::work_size(&node, nth));
         nodes.push(node);

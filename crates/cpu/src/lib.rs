@@ -6,13 +6,17 @@
 //! between ggml's vec_dot, repacked gemv/gemm and tinyBLAS paths, softmax/SiLU exp, the GELU
 //! table, RoPE — with a kernel table per instruction set (scalar, AVX2, AVX-512, NEON), the
 //! best the CPU has chosen once, every tier giving the scalar emulation's bits
-//! (`LAMINA_FORCE_SCALAR=1` forces it, `LAMINA_CPU_ISA` caps the tier).
+//! (`LAMINA_FORCE_SCALAR=1` forces it, `LAMINA_CPU_ISA` caps the tier). Where the tier has
+//! a tile on packed weights, each device keeps packed copies of the mapped weights it
+//! multiplies (`packed`; `LAMINA_NO_REPACK=1` turns that off).
 
 mod device;
 mod exec;
 mod flash_attn;
 pub mod kernels;
 mod ops;
+mod packed;
+pub use packed::{NO_REPACK_ENV, set_repack};
 mod pool;
 pub mod quant;
 

@@ -615,6 +615,8 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         return;
     };
     let d = node.dst;
+    // The weights packed in groups of 16 rows, where the plan's tiles read them so.
+    let packed = node.packed.as_deref().filter(|_| plan.takes_packed());
     let nb_rows = b.l.nrows();
     let scratch_off = (nb_rows * brow).next_multiple_of(64) + ctx.ith * k * 4;
     // Phase 1: activations to the kernel's row format, once per mul_mat.
@@ -740,7 +742,9 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                     next += rm;
                     if wide {
                         let mut w = [&[] as &[u8]; WIDE_W];
-                        fill_wrows(&mut w[..rm], i0, i12, i13);
+                        if packed.is_none() {
+                            fill_wrows(&mut w[..rm], i0, i12, i13);
+                        }
                         // Consecutive calls on one side of the activation boundary as one
                         // tile (no mask here: nothing is left out).
                         let mut c = 0;
@@ -756,7 +760,11 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
                                 c += 1;
                             }
                             let out = &mut wide_out[..rm * rn];
-                            plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out);
+                            match packed {
+                                // `i0` steps by 64 and `m` is whole groups.
+                                Some(p) => plan.dot_packed(p, i0, rm, &acts[..rn], out),
+                                None => plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out),
+                            }
                             for j in 0..rn {
                                 // SAFETY: as below.
                                 let row = unsafe { d.row_f32_mut(j0 + j, i12, i13) };
@@ -796,7 +804,12 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
         }
         return;
     }
-    let groups = m.div_ceil(WR);
+    // Several weight-row groups per call need one kernel for all rows and no mask; packed
+    // weights go in calls of whole groups of 16 rows.
+    let one_kernel = mask.is_none() && (boundary == 0 || boundary == n);
+    let packed = packed.filter(|_| one_kernel);
+    let unit = if packed.is_some() { 2 * WR } else { WR };
+    let groups = m.div_ceil(unit);
     // Few activation rows (token generation, a decode step of several slots; no mask, one
     // kernel for all rows): several weight-row groups of one plane per call, so the per-call
     // work (checks, dispatch, the kernels' activation tables, the rows-in-lanes tiles' groups
@@ -804,8 +817,8 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
     // either way. (With 8 weight rows a call, a step of 8 slots cost 2.9 times one of 4:
     // half of each 16-row group was padding and the tables were rebuilt per call.)
     const GEMV_GROUPS: usize = 8;
-    let per_call = if mask.is_none() && (boundary == 0 || boundary == n) {
-        GEMV_GROUPS
+    let per_call = if one_kernel {
+        GEMV_GROUPS * WR / unit
     } else {
         1
     };
@@ -820,20 +833,27 @@ fn mul_mat(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work, err: &Err
             // multiple of 4 weight rows.
             g1 -= 1;
         }
-        let i0 = g0 * WR;
+        let i0 = g0 * unit;
         let i12 = (t / groups) % ne12;
         let i13 = t / (groups * ne12);
         t += g1 - g0;
         if per_call > 1 {
-            let rm = (g1 * WR).min(m) - i0;
+            let rm = (g1 * unit).min(m) - i0;
             let mut w = [&[] as &[u8]; WR * GEMV_GROUPS];
-            fill_wrows(&mut w[..rm], i0, i12, i13);
+            if packed.is_none() {
+                fill_wrows(&mut w[..rm], i0, i12, i13);
+            }
             for j0 in (0..n).step_by(CALL) {
                 let rn = CALL.min(n - j0);
                 let out = &mut gemv_out[..rm * rn];
                 let acts = arows(j0, rn, i12, i13);
-                let k = plan.trimmed_k(k, &acts[..rn]);
-                plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out);
+                match packed {
+                    Some(p) => plan.dot_packed(p, i0, rm, &acts[..rn], out),
+                    None => {
+                        let k = plan.trimmed_k(k, &acts[..rn]);
+                        plan.dot_tile(k, &w[..rm], &acts[..rn], j0, out);
+                    }
+                }
                 for (j, col) in out.chunks_exact(rm).enumerate() {
                     // SAFETY: dst elements (i0..i0 + rm, j0 + j, i12, i13) belong to tasks
                     // this thread runs only.

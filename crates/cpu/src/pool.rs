@@ -133,6 +133,11 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
+    /// The kernel table the pool's tasks run with.
+    pub fn kernels(&self) -> &'static crate::kernels::KernelTable {
+        self.shared.kernels
+    }
+
     /// A pool of `n` threads in all (at least 1); `name` labels the spawned threads.
     pub fn new(name: &str, n: usize) -> std::io::Result<WorkerPool> {
         let n = n.max(1);

@@ -191,6 +191,10 @@ pub struct DeviceArgs {
     /// load; as llama.cpp's --no-mmap).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
+    /// Do not pack weights for the CPU kernels (as llama.cpp's --no-repack): less memory (the
+    /// packed copy is as large as the packed tensors), slower batches and decode steps.
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 impl DeviceArgs {
@@ -501,6 +505,9 @@ pub fn load_model(
             .progress_chars("=> "),
     );
     let progress_bar = bar.clone();
+    if devices.no_repack {
+        lamina_cpu::set_repack(false);
+    }
     let options = lamina_model::LoadOptions {
         no_mmap: devices.no_mmap,
         progress: Some(Arc::new(move |done, total| {

@@ -1,0 +1,170 @@
+//! Packed copies of weights for the kernel tier's packed tiles ([`crate::kernels::pack16`]),
+//! made by a device's queue thread the first time a product with several activation rows
+//! reads a weight matrix, and kept while the weight's buffer lives.
+//!
+//! Only read-only buffers (the mapped model file) are packed from: their bytes never change,
+//! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
+//! weight's offset and shape, and dropped with the buffer (checked when a copy is added).
+//! One-row products of Q8_0 weights (the output head in token generation) keep reading the
+//! mapping: there the packed tile is no faster. llama.cpp packs its `CPU_REPACK` types at load
+//! instead; the copy here costs the same memory (the packed bytes are as many as the file's),
+//! made on first use.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lamina_backend::{Buffer, WeakBuffer};
+use lamina_core::tensor::Layout;
+
+use crate::kernels::KernelTable;
+use crate::kernels::pack16::{GROUP, PackLayout, Packed16};
+
+/// Environment variable that, set to `1`, turns packing off (llama.cpp's `--no-repack`).
+pub const NO_REPACK_ENV: &str = "LAMINA_NO_REPACK";
+
+/// A weight as the cache knows it: offset, type and shape in its buffer.
+type WeightKey = (usize, lamina_core::DType, usize, usize, usize);
+
+/// One device's packed weights, per buffer.
+#[derive(Default)]
+pub(crate) struct PackCache {
+    buffers: HashMap<u64, (WeakBuffer, HashMap<WeightKey, Arc<Packed16>>)>,
+}
+
+impl PackCache {
+    /// The packed copy of the weight `layout` at `ptr` (offset `offset` in `buffer`), made now
+    /// if missing, when `table` has a packed tile and the weight and a product of `n`
+    /// activation rows suit it; else `None`.
+    ///
+    /// # Safety
+    /// `ptr` addresses the weight's bytes as `layout` describes them, readable for this call.
+    pub(crate) unsafe fn get(
+        &mut self,
+        table: &KernelTable,
+        buffer: &Buffer,
+        offset: usize,
+        ptr: *const u8,
+        layout: &Layout,
+        n: usize,
+    ) -> Option<Arc<Packed16>> {
+        let tile = table.packed16()?;
+        let pl = PackLayout::of(layout.dtype)?;
+        let [k, m, ne2, ne3] = layout.ne;
+        let qk = layout.dtype.block_size() as usize;
+        let nb = k / qk;
+        // One activation row: only the nibble types gain (their tile on packed rows streams
+        // faster than the per-row dots; Q8_0's does not).
+        if n == 0
+            || (n == 1 && pl.words == 8)
+            || !buffer.is_read_only()
+            || ne2 != 1
+            || ne3 != 1
+            || !m.is_multiple_of(GROUP)
+            || nb == 0
+            || nb > tile.max_blocks
+            || !k.is_multiple_of(qk)
+            || layout.nb[0] != pl.block
+            || disabled()
+        {
+            return None;
+        }
+        let key = (offset, layout.dtype, k, m, layout.nb[1]);
+        if let Some((_, weights)) = self.buffers.get(&buffer.id())
+            && let Some(p) = weights.get(&key)
+        {
+            return Some(p.clone());
+        }
+        let stride = layout.nb[1];
+        let packed = Packed16::pack(layout.dtype, m, nb, |i| {
+            // SAFETY: row `i < m` of the weight, `nb` blocks of `pl.block` bytes, by the
+            // caller's contract (`nb[0]` is the block size, checked above).
+            unsafe { std::slice::from_raw_parts(ptr.add(i * stride), nb * pl.block) }
+        })?;
+        let packed = Arc::new(packed);
+        self.buffers.retain(|_, (b, _)| b.is_alive());
+        self.buffers
+            .entry(buffer.id())
+            .or_insert_with(|| (buffer.downgrade(), HashMap::new()))
+            .1
+            .insert(key, packed.clone());
+        Some(packed)
+    }
+}
+
+/// Whether packing is on: [`set_repack`]'s choice, else the environment's.
+static REPACK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
+const UNSET: u8 = 0;
+const ON: u8 = 1;
+const OFF: u8 = 2;
+
+/// Turns packing on or off for the whole process (llama.cpp's `--no-repack`), over
+/// [`NO_REPACK_ENV`]. Copies already made stay in use.
+pub fn set_repack(on: bool) {
+    REPACK.store(
+        if on { ON } else { OFF },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+fn disabled() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match REPACK.load(Relaxed) {
+        ON => false,
+        OFF => true,
+        _ => {
+            let off = std::env::var(NO_REPACK_ENV).is_ok_and(|v| v == "1");
+            // A concurrent `set_repack` wins.
+            let _ = REPACK.compare_exchange(UNSET, if off { OFF } else { ON }, Relaxed, Relaxed);
+            REPACK.load(Relaxed) == OFF
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_backend::Device;
+    use lamina_core::DType;
+
+    /// A copy is made once per weight, found again while its buffer lives, and dropped with
+    /// the buffer; writable buffers, one-row Q8_0 products and short groups get none.
+    #[test]
+    fn copies_follow_their_buffer() {
+        let table = crate::kernels::table();
+        if table.packed16().is_none() {
+            return; // this tier has no packed tiles
+        }
+        let device = crate::CpuDevice::new(0, 1, 1, false).unwrap();
+        let (k, m) = (64usize, 32usize);
+        let row = DType::Q8_0.row_size(k as u64).unwrap() as usize;
+        let layout = Layout::contiguous(DType::Q8_0, &[k, m]).unwrap();
+        let mut cache = PackCache::default();
+        let mapped = |bytes: Vec<u8>| {
+            device
+                .buffer_from_host_memory(Arc::new(bytes))
+                .expect("a mapped buffer")
+        };
+        let a = mapped(vec![0x11; row * m]);
+        let ptr = a.lock().as_ptr().unwrap();
+        // SAFETY (every `get` below): `ptr` addresses `row * m` bytes of `a`, which lives.
+        let first = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
+        let again = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
+        assert!(Arc::ptr_eq(&first, &again));
+        assert!(unsafe { cache.get(table, &a, 0, ptr, &layout, 1) }.is_none());
+        let short = Layout::contiguous(DType::Q8_0, &[k, 24]).unwrap();
+        assert!(unsafe { cache.get(table, &a, 0, ptr, &short, 4) }.is_none());
+        let host = device.buffer_type().alloc_buffer(row * m).unwrap();
+        let hptr = host.lock().as_ptr().unwrap();
+        assert!(unsafe { cache.get(table, &host, 0, hptr, &layout, 4) }.is_none());
+        let id = a.id();
+        drop(a);
+        let b = mapped(vec![0x22; row * m]);
+        let bptr = b.lock().as_ptr().unwrap();
+        assert!(unsafe { cache.get(table, &b, 0, bptr, &layout, 4) }.is_some());
+        assert!(
+            !cache.buffers.contains_key(&id),
+            "the dropped buffer's copies stay"
+        );
+        assert_eq!(cache.buffers.len(), 1);
+    }
+}
