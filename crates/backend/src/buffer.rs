@@ -36,6 +36,11 @@ pub trait HostMemory: Send + Sync + fmt::Debug {
     fn file(&self) -> Option<&std::path::Path> {
         None
     }
+    /// A hint that bytes `range` will not be read for a while: a mapped file may drop those
+    /// pages from the process's memory (they come back from the file, unchanged, when read).
+    fn evict(&self, range: std::ops::Range<usize>) {
+        let _ = range;
+    }
 }
 
 impl HostMemory for Vec<u8> {
@@ -91,6 +96,11 @@ pub trait BufferImpl: Send + Sync + Any {
     fn size(&self) -> usize;
     fn is_read_only(&self) -> bool {
         false
+    }
+    /// [`HostMemory::evict`] for wrapped host memory (the range was checked); nothing
+    /// elsewhere.
+    fn evict(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
     }
     /// The memory's base address when the host can address it; valid as long as the buffer.
     fn host_ptr(&self) -> Option<NonNull<u8>>;
@@ -357,6 +367,11 @@ impl BufferImpl for HostBuffer {
     fn is_read_only(&self) -> bool {
         matches!(self, HostBuffer::Mapped { .. })
     }
+    fn evict(&self, offset: usize, len: usize) {
+        if let HostBuffer::Mapped { memory } = self {
+            memory.evict(offset..offset + len);
+        }
+    }
     fn host_ptr(&self) -> Option<NonNull<u8>> {
         Some(match self {
             HostBuffer::Empty => NonNull::dangling(),
@@ -483,6 +498,16 @@ impl Buffer {
     }
     pub fn is_read_only(&self) -> bool {
         self.0.imp.is_read_only()
+    }
+    /// A hint that bytes `offset..offset + len` of a buffer wrapping host memory will not be
+    /// read for a while ([`HostMemory::evict`]); ignored out of range or for other buffers.
+    pub fn evict(&self, offset: usize, len: usize) {
+        if offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.0.size)
+        {
+            self.0.imp.evict(offset, len);
+        }
     }
     /// Whether the host can address the memory (see [`BufferGuard::as_ptr`]).
     pub fn is_host(&self) -> bool {

@@ -6,7 +6,8 @@
 //! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
 //! weight's offset and shape, and dropped with the buffer (checked when a copy is added).
 //! One-row products of Q8_0 weights (the output head in token generation) keep reading the
-//! mapping: there the packed tile is no faster. llama.cpp packs its `CPU_REPACK` types at load
+//! mapping: there the packed tile is no faster. Once packed, a weight's pages of the file
+//! are dropped from the process's memory (`Buffer::evict`), so the copy does not double it. llama.cpp packs its `CPU_REPACK` types at load
 //! instead; the copy here costs the same memory (the packed bytes are as many as the file's),
 //! made on first use.
 
@@ -80,6 +81,9 @@ impl PackCache {
             // caller's contract (`nb[0]` is the block size, checked above).
             unsafe { std::slice::from_raw_parts(ptr.add(i * stride), nb * pl.block) }
         })?;
+        // The file's pages of this weight are read again only by other ops (one-row Q8_0
+        // products, `GET_ROWS` on a tied embedding), which fault back what they need.
+        buffer.evict(offset, (m - 1) * stride + nb * pl.block);
         let packed = Arc::new(packed);
         self.buffers.retain(|_, (b, _)| b.is_alive());
         self.buffers

@@ -22,6 +22,25 @@ impl HostMemory for MappedFile {
     fn file(&self) -> Option<&Path> {
         Some(&self.1)
     }
+    fn evict(&self, range: std::ops::Range<usize>) {
+        // Whole pages inside the range only (its neighbours may be in use).
+        const PAGE: usize = 4096;
+        let start = range.start.next_multiple_of(PAGE);
+        let end = range.end.min(self.0.len()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the mapping is read-only and its file is not written while mapped (the
+            // same assumption as mapping it at all): `MADV_DONTNEED` only drops pages, and a
+            // read after it faults the same bytes back in from the file, so every borrow of
+            // the mapping keeps seeing what it saw.
+            let _ = unsafe {
+                self.0.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                )
+            };
+        }
+    }
 }
 
 /// How weights reach the devices.
@@ -356,4 +375,30 @@ fn device_tensors(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Evicted pages of the mapping read back as the file's bytes; ranges past the end or
+    /// inside one page are ignored.
+    #[test]
+    fn evicted_pages_read_back_unchanged() {
+        let path = std::env::temp_dir().join(format!("lamina-evict-{}.bin", std::process::id()));
+        let data: Vec<u8> = (0..5 * 4096 + 123)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: a private temporary file, not written while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let mem = MappedFile(Arc::new(map), path.clone());
+        assert_eq!(mem.bytes(), &data[..]);
+        mem.evict(100..4 * 4096 + 50);
+        mem.evict(10..20);
+        mem.evict(0..usize::MAX);
+        assert_eq!(mem.bytes(), &data[..]);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
