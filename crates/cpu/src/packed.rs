@@ -1,15 +1,14 @@
 //! Packed copies of weights for the kernel tier's packed tiles ([`crate::kernels::pack16`]),
-//! made by a device's queue thread the first time a product with several activation rows
-//! reads a weight matrix, and kept while the weight's buffer lives.
+//! made by a device's queue thread the first time a product reads a weight matrix, and kept
+//! while the weight's buffer lives.
 //!
 //! Only read-only buffers (the mapped model file) are packed from: their bytes never change,
 //! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
 //! weight's offset and shape, and dropped with the buffer (checked when a copy is added).
 //! One-row products of Q8_0 weights (the output head in token generation) keep reading the
-//! mapping: there the packed tile is no faster. Once packed, a weight's pages of the file
-//! are dropped from the process's memory (`Buffer::evict`), so the copy does not double it. llama.cpp packs its `CPU_REPACK` types at load
-//! instead; the copy here costs the same memory (the packed bytes are as many as the file's),
-//! made on first use.
+//! mapping: there the packed tile is no faster. Once packed, a weight's pages of the file are
+//! dropped from the process's memory (`Buffer::evict`), so the copy does not double it.
+//! llama.cpp packs its `CPU_REPACK` types at load instead; here the copy is made on first use.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -8,8 +8,8 @@
 //! (word-major), then, after all blocks, each block's header (16 `d`, 16 `m`, 16 `qh`). The
 //! values and their order are unchanged, so the tiles give the same bits from either layout.
 //!
-//! The copy sits beside the mapped weights (which other ops, and one-row products, still
-//! read): see `crate::packed` for when it is made and kept.
+//! The copy sits beside the mapped weights, which other ops (and one-row Q8_0 products) still
+//! read: see `crate::packed` for when it is made and kept.
 
 use lamina_core::DType;
 

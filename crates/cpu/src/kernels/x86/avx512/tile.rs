@@ -910,6 +910,36 @@ unsafe fn decode16<const T: u8, const Q1: bool>(
     }
 }
 
+/// The Q5 fifth-bit table of the 16-row decodes: lane index `t` (4 bits of `qh`) -> `0x10` in
+/// byte `b` where bit `b` of `t` is set.
+///
+/// # Safety
+/// AVX-512 F enabled by the caller.
+#[inline(always)]
+unsafe fn qh_spread() -> __m512i {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        _mm512_setr_epi32(
+            0x0000_0000,
+            0x0000_0010,
+            0x0000_1000,
+            0x0000_1010,
+            0x0010_0000,
+            0x0010_0010,
+            0x0010_1000,
+            0x0010_1010,
+            0x1000_0000,
+            0x1000_0010,
+            0x1000_1000,
+            0x1000_1010,
+            0x1010_0000,
+            0x1010_0010,
+            0x1010_1000,
+            0x1010_1010,
+        )
+    }
+}
+
 /// [`decode16`] from a packed group ([`crate::kernels::pack16`]): per block, the quants'
 /// words are already lines of 16 rows, and the headers 16-lane vectors.
 ///
@@ -938,26 +968,7 @@ unsafe fn decode16_packed<const T: u8, const Q1: bool>(
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
         let bias = _mm512_set1_epi8(0x80u8 as i8);
-        // Lane index t (4 bits) -> 0x10 in byte b where bit b of t is set (as in
-        // `decode16_nibbles`).
-        let spread = _mm512_setr_epi32(
-            0x0000_0000,
-            0x0000_0010,
-            0x0000_1000,
-            0x0000_1010,
-            0x0010_0000,
-            0x0010_0010,
-            0x0010_1000,
-            0x0010_1010,
-            0x1000_0000,
-            0x1000_0010,
-            0x1000_1000,
-            0x1000_1010,
-            0x1010_0000,
-            0x1010_0010,
-            0x1010_1000,
-            0x1010_1010,
-        );
+        let spread = qh_spread();
         let span = layout.group_bytes(nb);
         for b in 0..nb {
             prefetch_span(group, span, nb, b);
@@ -1080,25 +1091,7 @@ unsafe fn decode16_nibbles<const T: u8, const Q1: bool>(
         let lvl1_01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
         let lvl1_23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
         let m4 = _mm512_set1_epi8(0x0F);
-        // Lane index t (4 bits) -> 0x10 in byte b where bit b of t is set.
-        let spread = _mm512_setr_epi32(
-            0x0000_0000,
-            0x0000_0010,
-            0x0000_1000,
-            0x0000_1010,
-            0x0010_0000,
-            0x0010_0010,
-            0x0010_1000,
-            0x0010_1010,
-            0x1000_0000,
-            0x1000_0010,
-            0x1000_1000,
-            0x1000_1010,
-            0x1010_0000,
-            0x1010_0010,
-            0x1010_1000,
-            0x1010_1010,
-        );
+        let spread = qh_spread();
         let iq4 = _mm512_broadcast_i32x4(_mm_xor_si128(
             _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i),
             _mm_set1_epi8(0x80u8 as i8),
