@@ -375,6 +375,7 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
             let mut c1: Vec<f32> = (0..m * n).map(|i| i as f32 * 1e-3).collect();
             let mut c2 = c1.clone();
+            #[cfg(target_arch = "x86_64")]
             let mut c3 = c1.clone();
             gemm_acc(&mut c1, &a, &b, m, k, n);
             gemm_acc_impl(&mut c2, &a, &b, m, k, n);

@@ -177,7 +177,7 @@ impl MatMul {
     }
 
     /// Whether the product takes llamafile's tinyBLAS, with its own arithmetic.
-    #[cfg(test)]
+    #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn is_tinyblas(&self) -> bool {
         self.path == Path::TinyBlas
     }
