@@ -135,7 +135,8 @@ fn bytemuck_bytes(buf: &mut [u32], len: usize) -> &mut [u8] {
 
 /// A decode step's products with weights from memory: 96 MiB of Q4_1, Q5_0 or Q8_0 rows
 /// (SmolLM2's, Gemma 3's k; SmolLM2's Q8_0 output), 64 rows per `dot_tile` call, against 8, 4, 2
-/// or 1 activation rows; the best pass of each batch, as weight bytes per second.
+/// or 1 activation rows; the best pass of each batch, as weight bytes per second. Set
+/// `STREAM_MIB` to another size (`STREAM_MIB=1`: weights in L2) to see the kernels' own pace.
 fn bench_stream(c: &mut Criterion) {
     let mut g = c.benchmark_group("stream");
     g.sample_size(10)
@@ -144,7 +145,11 @@ fn bench_stream(c: &mut Criterion) {
     let mut rng = Rng::new(0x57e4_a11d_0bad_f00d);
     for (dtype, k) in [(DType::Q4_1, 576), (DType::Q5_0, 640), (DType::Q8_0, 576)] {
         let row = dtype.row_size(k as u64).expect("whole blocks") as usize;
-        let m = (96 << 20) / row / 64 * 64;
+        let mib: usize = std::env::var("STREAM_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(96);
+        let m = (mib << 20) / row / 64 * 64;
         let w = weights(&mut rng, dtype, m, k);
         let wrows: Vec<&[u8]> = w.chunks_exact(row).collect();
         let packed = table()

@@ -5,9 +5,8 @@
 //! Only read-only buffers (the mapped model file) are packed from: their bytes never change,
 //! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
 //! weight's offset and shape, and dropped with the buffer (checked when a copy is added).
-//! One-row products of Q8_0 weights (the output head in token generation) keep reading the
-//! mapping: there the packed tile is no faster. Once packed, a weight's pages of the file are
-//! dropped from the process's memory (`Buffer::evict`), so the copy does not double it.
+//! Once packed, a weight's pages of the file are dropped from the process's memory
+//! (`Buffer::evict`), so the copy does not double it.
 //! llama.cpp packs its `CPU_REPACK` types at load instead; here the copy is made on first use.
 
 use std::collections::HashMap;
@@ -52,10 +51,9 @@ impl PackCache {
         let [k, m, ne2, ne3] = layout.ne;
         let qk = layout.dtype.block_size() as usize;
         let nb = k / qk;
-        // One activation row: only the nibble types gain (their tile on packed rows streams
-        // faster than the per-row dots; Q8_0's does not).
+        // (One activation row included: the packed tiles decode in registers and stream
+        // faster than the per-row dots, Q8_0 too.)
         if n == 0
-            || (n == 1 && pl.words == 8)
             || !buffer.is_read_only()
             || ne2 != 1
             || ne3 != 1
@@ -80,8 +78,9 @@ impl PackCache {
             // caller's contract (`nb[0]` is the block size, checked above).
             unsafe { std::slice::from_raw_parts(ptr.add(i * stride), nb * pl.block) }
         })?;
-        // The file's pages of this weight are read again only by other ops (one-row Q8_0
-        // products, `GET_ROWS` on a tied embedding), which fault back what they need.
+        // The file's pages of this weight are read again only by other ops (`GET_ROWS` on a
+        // tied embedding, products the packed tiles do not take), which fault back what
+        // they need.
         buffer.evict(offset, (m - 1) * stride + nb * pl.block);
         let packed = Arc::new(packed);
         self.buffers.retain(|_, (b, _)| b.is_alive());
@@ -130,7 +129,7 @@ mod tests {
     use lamina_core::DType;
 
     /// A copy is made once per weight, found again while its buffer lives, and dropped with
-    /// the buffer; writable buffers, one-row Q8_0 products and short groups get none.
+    /// the buffer, one-row products included; writable buffers and short groups get none.
     #[test]
     fn copies_follow_their_buffer() {
         let table = crate::kernels::table();
@@ -153,7 +152,8 @@ mod tests {
         let first = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
         let again = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
         assert!(Arc::ptr_eq(&first, &again));
-        assert!(unsafe { cache.get(table, &a, 0, ptr, &layout, 1) }.is_none());
+        let one = unsafe { cache.get(table, &a, 0, ptr, &layout, 1) }.expect("packed");
+        assert!(Arc::ptr_eq(&first, &one));
         let short = Layout::contiguous(DType::Q8_0, &[k, 24]).unwrap();
         assert!(unsafe { cache.get(table, &a, 0, ptr, &short, 4) }.is_none());
         let host = device.buffer_type().alloc_buffer(row * m).unwrap();

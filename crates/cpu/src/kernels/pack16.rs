@@ -8,7 +8,7 @@
 //! (word-major), then, after all blocks, each block's header (16 `d`, 16 `m`, 16 `qh`). The
 //! values and their order are unchanged, so the tiles give the same bits from either layout.
 //!
-//! The copy sits beside the mapped weights, which other ops (and one-row Q8_0 products) still
+//! The copy sits beside the mapped weights, which other ops (`GET_ROWS` on a tied embedding) still
 //! read: see `crate::packed` for when it is made and kept.
 
 use lamina_core::DType;

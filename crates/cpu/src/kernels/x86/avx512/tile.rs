@@ -538,6 +538,12 @@ pub(crate) const ROWS16_W: usize = 64;
 /// GMAC/s; weights from memory, prefetched ahead into L2, 4 rows 7.0 against 5.0 GiB/s and
 /// 2 rows 8.0 against 6.5); with one row they lose (Q5_0 from memory: 7.0 against 9.4 GiB/s).
 const ROWS16_MIN_A: usize = 2;
+/// Activation rows up to which [`q0_rows16`] on packed weights decodes in each tile
+/// ([`rows16_tile_packed`]) rather than once into tables; half as many for the Q5 types,
+/// whose fifth bits cost a tile as much again (one Zen 4 core, 8 rows, `stream` bench from
+/// memory: Q4_1 5.5 fused against 5.3 GiB/s through the tables, Q8_0 8.6 against 7.1, Q5_0
+/// 5.4 against 5.8).
+const ROWS16_FUSED_A: usize = 8;
 /// Activation rows whose tables [`q0_rows16`] builds at a time (for rows of
 /// [`ROWS16_BLOCKS`] blocks; proportionally fewer for longer rows).
 const ROWS16_A: usize = 32;
@@ -746,6 +752,15 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
         // Rows longer than the tables hold for all groups: each chunk decodes the groups
         // again (a decode is a few percent of 16+ activation rows' products).
         let single = na <= chunk || nb > ROWS16_BLOCKS;
+        // Packed weights and few activation rows (a decode step): each tile decodes its
+        // blocks in registers, straight from the packed lines, instead of through the tables.
+        let fused = matches!(w, Rows16Src::Packed { .. })
+            && na
+                <= if T == 1 {
+                    ROWS16_FUSED_A / 2
+                } else {
+                    ROWS16_FUSED_A
+                };
         let decode = |g: usize, slot: usize| {
             let at = slot * nb;
             match w {
@@ -763,7 +778,7 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                 ),
             }
         };
-        if !single {
+        if !single && !fused {
             for g in 0..ng {
                 decode(g, g);
             }
@@ -788,6 +803,55 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                     );
                     _mm256_storeu_ps((*corr.add(j * nb + b)).as_mut_ptr(), c);
                 }
+            }
+            if let Rows16Src::Packed { base, stride, .. } = w
+                && fused
+            {
+                for g in 0..ng {
+                    let group = base.add(g * stride);
+                    let valid = (nw - 16 * g).min(16);
+                    let mut j = 0;
+                    while j < cn {
+                        let rn = (cn - j).min(2);
+                        let mut yp = [std::ptr::null::<u8>(); 2];
+                        let mut tp = [(std::ptr::null(), std::ptr::null(), std::ptr::null()); 2];
+                        for jj in 0..rn {
+                            yp[jj] = a[c0 + j + jj].as_ptr().add(yo);
+                            let r = (j + jj) * nb;
+                            tp[jj] = (
+                                dys.add(r).cast_const(),
+                                corr.add(r).cast_const(),
+                                sys.add(r).cast_const(),
+                            );
+                        }
+                        // The first pair of activation rows asks for the groups ahead.
+                        let ahead = j == 0;
+                        let sums = if rn == 2 {
+                            rows16_tile_packed::<2, T, Q1>(nb, by, group, stride, ahead, yp, tp)
+                        } else {
+                            let [s0] = rows16_tile_packed::<1, T, Q1>(
+                                nb,
+                                by,
+                                group,
+                                stride,
+                                ahead,
+                                [yp[0]],
+                                [tp[0]],
+                            );
+                            [s0, s0]
+                        };
+                        for (jj, s) in sums.iter().enumerate().take(rn) {
+                            let dst = out.as_mut_ptr().add((c0 + j + jj) * nw + 16 * g);
+                            if valid == 16 {
+                                _mm512_storeu_ps(dst, *s);
+                            } else {
+                                _mm512_mask_storeu_ps(dst, (1u16 << valid) - 1, *s);
+                            }
+                        }
+                        j += rn;
+                    }
+                }
+                continue;
             }
             for g in 0..ng {
                 let slot = if single {
@@ -1208,6 +1272,115 @@ unsafe fn rows16_tile<const RN: usize, const Q1: bool>(
                     let c = if Q1 { 12_582_912.0 } else { *cr.add(p) };
                     let f = _mm512_sub_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(c));
                     acc[jj][p] = _mm512_fmadd_ps(dd, f, acc[jj][p]);
+                }
+            }
+        }
+        let mut out = [_mm512_setzero_ps(); RN];
+        for ((o, l), sm) in out.iter_mut().zip(&acc).zip(summs) {
+            *o = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            if Q1 {
+                *o = _mm512_add_ps(*o, sm);
+            }
+        }
+        out
+    }
+}
+
+/// [`rows16_tile`] reading a packed group ([`crate::kernels::pack16`], `nb` blocks of the
+/// type of (`T`, `Q1`): Q4_1, Q5_0, Q5_1 or Q8_0) instead of [`decode16_packed`]'s tables:
+/// each block's 8 positions are formed in registers from its 64-byte lines right before
+/// their products (the same values, so the same bits). The tables cost 10 512-bit stores a
+/// block, and Zen 4 retires one such store every two cycles: at 2 to 8 activation rows the
+/// stores, not the products, set the pace. With `ahead`, asks for the group
+/// [`ROWS16_PREFETCH`] groups on (`stride` bytes a group) as the decode does.
+///
+/// # Safety
+/// As [`rows16_tile`], with `group` one whole packed group of `nb` blocks.
+#[inline(always)]
+unsafe fn rows16_tile_packed<const RN: usize, const T: u8, const Q1: bool>(
+    nb: usize,
+    by: usize,
+    group: *const u8,
+    stride: usize,
+    ahead: bool,
+    yp: [*const u8; RN],
+    tp: [RowTables; RN],
+) -> [__m512; RN] {
+    let layout = crate::kernels::pack16::PackLayout::of(match (T, Q1) {
+        (0, true) => lamina_core::DType::Q4_1,
+        (1, true) => lamina_core::DType::Q5_1,
+        (1, false) => lamina_core::DType::Q5_0,
+        _ => lamina_core::DType::Q8_0,
+    })
+    .expect("a packed type");
+    let (pl, hd) = (layout.payload(), layout.header());
+    let (hm, hq) = (layout.header_m(), layout.header_qh());
+    // SAFETY: `nb` payloads then `nb` headers at `group`; the tables hold `nb` entries and
+    // the rows `nb` blocks (the caller's contract); AVX-512 F/BW/VNNI enabled by the caller.
+    unsafe {
+        let heads = group.add(nb * pl);
+        let mut summs = [_mm512_setzero_ps(); RN];
+        if Q1 {
+            for b in 0..nb {
+                let mx = _mm512_cvtph_ps(_mm256_loadu_si256(heads.add(b * hd + hm).cast()));
+                for jj in 0..RN {
+                    let sy = _mm512_set1_ps(*tp[jj].2.add(b));
+                    summs[jj] = _mm512_fmadd_ps(mx, sy, summs[jj]);
+                }
+            }
+        }
+        let magic = _mm512_set1_epi32(0x4B40_0000);
+        let m4 = _mm512_set1_epi8(0x0F);
+        let bias = _mm512_set1_epi8(0x80u8 as i8);
+        let spread = qh_spread();
+        let mut acc = [[_mm512_setzero_ps(); 8]; RN];
+        for b in 0..nb {
+            if ahead {
+                prefetch_span(group, stride, nb, b);
+            }
+            let q = group.add(b * pl);
+            let h = heads.add(b * hd);
+            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(h.cast()));
+            let mut dd = [_mm512_setzero_ps(); RN];
+            for jj in 0..RN {
+                dd[jj] = _mm512_mul_ps(dx, _mm512_set1_ps(*tp[jj].0.add(b)));
+            }
+            let bits5 = if T == 1 {
+                _mm512_loadu_si512(h.add(hq).cast())
+            } else {
+                _mm512_setzero_si512()
+            };
+            // Position `p`'s unsigned bytes of the 16 rows.
+            let unsigned = |p: usize| -> __m512i {
+                if T == 2 {
+                    return _mm512_xor_si512(_mm512_load_si512(q.add(64 * p).cast()), bias);
+                }
+                let z = _mm512_load_si512(q.add(64 * (p % 4)).cast());
+                let z = if p < 4 { z } else { _mm512_srli_epi32::<4>(z) };
+                let u = _mm512_and_si512(z, m4);
+                if T == 1 {
+                    let bits = _mm512_srlv_epi32(bits5, _mm512_set1_epi32(4 * p as i32));
+                    _mm512_or_si512(u, _mm512_permutexvar_epi32(bits, spread))
+                } else {
+                    u
+                }
+            };
+            for p in 0..8 {
+                let u = unsigned(p);
+                for jj in 0..RN {
+                    let yb = yp[jj].add(b * by);
+                    let y4 = _mm512_set1_epi32(yb.add(4 * p).cast::<i32>().read_unaligned());
+                    let t = _mm512_dpbusd_epi32(magic, u, y4);
+                    let c = if Q1 {
+                        12_582_912.0
+                    } else {
+                        *tp[jj].1.add(b).cast::<f32>().add(p)
+                    };
+                    let f = _mm512_sub_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(c));
+                    acc[jj][p] = _mm512_fmadd_ps(dd[jj], f, acc[jj][p]);
                 }
             }
         }
