@@ -616,14 +616,9 @@ fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<
                 // SAFETY: `w` addresses the weight, in bounds (checked by `prepare`), in a
                 // buffer locked for this call.
                 unsafe {
-                    state.packs.get(
-                        state.pool.kernels(),
-                        &p.buffers[bi],
-                        off,
-                        w.ptr,
-                        &w.l,
-                        b.l.ne[1],
-                    )
+                    state
+                        .packs
+                        .get(&mut state.pool, &p.buffers[bi], off, w.ptr, &w.l, b.l.ne[1])
                 }
             }
             _ => None,

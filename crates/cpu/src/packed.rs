@@ -1,6 +1,6 @@
 //! Packed copies of weights for the kernel tier's packed tiles ([`crate::kernels::pack16`]),
-//! made by a device's queue thread the first time a product reads a weight matrix, and kept
-//! while the weight's buffer lives.
+//! made by a device's worker pool (all its threads, each a share of the groups) the first time
+//! a product reads a weight matrix, and kept while the weight's buffer lives.
 //!
 //! Only read-only buffers (the mapped model file) are packed from: their bytes never change,
 //! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
@@ -15,8 +15,8 @@ use std::sync::Arc;
 use lamina_backend::{Buffer, WeakBuffer};
 use lamina_core::tensor::Layout;
 
-use crate::kernels::KernelTable;
 use crate::kernels::pack16::{GROUP, PackLayout, Packed16};
+use crate::pool::WorkerPool;
 
 /// Environment variable that, set to `1`, turns packing off (llama.cpp's `--no-repack`).
 pub const NO_REPACK_ENV: &str = "LAMINA_NO_REPACK";
@@ -32,21 +32,21 @@ pub(crate) struct PackCache {
 
 impl PackCache {
     /// The packed copy of the weight `layout` at `ptr` (offset `offset` in `buffer`), made now
-    /// if missing, when `table` has a packed tile and the weight and a product of `n`
-    /// activation rows suit it; else `None`.
+    /// (by every thread of `pool`) if missing, when the pool's kernel table has a packed tile
+    /// and the weight and a product of `n` activation rows suit it; else `None`.
     ///
     /// # Safety
     /// `ptr` addresses the weight's bytes as `layout` describes them, readable for this call.
     pub(crate) unsafe fn get(
         &mut self,
-        table: &KernelTable,
+        pool: &mut WorkerPool,
         buffer: &Buffer,
         offset: usize,
         ptr: *const u8,
         layout: &Layout,
         n: usize,
     ) -> Option<Arc<Packed16>> {
-        let tile = table.packed16()?;
+        let tile = pool.kernels().packed16()?;
         let pl = PackLayout::of(layout.dtype)?;
         let [k, m, ne2, ne3] = layout.ne;
         let qk = layout.dtype.block_size() as usize;
@@ -72,11 +72,14 @@ impl PackCache {
         {
             return Some(p.clone());
         }
-        let stride = layout.nb[1];
-        let packed = Packed16::pack(layout.dtype, m, nb, |i| {
+        let (stride, addr) = (layout.nb[1], ptr as usize);
+        let row = |i: usize| {
             // SAFETY: row `i < m` of the weight, `nb` blocks of `pl.block` bytes, by the
             // caller's contract (`nb[0]` is the block size, checked above).
-            unsafe { std::slice::from_raw_parts(ptr.add(i * stride), nb * pl.block) }
+            unsafe { std::slice::from_raw_parts((addr + i * stride) as *const u8, nb * pl.block) }
+        };
+        let packed = Packed16::pack_on(layout.dtype, m, nb, row, |part| {
+            pool.run(&|ctx| part(ctx.ith, ctx.nth))
         })?;
         // The file's pages of this weight are read again only by other ops (`GET_ROWS` on a
         // tied embedding, products the packed tiles do not take), which fault back what
@@ -132,8 +135,8 @@ mod tests {
     /// the buffer, one-row products included; writable buffers and short groups get none.
     #[test]
     fn copies_follow_their_buffer() {
-        let table = crate::kernels::table();
-        if table.packed16().is_none() {
+        let mut pool = WorkerPool::new("pack-test", 2).unwrap();
+        if pool.kernels().packed16().is_none() {
             return; // this tier has no packed tiles
         }
         let device = crate::CpuDevice::new(0, 1, 1, false).unwrap();
@@ -146,24 +149,28 @@ mod tests {
                 .buffer_from_host_memory(Arc::new(bytes))
                 .expect("a mapped buffer")
         };
-        let a = mapped(vec![0x11; row * m]);
+        let bytes: Vec<u8> = (0..row * m).map(|i| (i * 7 + i / 13) as u8).collect();
+        let a = mapped(bytes.clone());
         let ptr = a.lock().as_ptr().unwrap();
         // SAFETY (every `get` below): `ptr` addresses `row * m` bytes of `a`, which lives.
-        let first = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
-        let again = unsafe { cache.get(table, &a, 0, ptr, &layout, 4) }.expect("packed");
+        let first = unsafe { cache.get(&mut pool, &a, 0, ptr, &layout, 4) }.expect("packed");
+        // Packed by the pool's two threads: the bytes one thread packs.
+        let serial = Packed16::pack(DType::Q8_0, m, k / 32, |i| &bytes[i * row..][..row]).unwrap();
+        assert_eq!(first.groups(0, m), serial.groups(0, m));
+        let again = unsafe { cache.get(&mut pool, &a, 0, ptr, &layout, 4) }.expect("packed");
         assert!(Arc::ptr_eq(&first, &again));
-        let one = unsafe { cache.get(table, &a, 0, ptr, &layout, 1) }.expect("packed");
+        let one = unsafe { cache.get(&mut pool, &a, 0, ptr, &layout, 1) }.expect("packed");
         assert!(Arc::ptr_eq(&first, &one));
         let short = Layout::contiguous(DType::Q8_0, &[k, 24]).unwrap();
-        assert!(unsafe { cache.get(table, &a, 0, ptr, &short, 4) }.is_none());
+        assert!(unsafe { cache.get(&mut pool, &a, 0, ptr, &short, 4) }.is_none());
         let host = device.buffer_type().alloc_buffer(row * m).unwrap();
         let hptr = host.lock().as_ptr().unwrap();
-        assert!(unsafe { cache.get(table, &host, 0, hptr, &layout, 4) }.is_none());
+        assert!(unsafe { cache.get(&mut pool, &host, 0, hptr, &layout, 4) }.is_none());
         let id = a.id();
         drop(a);
         let b = mapped(vec![0x22; row * m]);
         let bptr = b.lock().as_ptr().unwrap();
-        assert!(unsafe { cache.get(table, &b, 0, bptr, &layout, 4) }.is_some());
+        assert!(unsafe { cache.get(&mut pool, &b, 0, bptr, &layout, 4) }.is_some());
         assert!(
             !cache.buffers.contains_key(&id),
             "the dropped buffer's copies stay"

@@ -870,6 +870,20 @@ fn packed_tiles_match_rows() {
             let wr: Vec<&[u8]> = w.chunks_exact(nb * l.block).collect();
             let p = Packed16::pack(dtype, m, nb, |i| wr[i]).unwrap();
             assert_eq!(p.size_bytes(), m / GROUP * l.group_bytes(nb));
+            // Shared out in 3 parts (more than some weights have groups), run in any order:
+            // the same bytes; a part left out is not passed off as packed.
+            let parts = Packed16::pack_on(
+                dtype,
+                m,
+                nb,
+                |i| wr[i],
+                |part| {
+                    (0..3).rev().for_each(|i| part(i, 3));
+                    true
+                },
+            );
+            assert_eq!(parts.unwrap().groups(0, m), p.groups(0, m));
+            assert!(Packed16::pack_on(dtype, m, nb, |i| wr[i], |_| false).is_none());
             // Layout: quants word `q` of row `r`, block `b` at line `q` of the block; the
             // header's d, m and qh lanes.
             let g = p.groups(0, m);
