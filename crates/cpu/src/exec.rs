@@ -379,7 +379,8 @@ pub(crate) struct NodePlan {
     pub op: Op,
     pub dst: TView,
     pub src: [Option<TView>; MAX_SRC],
-    /// A `MUL_MAT`'s weights packed for the tier's packed tiles ([`crate::packed`]).
+    /// A `MUL_MAT`'s weights packed for the tier's packed tiles ([`crate::packed`]), or the
+    /// packed copy a `GET_ROWS` reads its rows from.
     pub packed: Option<Arc<Packed16>>,
 }
 
@@ -632,6 +633,16 @@ fn run_locked(state: &mut ExecState, p: &Prepared, bases: &[BasePtr]) -> Result<
         };
         work_bytes = work_bytes.max(ops::work_size(&node, nth));
         nodes.push(node);
+    }
+    // Rows of a packed weight (a tied embedding) come from the copy, looked up once every
+    // product of the graph has made its copies: the file's pages were dropped, and faulting
+    // one back maps its cached neighbours too (the kernel's fault-around), which refilled
+    // most of the embedding.
+    for node in nodes.iter_mut().filter(|n| n.op == Op::GetRows) {
+        let w = graph.tensor(node.id).src[0].and_then(|w| p.loc[w.index()]);
+        if let (Some((bi, off)), Some(src)) = (w, node.src[0]) {
+            node.packed = state.packs.find(&p.buffers[bi], off, &src.l);
+        }
     }
     let words = work_bytes.div_ceil(8);
     if state.work.len() < words {

@@ -455,6 +455,9 @@ fn top_k(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, work: Work) {
     }
 }
 
+/// Bytes of the longest row a packed weight has (64 blocks of Q8_0's 34).
+const MAX_PACKED_ROW: usize = 64 * 34;
+
 fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
     let Some(b) = node.src[1] else { return };
     let d = node.dst;
@@ -474,7 +477,19 @@ fn get_rows(node: &NodePlan, a: TView, ctx: &WorkerCtx<'_>, err: &ErrorSlot) {
                 d.row_mut(i10, i11, i12).fill(0);
                 continue;
             }
-            let row = a.row(idx as usize, i11, i12 % a.l.ne[3]);
+            let mut unpacked = [0u8; MAX_PACKED_ROW];
+            let row = match node.packed.as_deref() {
+                Some(p)
+                    if a.l.ne[2] == 1
+                        && a.l.ne[3] == 1
+                        && p.layout().block * p.blocks() <= MAX_PACKED_ROW =>
+                {
+                    let n = p.layout().block * p.blocks();
+                    p.row_into(idx as usize, &mut unpacked[..n]);
+                    &unpacked[..n]
+                }
+                _ => a.row(idx as usize, i11, i12 % a.l.ne[3]),
+            };
             if d.l.dtype == DType::I32 {
                 // i32 rows are copied as they are.
                 d.row_mut(i10, i11, i12).copy_from_slice(row);

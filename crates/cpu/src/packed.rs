@@ -5,8 +5,9 @@
 //! Only read-only buffers (the mapped model file) are packed from: their bytes never change,
 //! so a copy made once stays right. A copy is keyed by the buffer's process-unique id and the
 //! weight's offset and shape, and dropped with the buffer (checked when a copy is added).
-//! Once packed, a weight's pages of the file are dropped from the process's memory
-//! (`Buffer::evict`), so the copy does not double it.
+//! As a weight is packed, its pages of the file are dropped from the process's memory
+//! (`Buffer::evict`), so the copy does not double it; `GET_ROWS` on a packed weight (a tied
+//! embedding) reads the copy ([`PackCache::find`]), so nothing faults the pages back.
 //! llama.cpp packs its `CPU_REPACK` types at load instead; here the copy is made on first use.
 
 use std::collections::HashMap;
@@ -78,13 +79,21 @@ impl PackCache {
             // caller's contract (`nb[0]` is the block size, checked above).
             unsafe { std::slice::from_raw_parts((addr + i * stride) as *const u8, nb * pl.block) }
         };
-        let packed = Packed16::pack_on(layout.dtype, m, nb, row, |part| {
-            pool.run(&|ctx| part(ctx.ith, ctx.nth))
-        })?;
         // The file's pages of this weight are read again only by other ops (`GET_ROWS` on a
         // tied embedding, products the packed tiles do not take), which fault back what
-        // they need.
-        buffer.evict(offset, (m - 1) * stride + nb * pl.block);
+        // they need. Dropped as the packing goes (else the peak holds both copies of the
+        // largest weight: Gemma 3's output head, 178 MB), then once more whole, for the pages
+        // two runs of rows share.
+        let len = (m - 1) * stride + nb * pl.block;
+        let packed = Packed16::pack_on(
+            layout.dtype,
+            m,
+            nb,
+            row,
+            |part| pool.run(&|ctx| part(ctx.ith, ctx.nth)),
+            |rows| buffer.evict(offset + rows.start * stride, rows.len() * stride),
+        )?;
+        buffer.evict(offset, len);
         let packed = Arc::new(packed);
         self.buffers.retain(|_, (b, _)| b.is_alive());
         self.buffers
@@ -93,6 +102,20 @@ impl PackCache {
             .1
             .insert(key, packed.clone());
         Some(packed)
+    }
+}
+
+impl PackCache {
+    /// The packed copy of the weight `layout` at offset `offset` in `buffer`, if one was made.
+    pub(crate) fn find(
+        &self,
+        buffer: &Buffer,
+        offset: usize,
+        layout: &Layout,
+    ) -> Option<Arc<Packed16>> {
+        let [k, m, _, _] = layout.ne;
+        let key = (offset, layout.dtype, k, m, layout.nb[1]);
+        self.buffers.get(&buffer.id())?.1.get(&key).cloned()
     }
 }
 
@@ -161,6 +184,9 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &again));
         let one = unsafe { cache.get(&mut pool, &a, 0, ptr, &layout, 1) }.expect("packed");
         assert!(Arc::ptr_eq(&first, &one));
+        // Found again without making one (`GET_ROWS`), only for the same weight.
+        assert!(Arc::ptr_eq(&first, &cache.find(&a, 0, &layout).unwrap()));
+        assert!(cache.find(&a, row * 16, &layout).is_none());
         let short = Layout::contiguous(DType::Q8_0, &[k, 24]).unwrap();
         assert!(unsafe { cache.get(&mut pool, &a, 0, ptr, &short, 4) }.is_none());
         let host = device.buffer_type().alloc_buffer(row * m).unwrap();

@@ -8,8 +8,8 @@
 //! (word-major), then, after all blocks, each block's header (16 `d`, 16 `m`, 16 `qh`). The
 //! values and their order are unchanged, so the tiles give the same bits from either layout.
 //!
-//! The copy sits beside the mapped weights, which other ops (`GET_ROWS` on a tied embedding) still
-//! read: see `crate::packed` for when it is made and kept.
+//! The copy replaces the mapped weights for the products and `GET_ROWS` ([`Packed16::row_into`]):
+//! see `crate::packed` for when it is made and kept.
 
 use lamina_core::DType;
 
@@ -123,23 +123,32 @@ impl Packed16 {
         nb: usize,
         row: impl Fn(usize) -> &'a [u8] + Sync,
     ) -> Option<Packed16> {
-        Self::pack_on(dtype, rows, nb, row, |part| {
-            part(0, 1);
-            true
-        })
+        Self::pack_on(
+            dtype,
+            rows,
+            nb,
+            row,
+            |part| {
+                part(0, 1);
+                true
+            },
+            |_| {},
+        )
     }
 
     /// [`Packed16::pack`] with the groups shared out by `run`, which must call `part(i, n)`
     /// once for each `i` in `0..n` (each call may run on its own thread; call `i` packs the
     /// `i`-th share of the groups) and return whether all of them finished (`None` if not): a
     /// device packs on its worker pool, so that the first product of a large model waits a
-    /// fraction as long.
+    /// fraction as long. `packed(rows)` is called (on the part's thread) as runs of rows are
+    /// done with, so that their source can be dropped while the rest is packed.
     pub fn pack_on<'a>(
         dtype: DType,
         rows: usize,
         nb: usize,
         row: impl Fn(usize) -> &'a [u8] + Sync,
         run: impl FnOnce(&(dyn Fn(usize, usize) + Sync)) -> bool,
+        packed: impl Fn(std::ops::Range<usize>) + Sync,
     ) -> Option<Packed16> {
         let layout = PackLayout::of(dtype)?;
         if rows == 0 || !rows.is_multiple_of(GROUP) || nb == 0 {
@@ -159,14 +168,21 @@ impl Packed16 {
         #[cfg(unix)]
         let _ = lines.advise(memmap2::Advice::HugePage);
         let out = SharedOut(lines.as_mut_ptr());
+        // Groups between two `packed` calls.
+        const RUN: usize = 32;
         let part = |i: usize, n: usize| {
             let per = groups.div_ceil(n.max(1));
-            for g in (i * per).min(groups)..((i + 1) * per).min(groups) {
-                // SAFETY: group `g`'s `gb` bytes lie inside the mapping (zeroed memory); each
-                // group is written by one call only, so no two calls touch the same bytes,
-                // and nothing else does until `run` returns.
-                let group = unsafe { std::slice::from_raw_parts_mut(out.at(g * gb), gb) };
-                pack_group(&layout, nb, group, |r| row(g * GROUP + r));
+            let (g0, g1) = ((i * per).min(groups), ((i + 1) * per).min(groups));
+            for r0 in (g0..g1).step_by(RUN) {
+                let r1 = (r0 + RUN).min(g1);
+                for g in r0..r1 {
+                    // SAFETY: group `g`'s `gb` bytes lie inside the mapping (zeroed memory);
+                    // each group is written by one call only, so no two calls touch the same
+                    // bytes, and nothing else does until `run` returns.
+                    let group = unsafe { std::slice::from_raw_parts_mut(out.at(g * gb), gb) };
+                    pack_group(&layout, nb, group, |r| row(g * GROUP + r));
+                }
+                packed(r0 * GROUP..r1 * GROUP);
             }
         };
         if !run(&part) {
@@ -209,6 +225,31 @@ impl Packed16 {
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
         self.lines.len()
+    }
+
+    /// Row `i`'s blocks as the file holds them, into `out` (`nb` blocks of the type's size):
+    /// the rows of a packed weight without its file's pages.
+    pub fn row_into(&self, i: usize, out: &mut [u8]) {
+        let l = self.layout;
+        let (nb, pl, hd) = (self.nb, l.payload(), l.header());
+        let group = self.groups(i / GROUP * GROUP, GROUP);
+        let r = i % GROUP;
+        for (b, blk) in out[..nb * l.block].chunks_exact_mut(l.block).enumerate() {
+            for w in 0..l.words {
+                let at = b * pl + 64 * w + 4 * r;
+                blk[l.qs + 4 * w..][..4].copy_from_slice(&group[at..at + 4]);
+            }
+            let h = nb * pl + b * hd;
+            blk[..2].copy_from_slice(&group[h + 2 * r..h + 2 * r + 2]);
+            if let Some(m) = l.m {
+                let at = h + l.header_m() + 2 * r;
+                blk[m..m + 2].copy_from_slice(&group[at..at + 2]);
+            }
+            if let Some(qh) = l.qh {
+                let at = h + l.header_qh() + 4 * r;
+                blk[qh..qh + 4].copy_from_slice(&group[at..at + 4]);
+            }
+        }
     }
 
     /// The packed bytes of the groups holding rows `i0..i0 + n` (`i0` and `n` whole groups).

@@ -871,7 +871,9 @@ fn packed_tiles_match_rows() {
             let p = Packed16::pack(dtype, m, nb, |i| wr[i]).unwrap();
             assert_eq!(p.size_bytes(), m / GROUP * l.group_bytes(nb));
             // Shared out in 3 parts (more than some weights have groups), run in any order:
-            // the same bytes; a part left out is not passed off as packed.
+            // the same bytes, every row reported packed once; a part left out is not passed
+            // off as packed.
+            let seen = std::sync::Mutex::new(vec![0u8; m]);
             let parts = Packed16::pack_on(
                 dtype,
                 m,
@@ -881,9 +883,18 @@ fn packed_tiles_match_rows() {
                     (0..3).rev().for_each(|i| part(i, 3));
                     true
                 },
+                |rows| seen.lock().unwrap()[rows].iter_mut().for_each(|s| *s += 1),
             );
             assert_eq!(parts.unwrap().groups(0, m), p.groups(0, m));
-            assert!(Packed16::pack_on(dtype, m, nb, |i| wr[i], |_| false).is_none());
+            assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
+            let none = Packed16::pack_on(dtype, m, nb, |i| wr[i], |_| false, |_| {});
+            assert!(none.is_none());
+            // Every row read back from the copy as the file holds it.
+            let mut back = vec![0u8; nb * l.block];
+            for (i, row) in wr.iter().enumerate() {
+                p.row_into(i, &mut back);
+                assert_eq!(&back[..], &row[..nb * l.block], "{dtype} row {i}");
+            }
             // Layout: quants word `q` of row `r`, block `b` at line `q` of the block; the
             // header's d, m and qh lanes.
             let g = p.groups(0, m);
