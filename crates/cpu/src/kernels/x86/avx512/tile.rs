@@ -804,63 +804,23 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                     _mm256_storeu_ps((*corr.add(j * nb + b)).as_mut_ptr(), c);
                 }
             }
-            if let Rows16Src::Packed { base, stride, .. } = w
-                && fused
-            {
-                for g in 0..ng {
-                    let group = base.add(g * stride);
-                    let valid = (nw - 16 * g).min(16);
-                    let mut j = 0;
-                    while j < cn {
-                        let rn = (cn - j).min(2);
-                        let mut yp = [std::ptr::null::<u8>(); 2];
-                        let mut tp = [(std::ptr::null(), std::ptr::null(), std::ptr::null()); 2];
-                        for jj in 0..rn {
-                            yp[jj] = a[c0 + j + jj].as_ptr().add(yo);
-                            let r = (j + jj) * nb;
-                            tp[jj] = (
-                                dys.add(r).cast_const(),
-                                corr.add(r).cast_const(),
-                                sys.add(r).cast_const(),
-                            );
-                        }
-                        // The first pair of activation rows asks for the groups ahead.
-                        let ahead = j == 0;
-                        let sums = if rn == 2 {
-                            rows16_tile_packed::<2, T, Q1>(nb, by, group, stride, ahead, yp, tp)
-                        } else {
-                            let [s0] = rows16_tile_packed::<1, T, Q1>(
-                                nb,
-                                by,
-                                group,
-                                stride,
-                                ahead,
-                                [yp[0]],
-                                [tp[0]],
-                            );
-                            [s0, s0]
-                        };
-                        for (jj, s) in sums.iter().enumerate().take(rn) {
-                            let dst = out.as_mut_ptr().add((c0 + j + jj) * nw + 16 * g);
-                            if valid == 16 {
-                                _mm512_storeu_ps(dst, *s);
-                            } else {
-                                _mm512_mask_storeu_ps(dst, (1u16 << valid) - 1, *s);
-                            }
-                        }
-                        j += rn;
-                    }
-                }
-                continue;
-            }
             for g in 0..ng {
-                let slot = if single {
+                // Group `g`'s weights: its packed lines, read by the fused tiles, or its
+                // decoded tables.
+                let lines = match w {
+                    Rows16Src::Packed { base, stride, .. } if fused => {
+                        Some((base.add(g * stride), stride))
+                    }
+                    _ => None,
+                };
+                let at = if lines.is_some() {
+                    0
+                } else if single {
                     decode(g, 0);
                     0
                 } else {
-                    g
+                    g * nb
                 };
-                let at = slot * nb;
                 let (wd, wdx, wmx) = (
                     dec.add(at).cast_const(),
                     dxs.add(at).cast_const(),
@@ -881,11 +841,22 @@ unsafe fn q0_rows16<const T: u8, const Q1: bool>(
                             sys.add(r).cast_const(),
                         );
                     }
-                    let sums = if rn == 2 {
-                        rows16_tile::<2, Q1>(nb, by, wd, wdx, wmx, yp, tp)
-                    } else {
-                        let [s0] = rows16_tile::<1, Q1>(nb, by, wd, wdx, wmx, [yp[0]], [tp[0]]);
-                        [s0, s0]
+                    // (Fused: the first pair of activation rows asks for the groups ahead.)
+                    let sums = match (lines, rn) {
+                        (Some((l, stride)), 2) => {
+                            rows16_tile_packed::<2, T, Q1>(nb, by, l, stride, j == 0, yp, tp)
+                        }
+                        (Some((l, stride)), _) => {
+                            let (y, t) = ([yp[0]], [tp[0]]);
+                            let [s0] =
+                                rows16_tile_packed::<1, T, Q1>(nb, by, l, stride, j == 0, y, t);
+                            [s0, s0]
+                        }
+                        (None, 2) => rows16_tile::<2, Q1>(nb, by, wd, wdx, wmx, yp, tp),
+                        (None, _) => {
+                            let [s0] = rows16_tile::<1, Q1>(nb, by, wd, wdx, wmx, [yp[0]], [tp[0]]);
+                            [s0, s0]
+                        }
                     };
                     for (jj, s) in sums.iter().enumerate().take(rn) {
                         let dst = out.as_mut_ptr().add((c0 + j + jj) * nw + 16 * g);
@@ -1004,6 +975,19 @@ unsafe fn qh_spread() -> __m512i {
     }
 }
 
+/// The packed layout ([`crate::kernels::pack16`]) of the type of (`T`, `Q1`): Q4_1, Q5_1,
+/// Q5_0 or Q8_0.
+#[inline(always)]
+fn packed_layout<const T: u8, const Q1: bool>() -> crate::kernels::pack16::PackLayout {
+    crate::kernels::pack16::PackLayout::of(match (T, Q1) {
+        (0, true) => lamina_core::DType::Q4_1,
+        (1, true) => lamina_core::DType::Q5_1,
+        (1, false) => lamina_core::DType::Q5_0,
+        _ => lamina_core::DType::Q8_0,
+    })
+    .expect("a packed type")
+}
+
 /// [`decode16`] from a packed group ([`crate::kernels::pack16`]): per block, the quants'
 /// words are already lines of 16 rows, and the headers 16-lane vectors.
 ///
@@ -1019,13 +1003,7 @@ unsafe fn decode16_packed<const T: u8, const Q1: bool>(
     dxs: *mut __m512,
     mxs: *mut __m512,
 ) {
-    let layout = crate::kernels::pack16::PackLayout::of(match (T, Q1) {
-        (0, true) => lamina_core::DType::Q4_1,
-        (1, true) => lamina_core::DType::Q5_1,
-        (1, false) => lamina_core::DType::Q5_0,
-        _ => lamina_core::DType::Q8_0,
-    })
-    .expect("a packed type");
+    let layout = packed_layout::<T, Q1>();
     let (pl, hd) = (layout.payload(), layout.header());
     let (hm, hq) = (layout.header_m(), layout.header_qh());
     // SAFETY: by the caller's contract: `nb` payloads, then `nb` headers.
@@ -1275,8 +1253,25 @@ unsafe fn rows16_tile<const RN: usize, const Q1: bool>(
                 }
             }
         }
+        rows16_sums::<RN, Q1>(&acc, summs)
+    }
+}
+
+/// The 16 outputs per activation row of [`rows16_tile`]'s chains: `hsum_float_8`'s tree
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` as 7 vector adds, then (Q1) the `m·s`
+/// sums.
+///
+/// # Safety
+/// AVX-512 F enabled by the caller.
+#[inline(always)]
+unsafe fn rows16_sums<const RN: usize, const Q1: bool>(
+    acc: &[[__m512; 8]; RN],
+    summs: [__m512; RN],
+) -> [__m512; RN] {
+    // SAFETY: register arithmetic; AVX-512 F enabled by the caller.
+    unsafe {
         let mut out = [_mm512_setzero_ps(); RN];
-        for ((o, l), sm) in out.iter_mut().zip(&acc).zip(summs) {
+        for ((o, l), sm) in out.iter_mut().zip(acc).zip(summs) {
             *o = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
                 _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
@@ -1309,13 +1304,7 @@ unsafe fn rows16_tile_packed<const RN: usize, const T: u8, const Q1: bool>(
     yp: [*const u8; RN],
     tp: [RowTables; RN],
 ) -> [__m512; RN] {
-    let layout = crate::kernels::pack16::PackLayout::of(match (T, Q1) {
-        (0, true) => lamina_core::DType::Q4_1,
-        (1, true) => lamina_core::DType::Q5_1,
-        (1, false) => lamina_core::DType::Q5_0,
-        _ => lamina_core::DType::Q8_0,
-    })
-    .expect("a packed type");
+    let layout = packed_layout::<T, Q1>();
     let (pl, hd) = (layout.payload(), layout.header());
     let (hm, hq) = (layout.header_m(), layout.header_qh());
     // SAFETY: `nb` payloads then `nb` headers at `group`; the tables hold `nb` entries and
@@ -1384,17 +1373,7 @@ unsafe fn rows16_tile_packed<const RN: usize, const T: u8, const Q1: bool>(
                 }
             }
         }
-        let mut out = [_mm512_setzero_ps(); RN];
-        for ((o, l), sm) in out.iter_mut().zip(&acc).zip(summs) {
-            *o = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            if Q1 {
-                *o = _mm512_add_ps(*o, sm);
-            }
-        }
-        out
+        rows16_sums::<RN, Q1>(&acc, summs)
     }
 }
 
