@@ -67,7 +67,7 @@ impl PackCache {
         {
             return None;
         }
-        let key = (offset, layout.dtype, k, m, layout.nb[1]);
+        let key = key(offset, layout);
         if let Some((_, weights)) = self.buffers.get(&buffer.id())
             && let Some(p) = weights.get(&key)
         {
@@ -79,9 +79,9 @@ impl PackCache {
             // caller's contract (`nb[0]` is the block size, checked above).
             unsafe { std::slice::from_raw_parts((addr + i * stride) as *const u8, nb * pl.block) }
         };
-        // The file's pages of this weight are read again only by other ops (`GET_ROWS` on a
-        // tied embedding, products the packed tiles do not take), which fault back what
-        // they need. Dropped as the packing goes (else the peak holds both copies of the
+        // The file's pages of this weight are read again only by ops the copy does not serve
+        // (products the packed tiles do not take), which fault back what they need. Dropped
+        // as the packing goes (else the peak holds both copies of the
         // largest weight: Gemma 3's output head, 178 MB), then once more whole, for the pages
         // two runs of rows share.
         let len = (m - 1) * stride + nb * pl.block;
@@ -103,9 +103,7 @@ impl PackCache {
             .insert(key, packed.clone());
         Some(packed)
     }
-}
 
-impl PackCache {
     /// The packed copy of the weight `layout` at offset `offset` in `buffer`, if one was made.
     pub(crate) fn find(
         &self,
@@ -113,10 +111,23 @@ impl PackCache {
         offset: usize,
         layout: &Layout,
     ) -> Option<Arc<Packed16>> {
-        let [k, m, _, _] = layout.ne;
-        let key = (offset, layout.dtype, k, m, layout.nb[1]);
-        self.buffers.get(&buffer.id())?.1.get(&key).cloned()
+        self.buffers
+            .get(&buffer.id())?
+            .1
+            .get(&key(offset, layout))
+            .cloned()
     }
+}
+
+/// The cache's key of the weight `layout` at `offset` in its buffer.
+fn key(offset: usize, layout: &Layout) -> WeightKey {
+    (
+        offset,
+        layout.dtype,
+        layout.ne[0],
+        layout.ne[1],
+        layout.nb[1],
+    )
 }
 
 /// Whether packing is on: [`set_repack`]'s choice, else the environment's.
