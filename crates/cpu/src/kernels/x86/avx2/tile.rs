@@ -292,7 +292,7 @@ fn table_size(nb: usize, na: usize) -> Option<bool> {
 }
 
 /// `1.5·2^23` as f32 bits: `MAGIC + n` is the bit pattern of the f32 `1.5·2^23 + n` for
-/// |n| < 2^22, so [`magic_f32`] turns such a sum back into `n` exactly.
+/// |n| < 2^22, so [`magic_f32!`] turns such a sum back into `n` exactly.
 const MAGIC: i32 = 0x4B40_0000;
 
 /// `f32(t - MAGIC)` of each lane (|t - MAGIC| < 2^22), exactly, as `cvtdq2ps` would give
@@ -301,11 +301,31 @@ const MAGIC: i32 = 0x4B40_0000;
 /// add can take the lanes' offset along (Q4_0/Q5_0's `128·Σx`), and on Golden Cove and
 /// later cores the subtract runs on port 5's adder, beside the two multiply ports that the
 /// `maddubs`/`madd`/FMA of every output keep busy.
-#[inline(always)]
-unsafe fn magic_f32(t: __m256i) -> __m256 {
-    // SAFETY: register-only; AVX enabled by the caller.
-    unsafe { _mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(12_582_912.0)) }
+macro_rules! magic_f32 {
+    ($t:expr) => {{
+        let t: __m256 = _mm256_castsi256_ps($t);
+        let q: __m256;
+        // Used inside the kernels' `unsafe` blocks (AVX enabled). Sound: reads the 32 bytes
+        // of `MAGIC_F32`, a static. A memory operand rather than a broadcast register: the
+        // 2 × 4 tiles use all 16 registers, and the compiler reloaded the constant with a
+        // broadcast before each subtract.
+        std::arch::asm!(
+            "vsubps {q}, {t}, ymmword ptr [rip + {m}]",
+            q = lateout(ymm_reg) q,
+            t = in(ymm_reg) t,
+            m = sym MAGIC_F32,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        q
+    }};
 }
+
+/// `1.5·2^23` in every lane, read by [`magic_f32!`] as a memory operand.
+#[repr(align(32))]
+// The field is read, by the asm through the static's symbol.
+#[allow(dead_code)]
+struct Lanes8([f32; 8]);
+static MAGIC_F32: Lanes8 = Lanes8([12_582_912.0; 8]);
 
 /// How the offset tiles ([`offset_q0`], [`offset_q1`]) form a lane's exact sum of 4 products
 /// of unsigned by signed bytes: AVX2's `maddubs` + `madd` + add, or one `vpdpbusd`.
@@ -1195,7 +1215,7 @@ macro_rules! each_act_row {
 /// `MAGIC - 128·Σx` (`w` points at the pairs): the activation bytes offset to unsigned,
 /// `y + 128`, meet the values in one `maddubs` with no sign fix-up, and one integer add takes
 /// the offset's part (which depends on the weights alone) off and readies the lane for
-/// [`magic_f32`] (with VNNI, one `vpdpbusd` does all three). The lane sums are the same exact
+/// [`magic_f32!`] (with VNNI, one `vpdpbusd` does all three). The lane sums are the same exact
 /// integers (no pair sum saturates: `255·16·2 < 2^15`; Q8_0's `255·128·2` would, so it is
 /// taken only with VNNI), so the FMA chain, with the same products `dx·dy` (from the scale
 /// tables, lane `2j + i` for rows `i`, `j`), gives the same bits. With `PRE`, `a` points at
@@ -1232,9 +1252,9 @@ unsafe fn q0u<const T: u8, const PRE: bool, const V: u8, const RN: usize>(
                             } else {
                                 _mm256_xor_si256(loadu(a[$j].add(ib * 34 + 2)), bias)
                             };
-                            let q = magic_f32(lane_dot::<V>(x[0][1], y, x[0][0], ones));
+                            let q = magic_f32!(lane_dot::<V>(x[0][1], y, x[0][0], ones));
                             fmadd_bcast_at!(acc[0][$j], q, dd, $o0);
-                            let q = magic_f32(lane_dot::<V>(x[1][1], y, x[1][0], ones));
+                            let q = magic_f32!(lane_dot::<V>(x[1][1], y, x[1][0], ones));
                             fmadd_bcast_at!(acc[1][$j], q, dd, $o1);
                         }
                     };
