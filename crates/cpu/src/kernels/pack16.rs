@@ -32,6 +32,26 @@ pub struct PackLayout {
 }
 
 impl PackLayout {
+    /// The byte map between a file block and its packed group, the one both directions
+    /// use ([`Packed16::pack`], [`Packed16::row_into`]): `part(offset in the block, offset in
+    /// the group, length)` for each part of block `b` of the group's row `r`, with `nb` blocks
+    /// per row.
+    #[inline(always)]
+    fn block_map(&self, nb: usize, b: usize, r: usize, mut part: impl FnMut(usize, usize, usize)) {
+        let (pl, hd) = (self.payload(), self.header());
+        for w in 0..self.words {
+            part(self.qs + 4 * w, b * pl + 64 * w + 4 * r, 4);
+        }
+        let h = nb * pl + b * hd;
+        part(0, h + 2 * r, 2);
+        if let Some(m) = self.m {
+            part(m, h + self.header_m() + 2 * r, 2);
+        }
+        if let Some(qh) = self.qh {
+            part(qh, h + self.header_qh() + 4 * r, 4);
+        }
+    }
+
     /// The layout of `dtype`'s blocks; `None` for types that are not packed.
     pub const fn of(dtype: DType) -> Option<PackLayout> {
         Some(match dtype {
@@ -230,25 +250,12 @@ impl Packed16 {
     /// Row `i`'s blocks as the file holds them, into `out` (`nb` blocks of the type's size):
     /// the rows of a packed weight without its file's pages.
     pub fn row_into(&self, i: usize, out: &mut [u8]) {
-        let l = self.layout;
-        let (nb, pl, hd) = (self.nb, l.payload(), l.header());
+        let (l, nb) = (self.layout, self.nb);
         let group = self.groups(i / GROUP * GROUP, GROUP);
-        let r = i % GROUP;
         for (b, blk) in out[..nb * l.block].chunks_exact_mut(l.block).enumerate() {
-            for w in 0..l.words {
-                let at = b * pl + 64 * w + 4 * r;
-                blk[l.qs + 4 * w..][..4].copy_from_slice(&group[at..at + 4]);
-            }
-            let h = nb * pl + b * hd;
-            blk[..2].copy_from_slice(&group[h + 2 * r..h + 2 * r + 2]);
-            if let Some(m) = l.m {
-                let at = h + l.header_m() + 2 * r;
-                blk[m..m + 2].copy_from_slice(&group[at..at + 2]);
-            }
-            if let Some(qh) = l.qh {
-                let at = h + l.header_qh() + 4 * r;
-                blk[qh..qh + 4].copy_from_slice(&group[at..at + 4]);
-            }
+            l.block_map(nb, b, i % GROUP, |at_blk, at_group, n| {
+                blk[at_blk..at_blk + n].copy_from_slice(&group[at_group..at_group + n]);
+            });
         }
     }
 
@@ -280,25 +287,13 @@ impl SharedOut {
 
 /// Packs one group of [`GROUP`] rows (`row(r)`: at least `nb` blocks each) into `out`.
 fn pack_group<'a>(layout: &PackLayout, nb: usize, out: &mut [u8], row: impl Fn(usize) -> &'a [u8]) {
-    let (pl, hd) = (layout.payload(), layout.header());
     for r in 0..GROUP {
         let src = row(r);
         for b in 0..nb {
             let blk = &src[b * layout.block..(b + 1) * layout.block];
-            for w in 0..layout.words {
-                let at = b * pl + 64 * w + 4 * r;
-                out[at..at + 4].copy_from_slice(&blk[layout.qs + 4 * w..][..4]);
-            }
-            let h = nb * pl + b * hd;
-            out[h + 2 * r..h + 2 * r + 2].copy_from_slice(&blk[..2]);
-            if let Some(m) = layout.m {
-                let at = h + layout.header_m() + 2 * r;
-                out[at..at + 2].copy_from_slice(&blk[m..m + 2]);
-            }
-            if let Some(qh) = layout.qh {
-                let at = h + layout.header_qh() + 4 * r;
-                out[at..at + 4].copy_from_slice(&blk[qh..qh + 4]);
-            }
+            layout.block_map(nb, b, r, |at_blk, at_group, n| {
+                out[at_group..at_group + n].copy_from_slice(&blk[at_blk..at_blk + n]);
+            });
         }
     }
 }
